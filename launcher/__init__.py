@@ -1,0 +1,1 @@
+"""distlaunch's launching side: spec, plan, transports, supervisor and the `distlaunch` CLI."""

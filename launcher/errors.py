@@ -1,0 +1,44 @@
+"""Typed errors raised by launcher code; only the CLI turns them into exit codes."""
+
+from __future__ import annotations
+
+
+class LaunchError(Exception):
+    """Base of every error the launcher reports to the user as one line."""
+
+    exit_code = 1
+
+
+class SpecError(LaunchError):
+    """A cluster spec is malformed: names the file, the JSON path and what was expected."""
+
+    exit_code = 2
+
+    def __init__(self, file: str, json_path: str, message: str) -> None:
+        self.file = file
+        self.json_path = json_path
+        self.message = message
+        super().__init__(f"{file}: {json_path}: {message}")
+
+
+class UsageError(LaunchError):
+    """The command line names something that does not exist (a task, a run)."""
+
+    exit_code = 2
+
+
+class RunFailed(LaunchError):
+    """A task of the run failed; the message is the root-cause summary."""
+
+    exit_code = 1
+
+
+class Interrupted(LaunchError):
+    """The launcher was stopped by a signal; everything it started has been torn down."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}: every task was stopped")

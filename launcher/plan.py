@@ -1,0 +1,232 @@
+"""The plan: a pure function from a loaded spec (plus ports and a run dir) to one TaskPlan per process.
+
+Nothing here touches the machine: the same inputs always give the same plan, which is what
+`distlaunch plan` prints and what `up` executes.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distlaunch.launcher import tfconfig
+from distlaunch.launcher.errors import SpecError
+from distlaunch.launcher.spec import LoadedSpec, TaskEntry, task_json_path
+from distlaunch.worker import contract
+
+# Environment names the launcher owns; a spec may not set them.
+RESERVED_ENV = re.compile(r"^(TF_CONFIG|DISTLAUNCH_.*)$")
+# Env names whose values `plan` and summaries mask: they usually carry credentials.
+SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|KEY|CREDENTIAL)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """Everything needed to start one task process."""
+
+    role: str
+    index: int
+    host: str
+    port: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # added to the launcher's own environment
+    cwd: str
+    tf_config: Mapping
+    gpus: tuple[int, ...]
+    log_file: str
+
+    @property
+    def name(self) -> str:
+        """The task's name in logs and files, e.g. ``worker-1``."""
+        return contract.task_name(self.role, self.index)
+
+    @property
+    def address(self) -> str:
+        """host:port as it appears in TF_CONFIG."""
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One attempt of a run: every task to start and where its files go."""
+
+    run_id: str
+    run_dir: str
+    strategy: str
+    attempt: int
+    tasks: tuple[TaskPlan, ...] = field(default_factory=tuple)
+
+    def task(self, name: str) -> TaskPlan:
+        """Return the task called ``name`` (``worker-1`` or ``worker:1``); KeyError if none."""
+        wanted = name.replace(":", "-")
+        for task in self.tasks:
+            if task.name == wanted:
+                return task
+        raise KeyError(name)
+
+    def to_json(self, mask_secrets: bool = True) -> dict:
+        """Return the plan as JSON-ready data; env values whose names look secret are masked."""
+        return {
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "strategy": self.strategy,
+            "attempt": self.attempt,
+            "tasks": [
+                {
+                    "name": t.name,
+                    "role": t.role,
+                    "index": t.index,
+                    "host": t.host,
+                    "port": t.port,
+                    "argv": list(t.argv),
+                    "cwd": t.cwd,
+                    "env": masked_env(t.env) if mask_secrets else dict(t.env),
+                    "tf_config": t.tf_config,
+                    "gpus": list(t.gpus),
+                    "log_file": t.log_file,
+                }
+                for t in self.tasks
+            ],
+        }
+
+
+def masked_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Return ``env`` with the values of secret-looking names replaced by ``***``."""
+    return {k: ("***" if SECRET_ENV.search(k) else v) for k, v in env.items()}
+
+
+def make_plan(
+    loaded: LoadedSpec,
+    ports: Mapping[tuple[str, int], int],
+    run_id: str,
+    run_dir: Path,
+    attempt: int = 0,
+    visible_gpus: str | None = None,
+) -> Plan:
+    """Build the plan of one attempt. ``visible_gpus`` is the launcher's CUDA_VISIBLE_DEVICES."""
+    spec = loaded.spec
+    for key in spec.program.env:
+        if RESERVED_ENV.match(key):
+            raise SpecError(str(loaded.file), f"$.program.env.{key}", "this variable is set by distlaunch; remove it")
+    roles = spec.tasks.by_role()
+    addresses = {
+        role: [f"{_tf_host(e)}:{ports[(role, i)]}" for i, e in enumerate(entries)]
+        for role, entries in roles.items()
+    }
+    gpus = _assign_gpus(loaded, roles)
+    argv = _argv(loaded)
+    tasks = []
+    for role, entries in roles.items():
+        for index, entry in enumerate(entries):
+            config = tfconfig.tf_config(addresses, role, index)
+            env = _task_env(loaded, role, index, attempt, run_id, run_dir, config, gpus[(role, index)], visible_gpus)
+            tasks.append(
+                TaskPlan(
+                    role=role,
+                    index=index,
+                    host=_tf_host(entry),
+                    port=ports[(role, index)],
+                    argv=argv,
+                    env=env,
+                    cwd=str(loaded.workdir),
+                    tf_config=config,
+                    gpus=gpus[(role, index)],
+                    log_file=str(contract.log_path(run_dir, attempt, role, index)),
+                )
+            )
+    return Plan(run_id=run_id, run_dir=str(run_dir), strategy=spec.strategy, attempt=attempt, tasks=tuple(tasks))
+
+
+def _tf_host(entry: TaskEntry) -> str:
+    # Local clusters name 127.0.0.1: "localhost" may resolve to ::1 first, which TF then dials.
+    return "127.0.0.1" if entry.host in ("localhost", "127.0.0.1") else entry.host
+
+
+def _argv(loaded: LoadedSpec) -> tuple[str, ...]:
+    program = loaded.spec.program
+    python = program.python or sys.executable
+    if loaded.script is not None:
+        return (python, str(loaded.script), *program.args)
+    return (python, "-m", program.module or "", *program.args)
+
+
+def _assign_gpus(loaded: LoadedSpec, roles: Mapping[str, list[TaskEntry]]) -> dict[tuple[str, int], tuple[int, ...]]:
+    """Give every task its GPU indices; counts take the lowest indices no other task holds."""
+    claimed = {g for entries in roles.values() for e in entries if isinstance(e.gpus, tuple) for g in e.gpus}
+    out: dict[tuple[str, int], tuple[int, ...]] = {}
+    next_free = 0
+    for role, entries in roles.items():
+        for index, entry in enumerate(entries):
+            if isinstance(entry.gpus, tuple):
+                out[(role, index)] = entry.gpus
+            elif isinstance(entry.gpus, int) and entry.gpus > 0:
+                picked = []
+                while len(picked) < entry.gpus:
+                    if next_free not in claimed:
+                        picked.append(next_free)
+                    next_free += 1
+                out[(role, index)] = tuple(picked)
+            else:
+                out[(role, index)] = ()
+    return out
+
+
+def _task_env(
+    loaded: LoadedSpec,
+    role: str,
+    index: int,
+    attempt: int,
+    run_id: str,
+    run_dir: Path,
+    config: Mapping,
+    gpus: tuple[int, ...],
+    visible_gpus: str | None,
+) -> dict[str, str]:
+    spec = loaded.spec
+    # Live logs by default; the spec's env may still turn it off.
+    env = {"PYTHONUNBUFFERED": "1"}
+    env.update(spec.program.env)
+    if spec.program.keras == contract.TF_KERAS:
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    if spec.strategy == contract.PSS:
+        # The PSS tutorial: without it a worker's failure can hang the coordinator's RPCs.
+        env["GRPC_FAIL_FAST"] = "use_caller"
+    env["CUDA_VISIBLE_DEVICES"] = _cuda_visible(gpus, visible_gpus)
+    env.update(
+        {
+            contract.TF_CONFIG: tfconfig.dumps(config),
+            contract.RUN_ID: run_id,
+            contract.RUN_DIR: str(run_dir),
+            contract.ROLE: role,
+            contract.INDEX: str(index),
+            contract.ATTEMPT: str(attempt),
+            contract.STRATEGY: spec.strategy,
+            contract.KERAS: spec.program.keras,
+            contract.ERROR_FILE: str(contract.error_path(run_dir, attempt, role, index)),
+            contract.STATUS_FILE: str(contract.status_path(run_dir, role, index)),
+            contract.CHECKPOINT_DIR: str(contract.checkpoint_dir(run_dir)),
+            contract.METRICS_FILE: str(contract.metrics_path(run_dir, role, index)),
+        }
+    )
+    return env
+
+
+def _cuda_visible(gpus: tuple[int, ...], visible_gpus: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a task: "" (CPU only) when it has no GPU.
+
+    When the launcher itself sees only some GPUs, the spec's indices count within those.
+    """
+    if not gpus:
+        return ""
+    if visible_gpus:
+        physical = [g.strip() for g in visible_gpus.split(",") if g.strip()]
+        return ",".join(physical[g] if g < len(physical) else str(g) for g in gpus)
+    return ",".join(str(g) for g in gpus)
+
+
+def task_port_path(loaded: LoadedSpec, role: str, index: int) -> str:
+    """The JSON path of a task's port in the spec, for error messages."""
+    return task_json_path(loaded.raw, role, index, "port")

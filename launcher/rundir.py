@@ -1,0 +1,96 @@
+"""The run directory: `<shared_dir>/<run_id>/` with run.json, events.jsonl, logs/ and checkpoints/.
+
+Everything another shell needs to inspect or control a run (`status`, `logs`, `down`) is written
+here; files are replaced atomically so a reader never sees half a JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from distlaunch.launcher.errors import UsageError
+
+RUN_JSON = "run.json"
+EVENTS = "events.jsonl"
+# Run states written to run.json; only `running` and `stopping` runs have live processes.
+RUNNING, STOPPING, SUCCEEDED, FAILED, INTERRUPTED = "running", "stopping", "succeeded", "failed", "interrupted"
+FINISHED = (SUCCEEDED, FAILED, INTERRUPTED)
+
+
+def new_run_id(name: str) -> str:
+    """Return a fresh run id: the spec's name, the UTC time and a short random suffix."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+def make_dirs(run_dir: Path, attempt: int) -> None:
+    """Create the run's folders, readable by the owner only (task ports and logs are sensitive)."""
+    for sub in ("", "logs", f"logs/attempt-{attempt}", "checkpoints", "errors", f"errors/attempt-{attempt}", "status", "metrics"):
+        path = run_dir / sub
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (temp file + rename), mode 0600."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file; None when it is missing or unreadable (a task may be mid-write)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def append_event(run_dir: Path, **event: Any) -> None:
+    """Append one event line (time first) to the run's events.jsonl."""
+    line = json.dumps({"time": round(time.time(), 3), **event}, default=str)
+    fd = os.open(run_dir / EVENTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+
+
+def runs_in(shared_dir: Path) -> list[Path]:
+    """Return the run directories under ``shared_dir``, oldest first (by run.json start time)."""
+    if not shared_dir.is_dir():
+        return []
+    found = []
+    for child in shared_dir.iterdir():
+        record = read_json(child / RUN_JSON)
+        if isinstance(record, dict):
+            found.append((record.get("started_at") or 0, child))
+    return [path for _, path in sorted(found)]
+
+
+def resolve_run(ref: str | None, shared_dir: Path) -> Path:
+    """Find a run by id or directory; the latest run under ``shared_dir`` when ``ref`` is None."""
+    if ref is None:
+        runs = runs_in(shared_dir)
+        if not runs:
+            raise UsageError(f"no runs under {shared_dir}; pass a run id or directory")
+        return runs[-1]
+    for candidate in (Path(ref), shared_dir / ref):
+        if (candidate / RUN_JSON).is_file():
+            return candidate.resolve()
+    raise UsageError(f"no run {ref!r}: expected a run directory or a run id under {shared_dir}")
+
+
+def latest_unfinished(shared_dir: Path, name: str) -> Path | None:
+    """Return the latest run of spec ``name`` that did not succeed, or None."""
+    for path in reversed(runs_in(shared_dir)):
+        record = read_json(path / RUN_JSON) or {}
+        if record.get("name") == name:
+            return None if record.get("state") == SUCCEEDED else path
+    return None

@@ -1,0 +1,414 @@
+"""The cluster spec: a typed, validated, frozen model of the JSON file a user writes.
+
+`load_spec` is the one way in: it reads the file, validates it and resolves relative paths
+against the spec file's folder. Every problem becomes a `SpecError` naming the file, the JSON
+path and what was expected, so the CLI can print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+
+from distlaunch.launcher.errors import SpecError
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+LOCAL_HOSTS = ("localhost", "127.0.0.1")
+
+
+def _port(value: Any) -> int | str:
+    if value == "auto":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
+        return value
+    raise ValueError(f'expected "auto" or a port number 1-65535, got {json.dumps(value)}')
+
+
+def _gpus(value: Any) -> int | tuple[int, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        if len(set(value)) != len(value):
+            raise ValueError(f"expected distinct GPU indices, got {json.dumps(value)}")
+        return tuple(value)
+    raise ValueError(
+        f"expected a GPU count (integer >= 0) or a list of GPU indices, got {json.dumps(value)}"
+    )
+
+
+Port = Annotated[
+    int | str,
+    BeforeValidator(_port),
+    WithJsonSchema(
+        {"oneOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": 65535}]}
+    ),
+]
+Gpus = Annotated[
+    int | tuple[int, ...] | None,
+    BeforeValidator(_gpus),
+    WithJsonSchema(
+        {
+            "oneOf": [
+                {"type": "null"},
+                {"type": "integer", "minimum": 0},
+                {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},
+            ]
+        }
+    ),
+]
+
+
+class _PathError(ValueError):
+    """A check that knows the JSON path it is about, relative to the model that raised it."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+class _Model(BaseModel):
+    # strict: a spec that says "2" where a number belongs is wrong, not coerced.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class TaskEntry(_Model):
+    """One task of a role: where it runs and what it gets."""
+
+    host: str = Field("localhost", description="Host the task runs on (local only for now).")
+    port: Port = Field("auto", description='"auto" or a fixed port number.')
+    gpus: Gpus = Field(
+        None,
+        description="GPU count or list of GPU indices; none means CPU only "
+        "(CUDA_VISIBLE_DEVICES is set so tasks on one host never share a GPU).",
+    )
+
+
+class RoleTasks(_Model):
+    """All tasks of one role. Written in JSON either as `{"count": N, ...}` or as a list of tasks."""
+
+    entries: list[TaskEntry] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_json(cls, data: Any) -> Any:
+        # Two spellings: a list of explicit tasks, or a count with settings shared by all.
+        if isinstance(data, list):
+            return {"entries": data}
+        if isinstance(data, dict):
+            unknown = set(data) - {"count", "host", "port", "gpus"}
+            if unknown:
+                raise _PathError(
+                    (sorted(unknown)[0],), "unknown key; expected one of: count, host, port, gpus"
+                )
+            count = data.get("count", 1)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise _PathError(("count",), f"expected an integer >= 1, got {json.dumps(count)}")
+            if count > 1 and isinstance(data.get("port"), int):
+                raise _PathError(
+                    ("port",), "a fixed port needs one task; list the tasks to give each its own port"
+                )
+            shared = {k: v for k, v in data.items() if k != "count"}
+            return {"entries": [shared] * count}
+        raise ValueError('expected {"count": N, ...} or a list of tasks')
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+class Tasks(_Model):
+    """Tasks by role, as TensorFlow names them in TF_CONFIG."""
+
+    chief: RoleTasks | None = None
+    worker: RoleTasks | None = None
+    ps: RoleTasks | None = None
+    evaluator: RoleTasks | None = None
+
+    def by_role(self) -> dict[str, list[TaskEntry]]:
+        """Return the roles that have tasks, in TF_CONFIG order, with their entries."""
+        out = {}
+        for role in ROLES:
+            group = getattr(self, role)
+            if group is not None:
+                out[role] = group.entries
+        return out
+
+
+class Program(_Model):
+    """What every task runs: a script or a module, with args, env and working dir."""
+
+    script: str | None = Field(None, description="Python script path (relative: to the spec).")
+    module: str | None = Field(None, description="Python module run with `python -m`.")
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(None, description="Working dir (default: the spec's folder).")
+    python: str | None = Field(None, description="Interpreter (default: the launcher's).")
+    keras: Literal["keras3", "tf_keras"] = Field(
+        "keras3", description="tf_keras sets TF_USE_LEGACY_KERAS=1 for tf.keras model.fit."
+    )
+
+    @model_validator(mode="after")
+    def _one_entry_point(self) -> Program:
+        if (self.script is None) == (self.module is None):
+            raise ValueError('expected exactly one of "script" or "module"')
+        return self
+
+
+class Timeouts(_Model):
+    """How long the launcher waits before it calls something failed."""
+
+    startup_s: float = Field(
+        300.0, gt=0, description="Every task using distlaunch.worker must join within this."
+    )
+    grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL grace period at teardown.")
+    run_s: float | None = Field(None, gt=0, description="Fail the whole run after this long.")
+
+
+class Spec(_Model):
+    """A whole cluster spec as the user wrote it (paths still relative)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    strategy: Literal["multi_worker_mirrored", "parameter_server"]
+    program: Program
+    tasks: Tasks
+    shared_dir: str = "./runs"
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @model_validator(mode="after")
+    def _roles_fit_strategy(self) -> Spec:
+        roles = self.tasks.by_role()
+        if self.strategy == "multi_worker_mirrored":
+            if "worker" not in roles and "chief" not in roles:
+                raise _PathError(("tasks",), "expected at least one worker (or a chief)")
+            if "ps" in roles:
+                raise _PathError(("tasks", "ps"), "ps tasks need strategy parameter_server")
+        else:
+            if "ps" not in roles:
+                raise _PathError(("tasks", "ps"), "parameter_server needs at least one ps task")
+            if "chief" not in roles:
+                raise _PathError(("tasks", "chief"), "parameter_server needs a chief (the coordinator)")
+            if "worker" not in roles:
+                raise _PathError(("tasks", "worker"), "parameter_server needs at least one worker")
+        for role in ("chief", "evaluator"):
+            if role in roles and len(roles[role]) > 1:
+                raise _PathError(("tasks", role), f"expected one {role} task, got {len(roles[role])}")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A validated spec plus where it came from, with every path made absolute."""
+
+    spec: Spec
+    file: Path
+    raw: dict[str, Any]
+    shared_dir: Path
+    workdir: Path
+    script: Path | None
+
+
+def json_schema() -> dict[str, Any]:
+    """Return the JSON Schema of the cluster spec file."""
+    schema = Spec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "distlaunch cluster spec"
+    return schema
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    """Read, validate and resolve the spec at ``path``; raise SpecError on any problem."""
+    file = Path(path)
+    shown = str(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(shown, "$", "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(shown, "$", f"cannot read: {exc}") from None
+    try:
+        raw = json.loads(text, object_pairs_hook=_DupCheckingDict.from_pairs)
+    except json.JSONDecodeError as exc:
+        raise SpecError(shown, "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    dup = _find_duplicate_key(raw, ())
+    if dup is not None:
+        loc, key = dup
+        raise SpecError(shown, _json_path(loc + (key,)), f"key {key!r} appears twice; expected it once")
+    if not isinstance(raw, dict):
+        raise SpecError(shown, "$", "expected a JSON object")
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as exc:
+        raise _first_error(shown, exc) from None
+    return _resolve(spec, file, shown, raw)
+
+
+def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedSpec:
+    """Resolve relative paths against the spec file's folder and check what must exist."""
+    base = file.resolve().parent
+    workdir = (base / spec.program.workdir).resolve() if spec.program.workdir else base
+    if not workdir.is_dir():
+        raise SpecError(shown, "$.program.workdir", f"expected an existing directory, got {str(workdir)!r}")
+    script = None
+    if spec.program.script is not None:
+        script = (base / spec.program.script).resolve()
+        if not script.is_file():
+            raise SpecError(shown, "$.program.script", f"expected an existing script file, got {str(script)!r}")
+    elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", spec.program.module or ""):
+        raise SpecError(shown, "$.program.module", f"expected a dotted module name, got {spec.program.module!r}")
+    for role, entries in spec.tasks.by_role().items():
+        for i, entry in enumerate(entries):
+            if entry.host not in LOCAL_HOSTS:
+                raise SpecError(
+                    shown, _task_path(raw, role, i, "host"),
+                    f"expected a local host ({' or '.join(LOCAL_HOSTS)}), got {entry.host!r}",
+                )
+    _check_unique_ports(spec, shown, raw)
+    _check_gpus(spec, shown, raw)
+    return LoadedSpec(
+        spec=spec, file=file, raw=raw, shared_dir=(base / spec.shared_dir).resolve(),
+        workdir=workdir, script=script,
+    )
+
+
+def _check_unique_ports(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
+    seen: dict[tuple[str, int], str] = {}
+    for role, entries in spec.tasks.by_role().items():
+        for i, entry in enumerate(entries):
+            if isinstance(entry.port, int):
+                key = ("local", entry.port)
+                where = _task_path(raw, role, i, "port")
+                if key in seen:
+                    raise SpecError(shown, where, f"port {entry.port} is already used by {seen[key]}; expected a unique port")
+                seen[key] = where
+
+
+def _check_gpus(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
+    """Explicit GPU lists of tasks on one host must not overlap."""
+    owner: dict[int, str] = {}
+    for role, entries in spec.tasks.by_role().items():
+        for i, entry in enumerate(entries):
+            if isinstance(entry.gpus, tuple):
+                for gpu in entry.gpus:
+                    where = _task_path(raw, role, i, "gpus")
+                    if gpu in owner:
+                        raise SpecError(shown, where, f"GPU {gpu} is already given to {owner[gpu]}; tasks on one host never share a GPU")
+                    owner[gpu] = where
+
+
+def task_json_path(raw: dict[str, Any], role: str, index: int, key: str) -> str:
+    """Return the JSON path where task ``role:index``'s ``key`` is written in the raw spec."""
+    return _task_path(raw, role, index, key)
+
+
+def _task_path(raw: dict[str, Any], role: str, index: int, key: str) -> str:
+    group = raw.get("tasks", {}).get(role)
+    if isinstance(group, list):
+        return _json_path(("tasks", role, index, key))
+    return _json_path(("tasks", role, key))
+
+
+class _DupCheckingDict(dict):
+    """A JSON object that remembers a key it saw twice (json.loads keeps the last silently)."""
+
+    duplicate: str | None = None
+
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[str, Any]]) -> _DupCheckingDict:
+        obj = cls()
+        for key, value in pairs:
+            if key in obj and obj.duplicate is None:
+                obj.duplicate = key
+            obj[key] = value
+        return obj
+
+
+def _find_duplicate_key(node: Any, loc: tuple[str | int, ...]) -> tuple[tuple[str | int, ...], str] | None:
+    if isinstance(node, _DupCheckingDict):
+        if node.duplicate is not None:
+            return loc, node.duplicate
+        items: Any = node.items()
+    elif isinstance(node, list):
+        items = enumerate(node)
+    else:
+        return None
+    for key, child in items:
+        found = _find_duplicate_key(child, loc + (key,))
+        if found:
+            return found
+    return None
+
+
+def _json_path(loc: tuple[str | int, ...]) -> str:
+    out = "$"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _first_error(shown: str, exc: ValidationError) -> SpecError:
+    """Turn pydantic's first error into one line with a JSON path the user can find."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(err["loc"])
+    # RoleTasks parses lists into "entries": show the path as the user wrote it.
+    loc = tuple(p for i, p in enumerate(loc) if not (p == "entries" and i >= 2 and loc[i - 2] == "tasks"))
+    ctx_error = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, _PathError):
+        return SpecError(shown, _json_path(loc + ctx_error.loc), ctx_error.message)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        msg = f"unknown key {loc[-1]!r}; expected one of: {', '.join(allowed)}"
+    elif kind == "missing":
+        msg = "required key is missing"
+    elif kind == "value_error":
+        msg = str(ctx_error) if ctx_error else err["msg"]
+    else:
+        msg = f"{_lower_first(err['msg'])}, got {json.dumps(err.get('input'), default=str)}"
+    return SpecError(shown, _json_path(loc), msg)
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the model at JSON location ``loc`` accepts (for 'unknown key' messages)."""
+    model: Any = Spec
+    for part in loc:
+        if model is RoleTasks:
+            model = TaskEntry if isinstance(part, int) else None
+            continue
+        field = getattr(model, "model_fields", {}).get(part) if isinstance(part, str) else None
+        model = _model_in(field.annotation) if field else None
+        if model is None:
+            return []
+    if model is RoleTasks:
+        return ["count", "host", "port", "gpus"]
+    return list(getattr(model, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation) if get_origin(annotation) else ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,70 @@
+"""The only contract between the launcher and a task: environment names and run-dir layout.
+
+The launcher writes these variables into every task's environment and reads the files a task
+writes. This module imports nothing heavy (no TensorFlow) because the launcher imports it too.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Environment variables set by the launcher for every task.
+TF_CONFIG = "TF_CONFIG"
+RUN_ID = "DISTLAUNCH_RUN_ID"
+RUN_DIR = "DISTLAUNCH_RUN_DIR"
+ROLE = "DISTLAUNCH_ROLE"
+INDEX = "DISTLAUNCH_INDEX"
+ATTEMPT = "DISTLAUNCH_ATTEMPT"
+STRATEGY = "DISTLAUNCH_STRATEGY"
+KERAS = "DISTLAUNCH_KERAS"
+ERROR_FILE = "DISTLAUNCH_ERROR_FILE"
+STATUS_FILE = "DISTLAUNCH_STATUS_FILE"
+CHECKPOINT_DIR = "DISTLAUNCH_CHECKPOINT_DIR"
+METRICS_FILE = "DISTLAUNCH_METRICS_FILE"
+
+# Values of STRATEGY and KERAS.
+MWMS = "multi_worker_mirrored"
+PSS = "parameter_server"
+KERAS3 = "keras3"
+TF_KERAS = "tf_keras"
+
+# Task states a task reports in its status file.
+STATE_STARTING = "starting"
+STATE_READY = "ready"  # the strategy is built: the task has joined its cluster
+
+
+def task_name(role: str, index: int) -> str:
+    """Return the name a task goes by in logs and files, e.g. ``worker-1``."""
+    return f"{role}-{index}"
+
+
+def log_path(run_dir: Path, attempt: int, role: str, index: int) -> Path:
+    """Return the file a task's merged stdout/stderr goes to for one attempt."""
+    return run_dir / "logs" / f"attempt-{attempt}" / f"{task_name(role, index)}.log"
+
+
+def error_path(run_dir: Path, attempt: int, role: str, index: int) -> Path:
+    """Return the file a task's uncaught exception is recorded in (JSON) for one attempt."""
+    return run_dir / "errors" / f"attempt-{attempt}" / f"{task_name(role, index)}.json"
+
+
+def status_path(run_dir: Path, role: str, index: int) -> Path:
+    """Return the file a task writes its state, step and heartbeat time to (JSON)."""
+    return run_dir / "status" / f"{task_name(role, index)}.json"
+
+
+def metrics_path(run_dir: Path, role: str, index: int) -> Path:
+    """Return the file a task writes its per-epoch metrics to (a JSON list)."""
+    return run_dir / "metrics" / f"{task_name(role, index)}.json"
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    """Return the run's checkpoint directory (the chief's, or worker 0's, checkpoints land here)."""
+    return run_dir / "checkpoints"
+
+
+def env_path(name: str) -> Path | None:
+    """Return the path held in environment variable ``name``, or None when unset."""
+    value = os.environ.get(name)
+    return Path(value) if value else None
