@@ -6,6 +6,7 @@ Nothing here touches the machine: the same inputs always give the same plan, whi
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from collections.abc import Mapping
@@ -13,12 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distlaunch.launcher import tfconfig
-from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.spec import LoadedSpec, TaskEntry, task_json_path
+from distlaunch.launcher.netns import HOST_NETWORK, Isolation
+from distlaunch.launcher.spec import LoadedSpec, TaskEntry
 from distlaunch.worker import contract
 
-# Environment names the launcher owns; a spec may not set them.
-RESERVED_ENV = re.compile(r"^(TF_CONFIG|DISTLAUNCH_.*)$")
 # Env names whose values `plan` and summaries mask: they usually carry credentials.
 SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|KEY|CREDENTIAL)", re.IGNORECASE)
 
@@ -58,6 +57,7 @@ class Plan:
     strategy: str
     attempt: int
     tasks: tuple[TaskPlan, ...] = field(default_factory=tuple)
+    isolation: Isolation = HOST_NETWORK
 
     def task(self, name: str) -> TaskPlan:
         """Return the task called ``name`` (``worker-1`` or ``worker:1``); KeyError if none."""
@@ -74,6 +74,7 @@ class Plan:
             "run_dir": self.run_dir,
             "strategy": self.strategy,
             "attempt": self.attempt,
+            "isolation": self.isolation.to_json(),
             "tasks": [
                 {
                     "name": t.name,
@@ -98,6 +99,18 @@ def masked_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: ("***" if SECRET_ENV.search(k) else v) for k, v in env.items()}
 
 
+def masked_spec(raw: Mapping) -> dict:
+    """Return a copy of a raw spec whose secret-looking ``program.env`` values are ``***``.
+
+    run.json keeps this copy: a run dir is read by `status` and by people, never trusted with secrets.
+    """
+    out = copy.deepcopy(dict(raw))
+    program = out.get("program")
+    if isinstance(program, dict) and isinstance(program.get("env"), dict):
+        program["env"] = masked_env(program["env"])
+    return out
+
+
 def make_plan(
     loaded: LoadedSpec,
     ports: Mapping[tuple[str, int], int],
@@ -105,12 +118,14 @@ def make_plan(
     run_dir: Path,
     attempt: int = 0,
     visible_gpus: str | None = None,
+    isolation: Isolation = HOST_NETWORK,
 ) -> Plan:
-    """Build the plan of one attempt. ``visible_gpus`` is the launcher's CUDA_VISIBLE_DEVICES."""
+    """Build the plan of one attempt. ``visible_gpus`` is the launcher's CUDA_VISIBLE_DEVICES.
+
+    ``isolation`` is recorded, not applied: argv stays the program's own, and the transport runs
+    it inside the run's namespace.
+    """
     spec = loaded.spec
-    for key in spec.program.env:
-        if RESERVED_ENV.match(key):
-            raise SpecError(str(loaded.file), f"$.program.env.{key}", "this variable is set by distlaunch; remove it")
     roles = spec.tasks.by_role()
     addresses = {
         role: [f"{_tf_host(e)}:{ports[(role, i)]}" for i, e in enumerate(entries)]
@@ -137,7 +152,10 @@ def make_plan(
                     log_file=str(contract.log_path(run_dir, attempt, role, index)),
                 )
             )
-    return Plan(run_id=run_id, run_dir=str(run_dir), strategy=spec.strategy, attempt=attempt, tasks=tuple(tasks))
+    return Plan(
+        run_id=run_id, run_dir=str(run_dir), strategy=spec.strategy, attempt=attempt,
+        tasks=tuple(tasks), isolation=isolation,
+    )
 
 
 def _tf_host(entry: TaskEntry) -> str:
@@ -186,8 +204,9 @@ def _task_env(
     visible_gpus: str | None,
 ) -> dict[str, str]:
     spec = loaded.spec
-    # Live logs by default; the spec's env may still turn it off.
-    env = {"PYTHONUNBUFFERED": "1"}
+    # Defaults the spec's env may override: live logs, and TensorFlow's C++ INFO chatter (one
+    # line per gRPC server, CUDA probe, ...) hidden while its warnings and errors still show.
+    env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
     env.update(spec.program.env)
     if spec.program.keras == contract.TF_KERAS:
         env["TF_USE_LEGACY_KERAS"] = "1"
@@ -225,8 +244,3 @@ def _cuda_visible(gpus: tuple[int, ...], visible_gpus: str | None) -> str:
         physical = [g.strip() for g in visible_gpus.split(",") if g.strip()]
         return ",".join(physical[g] if g < len(physical) else str(g) for g in gpus)
     return ",".join(str(g) for g in gpus)
-
-
-def task_port_path(loaded: LoadedSpec, role: str, index: int) -> str:
-    """The JSON path of a task's port in the spec, for error messages."""
-    return task_json_path(loaded.raw, role, index, "port")

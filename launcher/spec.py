@@ -26,6 +26,8 @@ from pydantic import (
 from distlaunch.launcher.errors import SpecError
 
 ROLES = ("chief", "worker", "ps", "evaluator")
+# Environment names the launcher owns; a spec may not set them.
+RESERVED_ENV = re.compile(r"^(TF_CONFIG|DISTLAUNCH_.*)$")
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
 
 
@@ -168,7 +170,29 @@ class Program(_Model):
     def _one_entry_point(self) -> Program:
         if (self.script is None) == (self.module is None):
             raise ValueError('expected exactly one of "script" or "module"')
+        for key in self.env:
+            if RESERVED_ENV.match(key):
+                raise _PathError(("env", key), "this variable is set by distlaunch; remove it")
         return self
+
+    @model_validator(mode="after")
+    def _passable_to_a_process(self) -> Program:
+        # These strings become argv, environment and paths verbatim; only what the kernel itself
+        # cannot carry is refused (a NUL ends a C string; "=" ends an environment name).
+        for key, value in self.env.items():
+            if not key or "=" in key or "\0" in key:
+                raise _PathError(("env", key), 'expected an environment name: not empty, no "=" and no NUL character')
+            _no_nul(value, ("env", key))
+        for i, arg in enumerate(self.args):
+            _no_nul(arg, ("args", i))
+        for name in ("script", "module", "workdir", "python"):
+            _no_nul(getattr(self, name), (name,))
+        return self
+
+
+def _no_nul(value: str | None, loc: tuple[str | int, ...]) -> None:
+    if value is not None and "\0" in value:
+        raise _PathError(loc, "expected no NUL character: it cannot be passed to a process")
 
 
 class Timeouts(_Model):
@@ -190,6 +214,24 @@ class Spec(_Model):
     tasks: Tasks
     shared_dir: str = "./runs"
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    isolation: Literal["auto", "off"] = Field(
+        "auto",
+        description="auto: where this machine allows it, the run's tasks share a private network "
+        "namespace with loopback only, so their unauthenticated TensorFlow ports cannot be reached "
+        "from outside the run (and the tasks cannot reach the network: no downloads). "
+        "off: tasks use the machine's network; their ports are open to anyone who can reach them.",
+    )
+    permissions: Literal["private", "shared"] = Field(
+        "private",
+        description="private: the run dir and everything the launcher and tasks create are "
+        "owner-only (dirs 0700, files 0600; tasks run with umask 077). "
+        "shared: they follow your umask, so others may read them.",
+    )
+
+    @model_validator(mode="after")
+    def _shared_dir_passable(self) -> Spec:
+        _no_nul(self.shared_dir, ("shared_dir",))
+        return self
 
     @model_validator(mode="after")
     def _roles_fit_strategy(self) -> Spec:

@@ -1,0 +1,150 @@
+"""`distlaunch up` end to end with real 2-process MWMS clusters on localhost ports."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import distlaunch, only_run_dir, processes_of_run, write_spec
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = {"module": "distlaunch.worker.examples.mnist_mlp"}
+
+# A worker that dies on purpose after the cluster formed: worker-0 is then blocked in a collective
+# (where it ignores SIGTERM) and must be stopped by the launcher.
+FAILING = """
+import sys
+import distlaunch.worker as dw
+strategy = dw.strategy()
+if dw.context().index == 1:
+    raise RuntimeError("worker one gives up")
+from distlaunch.worker.examples.mnist_mlp import main
+main(["--epochs", "1000", "--steps-per-epoch", "1000"])
+"""
+
+
+def _wait_for(predicate, what: str, limit_s: float = 180):
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def _record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def _final_losses(run_dir: Path, attempt: int = 0) -> list[str]:
+    logs = sorted((run_dir / "logs" / f"attempt-{attempt}").glob("worker-*.log"))
+    return [re.findall(r"final loss (\S+)", log.read_text())[-1] for log in logs]
+
+
+def test_two_workers_train_to_completion(tmp):
+    spec = write_spec(tmp, program={**EXAMPLE, "args": ["--epochs", "2", "--steps-per-epoch", "10"]})
+    result = distlaunch("up", str(spec), cwd=tmp)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp / "runs")
+    # Live output is prefixed per task.
+    assert re.search(r"^worker-0 \| final loss ", result.stdout, re.M)
+    assert re.search(r"^worker-1 \| final loss ", result.stdout, re.M)
+    losses = _final_losses(run_dir)
+    assert len(losses) == 2 and losses[0] == losses[1]
+    record = _record(run_dir)
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    assert {t["exit_code"] for t in record["tasks"].values()} == {0}
+    assert all(t["state"] == "succeeded" and t["pid"] > 0 and t["port"] > 0 for t in record["tasks"].values())
+    assert record["plan"]["tasks"][0]["tf_config"]["cluster"]["worker"][0].startswith("127.0.0.1:")
+    assert (run_dir / "checkpoints" / "checkpoint").is_file()
+    metrics = json.loads((run_dir / "metrics" / "worker-0.json").read_text())
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("joined") == 2
+    assert not processes_of_run(record["run_id"])
+
+
+def test_a_failing_task_stops_the_others_and_is_named(tmp):
+    (tmp / "task.py").write_text(FAILING)
+    spec = write_spec(tmp)
+    result = distlaunch("up", str(spec), cwd=tmp)
+    assert result.returncode == 1, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp / "runs")
+    record = _record(run_dir)
+    headline = [line for line in result.stderr.splitlines() if " failed: " in line]
+    assert headline == [f"distlaunch: run {record['run_id']} failed: worker-1 exit code 1 after {headline[0].split(' after ')[1]}"]
+    assert "RuntimeError: worker one gives up" in headline[0]
+    assert "Traceback" in result.stderr  # the evidence under the headline
+    assert record["state"] == "failed" and record["failure"]["task"] == "worker-1"
+    assert record["tasks"]["worker-0"]["state"] == "stopped"
+    assert not processes_of_run(record["run_id"])
+
+
+def _start_up(tmp: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "distlaunch.launcher", "up", *args],
+        cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _running_run(tmp: Path) -> Path:
+    def joined():
+        runs = list((tmp / "runs").glob("*/run.json")) if (tmp / "runs").exists() else []
+        if runs:
+            record = json.loads(runs[0].read_text())
+            tasks = record.get("tasks", {}).values()
+            if len(tasks) == 2 and all(t.get("state") == "running" for t in tasks):
+                return runs[0].parent
+        return None
+
+    return _wait_for(joined, "both workers to join")
+
+
+def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
+    spec = write_spec(tmp, program={**EXAMPLE, "args": ["--epochs", "20", "--steps-per-epoch", "25", "--checkpoint-every", "5"]})
+    launcher = _start_up(tmp, str(spec))
+    try:
+        run_dir = _running_run(tmp)
+        _wait_for(lambda: (run_dir / "checkpoints" / "checkpoint").is_file(), "a first checkpoint")
+        launcher.send_signal(signal.SIGINT)
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, err[-3000:]
+    assert "interrupted by SIGINT" in err
+    record = _record(run_dir)
+    assert record["state"] == "interrupted"
+    assert not processes_of_run(record["run_id"])
+
+    resumed = distlaunch("up", "--resume", str(spec), cwd=tmp)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming run {record['run_id']} (attempt 1)" in resumed.stderr
+    steps = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", resumed.stdout)]
+    assert len(steps) == 2 and steps[0] == steps[1] > 0
+    metrics = json.loads((run_dir / "metrics" / "worker-0.json").read_text())
+    assert metrics[-1]["step"] == 20 * 25
+    assert len(set(_final_losses(run_dir, attempt=1))) == 1
+
+
+def test_killing_the_launcher_leaves_no_task_behind(tmp):
+    spec = write_spec(tmp, program={**EXAMPLE, "args": ["--epochs", "1000", "--steps-per-epoch", "1000"]})
+    launcher = _start_up(tmp, str(spec))
+    try:
+        run_dir = _running_run(tmp)
+        pids = [t["pid"] for t in _record(run_dir)["tasks"].values()]
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=30)
+    finally:
+        launcher.kill()
+    run_id = run_dir.name
+    _wait_for(lambda: not processes_of_run(run_id), "the tasks to die with their launcher", limit_s=30)
+    assert pids and not processes_of_run(run_id)
