@@ -1,0 +1,90 @@
+"""Log fan-in: a task printing 1,000,000 lines under `distlaunch up` versus writing them to a file itself.
+
+Both sides run the same program with the same environment; under `up` its output is also echoed,
+prefixed, to the launcher's stdout (sent to /dev/null here, so terminal speed is not measured).
+Prints the median wall-time ratio (target <= 1.10), checks every line reached the task's log, and
+reports the launcher's peak RSS (target <= 100 MB), sampled every 10 ms with psutil.
+
+    python bench/log_fanin.py [--rounds 3] [--lines 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from _common import DISTLAUNCH, median, timed
+
+PROGRAM = """
+import sys
+for i in range(int(sys.argv[1])):
+    print(f"line {i}: loss=0.1234 accuracy=0.9876 step={i}")
+"""
+
+
+def main() -> None:
+    """Time both sides alternately and print the ratio, the line check and the peak RSS."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "printer.py").write_text(PROGRAM)
+        spec = work / "spec.json"
+        spec.write_text(json.dumps({
+            "name": "fanin", "strategy": "multi_worker_mirrored",
+            "program": {"script": "printer.py", "args": [str(args.lines)]},
+            "tasks": {"worker": {"count": 1}}, "shared_dir": "runs",
+        }))
+        # The same environment the task gets under `up` (PYTHONUNBUFFERED=1 among it).
+        plan = json.loads(subprocess.run([*DISTLAUNCH, "plan", "--json", str(spec)], check=True, capture_output=True, text=True).stdout)
+        env = {**os.environ, **plan["tasks"][0]["env"]}
+        up_times, direct_times, peaks = [], [], []
+        for _ in range(args.rounds):
+            with open(work / "direct.log", "wb") as out:
+                direct_times.append(timed(plan["tasks"][0]["argv"], cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT))
+            seconds, peak = _timed_up(spec)
+            up_times.append(seconds)
+            peaks.append(peak)
+        logs = sorted((work / "runs").glob("*/logs/attempt-0/worker-0.log"))
+        complete = all(_count_lines(log) == args.lines for log in logs)
+    up_s, direct_s = median(up_times), median(direct_times)
+    print(f"task writing to a file itself: median {direct_s:.2f} s of {[round(t, 2) for t in direct_times]}")
+    print(f"same task under distlaunch up: median {up_s:.2f} s of {[round(t, 2) for t in up_times]}")
+    print(f"ratio up / direct: {up_s / direct_s:.3f} (target <= 1.10)")
+    print(f"every line in the log: {complete} ({args.lines} lines x {len(logs)} runs)")
+    print(f"launcher peak RSS: {max(peaks) / 2**20:.1f} MB (target <= 100 MB)")
+
+
+def _timed_up(spec: Path) -> tuple[float, int]:
+    start = time.perf_counter()
+    proc = subprocess.Popen([*DISTLAUNCH, "up", str(spec)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launcher = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            peak = max(peak, launcher.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.01)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"distlaunch up failed with {proc.returncode}")
+    return seconds, peak
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Example training scripts, runnable as ``python -m distlaunch.worker.examples.<name>``."""

@@ -1,0 +1,235 @@
+"""What a task knows about itself, the files it reports through, and its tf.distribute strategy.
+
+This module imports no TensorFlow at import time (only `strategy()` does, when called), so a
+script can read its context, report its state and install the error hook cheaply.
+
+Run by hand, without the launcher's DISTLAUNCH_* variables, a task still works: role and index
+come from TF_CONFIG (or default to ``worker`` 0), the attempt is 0, the strategy is
+MultiWorkerMirroredStrategy when TF_CONFIG names a cluster and TensorFlow's default strategy
+otherwise, and every file whose variable is unset (status, error, metrics, checkpoints) is simply
+not written: nothing lands in the current directory behind the user's back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import contract
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+# Strategy name when neither DISTLAUNCH_STRATEGY nor a TF_CONFIG cluster is set: one process.
+DEFAULT_STRATEGY = "default"
+
+# Non-chief workers write their (discarded) checkpoint copies into `<checkpoint dir>/.tmp-<task>`.
+# One directory per task, not a shared parent, so that removing it leaves nothing behind and no
+# worker ever deletes a directory another worker is creating files in.
+TEMP_CHECKPOINT_PREFIX = ".tmp-"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskContext:
+    """Who this task is in its run, read from the launcher's environment (see module docstring)."""
+
+    role: str
+    index: int
+    attempt: int
+    run_id: str
+    run_dir: Path | None
+    strategy: str
+    keras: str
+    is_chief: bool
+    num_workers: int
+    checkpoint_dir: Path | None
+
+    @property
+    def name(self) -> str:
+        """Return the task's name in logs and files, e.g. ``worker-1``."""
+        return contract.task_name(self.role, self.index)
+
+
+def context() -> TaskContext:
+    """Return this task's TaskContext, read from the environment on every call (it is cheap)."""
+    tf_config = json.loads(os.environ.get(contract.TF_CONFIG) or "{}")
+    cluster: dict[str, list[str]] = tf_config.get("cluster", {})
+    task: dict[str, Any] = tf_config.get("task", {})
+    role = os.environ.get(contract.ROLE) or task.get("type") or "worker"
+    index = int(os.environ.get(contract.INDEX) or task.get("index") or 0)
+    strategy_name = os.environ.get(contract.STRATEGY) or (
+        contract.MWMS if cluster else DEFAULT_STRATEGY
+    )
+    return TaskContext(
+        role=role,
+        index=index,
+        attempt=int(os.environ.get(contract.ATTEMPT) or 0),
+        run_id=os.environ.get(contract.RUN_ID) or "local",
+        run_dir=contract.env_path(contract.RUN_DIR),
+        strategy=strategy_name,
+        keras=_keras_flavour(),
+        # The TF rule: the `chief` task, or worker 0 when the cluster has no chief.
+        is_chief=role == "chief" or (role == "worker" and index == 0 and "chief" not in cluster),
+        num_workers=_num_workers(cluster, strategy_name),
+        checkpoint_dir=contract.env_path(contract.CHECKPOINT_DIR),
+    )
+
+
+def _keras_flavour() -> str:
+    """Return DISTLAUNCH_KERAS, else tf_keras when TF_USE_LEGACY_KERAS asks for it, else keras3."""
+    flavour = os.environ.get(contract.KERAS)
+    if flavour:
+        return flavour
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes")
+    return contract.TF_KERAS if legacy else contract.KERAS3
+
+
+def _num_workers(cluster: dict[str, list[str]], strategy_name: str) -> int:
+    """Return how many tasks run training steps: under PSS the chief only coordinates."""
+    workers = len(cluster.get("worker", []))
+    if strategy_name != contract.PSS:
+        workers += len(cluster.get("chief", []))
+    return max(workers, 1)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` so that readers never see a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def report(state: str, **fields: Any) -> None:
+    """Write this task's status file: ``state``, ``time`` (the heartbeat), ``pid``, ``attempt``
+    and ``fields`` (e.g. ``step``). The launcher reads ``state == "ready"`` as "joined its
+    cluster". A no-op when DISTLAUNCH_STATUS_FILE is unset."""
+    path = contract.env_path(contract.STATUS_FILE)
+    if path is None:
+        return
+    status = {
+        "state": state,
+        "time": time.time(),
+        "pid": os.getpid(),
+        "attempt": context().attempt,
+        **fields,
+    }
+    write_json_atomic(path, status)
+
+
+def checkpoint_dir_for_this_task(ctx: TaskContext | None = None) -> Path | None:
+    """Return the directory this task writes checkpoints to, or None without a checkpoint dir.
+
+    Every worker must take part in a save (saving may run collective ops), but only the
+    chief's copy is kept: the chief writes into DISTLAUNCH_CHECKPOINT_DIR, the others into a
+    private ``.tmp-<task>`` directory inside it, which the caller removes after each save. All
+    workers restore from the chief's directory, ``ctx.checkpoint_dir``.
+    """
+    ctx = ctx or context()
+    if ctx.checkpoint_dir is None or ctx.is_chief:
+        return ctx.checkpoint_dir
+    return ctx.checkpoint_dir / f"{TEMP_CHECKPOINT_PREFIX}{ctx.name}"
+
+
+@functools.cache
+def strategy() -> tf.distribute.Strategy:
+    """Build this task's tf.distribute strategy once, report "ready", and return it.
+
+    Call it before any other TensorFlow op: collective ops must be configured at program
+    startup. Building MultiWorkerMirroredStrategy blocks until every worker has joined, so
+    "ready" really means the cluster is up. Later calls return the same strategy.
+    """
+    name = context().strategy
+    builder = _STRATEGY_BUILDERS.get(name)
+    if builder is None:
+        raise ValueError(
+            f"{contract.STRATEGY}={name!r} is not one of {sorted(_STRATEGY_BUILDERS)}"
+        )
+    report(contract.STATE_STARTING)
+    built = builder()
+    report(contract.STATE_READY)
+    return built
+
+
+def _default_strategy() -> tf.distribute.Strategy:
+    """One process, no cluster: TensorFlow's default (no-op) strategy."""
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()
+
+
+def _multi_worker_mirrored_strategy() -> tf.distribute.Strategy:
+    """Synchronous data parallelism over all chief and worker tasks; reads TF_CONFIG itself."""
+    import tensorflow as tf
+
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _parameter_server_strategy() -> tf.distribute.Strategy:
+    """Not supported yet: the chief coordinates while ps and worker tasks run servers."""
+    raise NotImplementedError(
+        f"{contract.STRATEGY}={contract.PSS}: ParameterServerStrategy support comes in a later "
+        f"change of distlaunch; use {contract.MWMS} for now"
+    )
+
+
+# One builder per strategy name; adding a strategy means adding one function and one entry.
+_STRATEGY_BUILDERS: dict[str, Callable[[], tf.distribute.Strategy]] = {
+    DEFAULT_STRATEGY: _default_strategy,
+    contract.MWMS: _multi_worker_mirrored_strategy,
+    contract.PSS: _parameter_server_strategy,
+}
+
+
+def install_error_hook() -> None:
+    """Wrap sys.excepthook so that an uncaught exception is also written, as JSON, to
+    DISTLAUNCH_ERROR_FILE before the previous hook prints it. Installing twice is a no-op."""
+    previous = sys.excepthook
+    if getattr(previous, "_distlaunch_hook", False):
+        return
+
+    def hook(
+        exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        try:
+            _write_error_file(exc_type, exc, tb)
+        except Exception as error:  # noqa: BLE001 - the original error must still be printed
+            print(f"distlaunch: could not write the error file: {error!r}", file=sys.stderr)
+        previous(exc_type, exc, tb)
+
+    hook._distlaunch_hook = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _write_error_file(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    """Record an uncaught exception where the launcher looks for it; no-op without the variable."""
+    path = contract.env_path(contract.ERROR_FILE)
+    if path is None:
+        return
+    ctx = context()
+    module = exc_type.__module__
+    write_json_atomic(
+        path,
+        {
+            "type": exc_type.__qualname__
+            if module == "builtins"
+            else f"{module}.{exc_type.__qualname__}",
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
+            "time": time.time(),
+            "pid": os.getpid(),
+            "role": ctx.role,
+            "index": ctx.index,
+            "attempt": ctx.attempt,
+        },
+    )

@@ -1,0 +1,337 @@
+"""Training under a multi-worker strategy: a Keras 3 loop (`fit`) and tf_keras callbacks.
+
+Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so `fit`
+is a custom loop; `tf_keras` `model.fit` works and only needs `keras_callbacks()`. Both write
+the same per-epoch metrics file and status heartbeat, and both resume from the run's
+checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import tensorflow as tf
+
+from . import contract, runtime
+
+if TYPE_CHECKING:
+    import keras
+    import tf_keras
+
+# Per-example weighted losses: (y_true, y_pred, sample_weight or None) -> tensor [batch].
+PerExampleLoss = Callable[[Any, Any, Any], tf.Tensor]
+
+# Checkpoints kept in the chief's directory; older ones are deleted by the CheckpointManager.
+_CHECKPOINTS_TO_KEEP = 3
+# Between epochs the "ready" heartbeat is refreshed at most this often (seconds).
+_HEARTBEAT_INTERVAL_S = 1.0
+
+
+def fit(
+    model: keras.Model,
+    dataset: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset],
+    *,
+    global_batch_size: int,
+    epochs: int,
+    steps_per_epoch: int,
+    checkpoint_every: int | None = None,
+    strategy: tf.distribute.Strategy | None = None,
+    loss: Any = None,
+) -> list[dict[str, Any]]:
+    """Train a Keras 3 ``model`` compiled inside ``strategy.scope()``, on every worker.
+
+    ``dataset`` is either a repeating tf.data.Dataset batched at the GLOBAL batch size (it is
+    sharded by data unless its options already name an auto-shard policy), or a function
+    ``input_context -> dataset`` batched per replica and sharded by the function itself.
+    The model's compiled optimizer and loss are used; ``loss`` (a Keras loss object, name or
+    per-example function) overrides the compiled one. ``strategy`` defaults to the one the
+    model was built under.
+
+    With DISTLAUNCH_CHECKPOINT_DIR set, the model, optimizer and step are checkpointed every
+    ``checkpoint_every`` steps (default: every epoch) and at the end, and training resumes from
+    the chief's latest checkpoint, skipping the steps already done. Each epoch prints
+    ``epoch E/EPOCHS step S loss L`` (the same on every worker), appends to the metrics file
+    and refreshes the "ready" heartbeat. Returns the metrics list, earlier attempts included.
+    """
+    if min(global_batch_size, steps_per_epoch, checkpoint_every or 1) < 1 or epochs < 0:
+        raise ValueError(
+            "global_batch_size, steps_per_epoch and checkpoint_every must be >= 1, epochs >= 0"
+        )
+    if model.optimizer is None:
+        raise ValueError("compile the model, inside strategy.scope(), before calling fit")
+    strategy = strategy or model.distribute_strategy
+    ctx = runtime.context()
+    per_example_loss = _per_example_loss(model.loss if loss is None else loss)
+    with strategy.scope():
+        # An exact step counter: Keras 3's optimizer.iterations is not one under every strategy.
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="distlaunch_step")
+        if not model.optimizer.built:
+            # Build the slots now, under the strategy, so that restore fills them directly.
+            model.optimizer.build(model.trainable_variables)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step)
+    start = _restore(checkpoint, step, ctx)
+    _check_workers_agree_on_step(strategy, start)
+
+    train_step = _make_train_step(strategy, model, per_example_loss, global_batch_size, step)
+    iterator = iter(_distribute(strategy, dataset))
+    saver = _Saver(checkpoint, ctx)
+    metrics = _MetricsLog(contract.env_path(contract.METRICS_FILE), start)
+    heartbeat = _Heartbeat()
+    every = checkpoint_every or steps_per_epoch
+    current = start
+    # A resumed partial epoch only runs its remaining steps: the data is not replayed to the
+    # point of interruption, the steps are counted.
+    for epoch in range(start // steps_per_epoch, epochs):
+        loss_sum = tf.zeros([])
+        first = current
+        while current < (epoch + 1) * steps_per_epoch:
+            loss_sum += train_step(iterator)
+            current += 1
+            if current % every == 0:
+                saver.save(current)
+            heartbeat.beat(current)
+        metrics.append(epoch + 1, epochs, current, float(loss_sum) / (current - first))
+        heartbeat.beat(current, force=True)
+    if current > start and saver.last_step != current:
+        saver.save(current)
+    return metrics.entries
+
+
+def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.callbacks.Callback]:
+    """Return callbacks that make ``tf_keras`` ``model.fit`` a well-behaved distlaunch task.
+
+    With DISTLAUNCH_CHECKPOINT_DIR set: ``tf_keras.callbacks.BackupAndRestore`` backing up into
+    ``<checkpoint dir>/backup`` every ``checkpoint_every`` steps (default: every epoch); it
+    already lets only the chief keep its copy and makes every worker restore. Always: a callback
+    that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file and the "ready"
+    heartbeat like `fit` does, and prints ``distlaunch: resumed from ...`` after a restore.
+    """
+    import tf_keras  # imported here so that Keras 3 scripts never load Keras 2
+
+    class _DistlaunchCallback(tf_keras.callbacks.Callback):
+        """Metrics file, heartbeat and resume line for tf_keras fit (runs after the restore)."""
+
+        def __init__(self, backup_dir: Path | None) -> None:
+            super().__init__()
+            self._backup_dir = backup_dir
+            self._heartbeat = _Heartbeat()
+            self._metrics: _MetricsLog | None = None
+
+        def _step(self) -> int:
+            return int(self.model.optimizer.iterations.numpy())
+
+        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+            start = self._step()
+            if start > 0 and self._backup_dir is not None:
+                print(f"distlaunch: resumed from {self._backup_dir} at step {start}", flush=True)
+            self._metrics = _MetricsLog(contract.env_path(contract.METRICS_FILE), start)
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            if self._heartbeat.due():
+                self._heartbeat.beat(self._step(), force=True)
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            assert self._metrics is not None and logs is not None
+            step = self._step()
+            self._metrics.append(epoch + 1, self.params["epochs"], step, float(logs["loss"]))
+            self._heartbeat.beat(step, force=True)
+
+    checkpoint_dir = runtime.context().checkpoint_dir
+    backup_dir = checkpoint_dir / "backup" if checkpoint_dir else None
+    callbacks: list[tf_keras.callbacks.Callback] = []
+    if backup_dir is not None:
+        # delete_checkpoint=False: like `fit`, a finished run keeps its state, so running the
+        # same run again with more epochs continues instead of starting over.
+        callbacks.append(
+            tf_keras.callbacks.BackupAndRestore(
+                backup_dir=str(backup_dir),
+                save_freq=checkpoint_every or "epoch",
+                delete_checkpoint=False,
+            )
+        )
+    callbacks.append(_DistlaunchCallback(backup_dir))
+    return callbacks
+
+
+def _per_example_loss(loss: Any) -> PerExampleLoss:
+    """Turn a compiled Keras 3 loss into a function of unreduced, weighted per-example losses.
+
+    Global averaging must happen over the GLOBAL batch (tf.nn.compute_average_loss), so the
+    loss's own per-replica reduction is switched off.
+    """
+    import keras  # Keras 3; imported here so that tf_keras scripts never load it
+
+    if loss is None:
+        raise ValueError("the model has no compiled loss: compile it with one or pass loss=")
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        unreduced = type(loss).from_config({**loss.get_config(), "reduction": None})
+        return lambda y, y_pred, weight: unreduced(y, y_pred, sample_weight=weight)
+    if callable(loss):
+        fn = loss
+
+        def weighted(y: Any, y_pred: Any, weight: Any) -> tf.Tensor:
+            values = fn(y, y_pred)
+            return values if weight is None else values * tf.cast(weight, values.dtype)
+
+        return weighted
+    raise TypeError(f"unsupported loss {loss!r}: give a keras.losses.Loss, a name or a function")
+
+
+def _make_train_step(
+    strategy: tf.distribute.Strategy,
+    model: keras.Model,
+    per_example_loss: PerExampleLoss,
+    global_batch_size: int,
+    step: tf.Variable,
+) -> Callable[[Any], tf.Tensor]:
+    """Return a tf.function that runs one synchronous step and returns the global mean loss."""
+    import keras
+
+    @tf.function
+    def train_step(iterator: Any) -> tf.Tensor:
+        def replica_step(batch: Any) -> tf.Tensor:
+            x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                # Scaled by the GLOBAL batch size so that summing over replicas gives the mean.
+                loss = tf.nn.compute_average_loss(
+                    per_example_loss(y, y_pred, weight), global_batch_size=global_batch_size
+                )
+                if model.losses:
+                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            gradients = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            return loss
+
+        per_replica_loss = strategy.run(replica_step, args=(next(iterator),))
+        step.assign_add(1)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+
+    return train_step
+
+
+def _distribute(
+    strategy: tf.distribute.Strategy,
+    dataset: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset],
+) -> tf.distribute.DistributedDataset:
+    """Split the input over the workers and their replicas."""
+    if isinstance(dataset, tf.data.Dataset):
+        policy = dataset.options().experimental_distribute.auto_shard_policy
+        if policy == tf.data.experimental.AutoShardPolicy.AUTO:
+            # AUTO tries to shard by file first, which fails or skews when there are fewer
+            # files than workers; sharding by element is always correct, only slower to read.
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = (
+                tf.data.experimental.AutoShardPolicy.DATA
+            )
+            dataset = dataset.with_options(options)
+        return strategy.experimental_distribute_dataset(dataset)
+    if callable(dataset):
+        return strategy.distribute_datasets_from_function(dataset)
+    raise TypeError(f"dataset must be a tf.data.Dataset or a function, not {type(dataset)}")
+
+
+def _restore(checkpoint: tf.train.Checkpoint, step: tf.Variable, ctx: runtime.TaskContext) -> int:
+    """Restore the chief's latest checkpoint, if any, and return the step to continue from."""
+    if ctx.checkpoint_dir is None:
+        return 0
+    path = tf.train.latest_checkpoint(str(ctx.checkpoint_dir))
+    if path is None:
+        return 0
+    # Fails loudly if the model or optimizer no longer matches what the checkpoint holds.
+    checkpoint.restore(path).assert_existing_objects_matched()
+    start = int(step.numpy())
+    print(f"distlaunch: resumed from {path} at step {start}", flush=True)
+    return start
+
+
+def _check_workers_agree_on_step(strategy: tf.distribute.Strategy, start: int) -> None:
+    """Fail on every worker if the workers resumed from different steps.
+
+    That happens when a worker cannot see the chief's checkpoint directory (no shared file
+    system): training would go on silently with different weights on different workers.
+    All steps are equal exactly when n * sum(s^2) == sum(s)^2.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1:
+        return
+
+    @tf.function  # collectives run eagerly are slow and warn
+    def sums() -> tf.Tensor:
+        def replica_fn() -> tf.Tensor:
+            mine = tf.constant([start, start * start], tf.float64)
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, mine)
+
+        return strategy.experimental_local_results(strategy.run(replica_fn))[0]
+
+    total, total_sq = sums().numpy()
+    if replicas * total_sq != total * total:
+        raise RuntimeError(
+            f"workers resumed from different steps (this one from {start}, mean "
+            f"{total / replicas:g}): every worker must see the chief's checkpoint directory"
+        )
+
+
+class _Saver:
+    """Checkpoints following the chief-vs-others rule of `checkpoint_dir_for_this_task`."""
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, ctx: runtime.TaskContext) -> None:
+        self._dir = runtime.checkpoint_dir_for_this_task(ctx)
+        self._is_chief = ctx.is_chief
+        self._manager = (
+            tf.train.CheckpointManager(
+                checkpoint, str(self._dir), max_to_keep=_CHECKPOINTS_TO_KEEP, checkpoint_name="ckpt"
+            )
+            if self._dir is not None
+            else None
+        )
+        self.last_step: int | None = None
+
+    def save(self, step: int) -> None:
+        """Save as checkpoint ``ckpt-<step>``; every worker must call this at the same step."""
+        if self._manager is None or self._dir is None:
+            return
+        self._manager.save(checkpoint_number=step)
+        if not self._is_chief:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self.last_step = step
+
+
+class _MetricsLog:
+    """The per-epoch metrics list, rewritten whole (atomically) to the metrics file."""
+
+    def __init__(self, path: Path | None, start_step: int) -> None:
+        self._path = path
+        entries = json.loads(path.read_text()) if path is not None and path.exists() else []
+        # Entries past the checkpoint we resumed from describe training that was lost.
+        self.entries: list[dict[str, Any]] = [e for e in entries if e["step"] <= start_step]
+
+    def append(self, epoch: int, epochs: int, step: int, loss: float) -> None:
+        """Print the epoch line, record the entry and rewrite the file."""
+        print(f"epoch {epoch}/{epochs} step {step} loss {loss:.6f}", flush=True)
+        self.entries.append({"epoch": epoch, "step": step, "loss": loss, "time": time.time()})
+        if self._path is not None:
+            runtime.write_json_atomic(self._path, self.entries)
+
+
+class _Heartbeat:
+    """Refreshes the "ready" status with the current step, at most once per interval."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+
+    def due(self) -> bool:
+        """Return whether the interval since the last beat has passed."""
+        return time.monotonic() >= self._next
+
+    def beat(self, step: int, *, force: bool = False) -> None:
+        """Report "ready" with ``step`` if due (or ``force``)."""
+        if force or self.due():
+            runtime.report(contract.STATE_READY, step=step)
+            self._next = time.monotonic() + _HEARTBEAT_INTERVAL_S
