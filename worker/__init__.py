@@ -9,6 +9,11 @@ Typical use (Keras 3)::
         model = build_and_compile_model()
     dw.fit(model, dataset, global_batch_size=64, epochs=3, steps_per_epoch=20)
 
+The same script runs under MultiWorkerMirroredStrategy (every worker trains) and
+ParameterServerStrategy (on ps and worker tasks ``dw.strategy()`` serves and never returns; the
+chief runs the rest and schedules the steps). An evaluator task calls
+``dw.evaluate_checkpoints(model, eval_dataset)`` instead of ``dw.fit``.
+
 Importing this package installs an error hook (uncaught exceptions are also written to
 DISTLAUNCH_ERROR_FILE) and nothing else: the public names below are imported lazily, on first
 use, so that ``import distlaunch.worker.contract`` (the launcher does this) never imports
@@ -22,7 +27,8 @@ from typing import Any
 
 from . import runtime
 
-# Public name -> submodule that defines it; `train` imports TensorFlow, `runtime` does not.
+# Public name -> submodule that defines it; `train` and `evaluator` import TensorFlow, `runtime`
+# does not.
 _EXPORTS = {
     "TaskContext": "runtime",
     "context": "runtime",
@@ -31,6 +37,7 @@ _EXPORTS = {
     "checkpoint_dir_for_this_task": "runtime",
     "fit": "train",
     "keras_callbacks": "train",
+    "evaluate_checkpoints": "evaluator",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,6 +29,12 @@ PSS = "parameter_server"
 KERAS3 = "keras3"
 TF_KERAS = "tf_keras"
 
+# Roles a task can have (TF_CONFIG's task types).
+CHIEF = "chief"
+WORKER = "worker"
+PS = "ps"
+EVALUATOR = "evaluator"  # a sidecar: not part of the training cluster
+
 # Task states a task reports in its status file.
 STATE_STARTING = "starting"
 STATE_READY = "ready"  # the strategy is built: the task has joined its cluster
@@ -62,6 +68,17 @@ def metrics_path(run_dir: Path, role: str, index: int) -> Path:
 def checkpoint_dir(run_dir: Path) -> Path:
     """Return the run's checkpoint directory (the chief's, or worker 0's, checkpoints land here)."""
     return run_dir / "checkpoints"
+
+
+def training_done_path(run_dir: Path) -> Path:
+    """Return the marker (JSON: attempt, step, time) the chief writes once training has finished
+    and its final checkpoint is saved; the evaluator stops after evaluating that checkpoint."""
+    return run_dir / "training_done.json"
+
+
+def tensorboard_dir(run_dir: Path) -> Path:
+    """Return the run's TensorBoard log dir: the chief writes ``train/``, an evaluator ``eval/``."""
+    return run_dir / "tensorboard"
 
 
 def env_path(name: str) -> Path | None:

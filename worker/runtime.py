@@ -5,9 +5,10 @@ script can read its context, report its state and install the error hook cheaply
 
 Run by hand, without the launcher's DISTLAUNCH_* variables, a task still works: role and index
 come from TF_CONFIG (or default to ``worker`` 0), the attempt is 0, the strategy is
-MultiWorkerMirroredStrategy when TF_CONFIG names a cluster and TensorFlow's default strategy
-otherwise, and every file whose variable is unset (status, error, metrics, checkpoints) is simply
-not written: nothing lands in the current directory behind the user's back.
+ParameterServerStrategy when TF_CONFIG's cluster has ps tasks, MultiWorkerMirroredStrategy when
+it names another cluster and TensorFlow's default strategy otherwise, and every file whose
+variable is unset (status, error, metrics, checkpoints) is simply not written: nothing lands in
+the current directory behind the user's back.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 
 # Strategy name when neither DISTLAUNCH_STRATEGY nor a TF_CONFIG cluster is set: one process.
 DEFAULT_STRATEGY = "default"
+
+# strategy()'s default variable_partitioner: under PSS with several ps tasks, shard large
+# variables over them when the Keras flavour can train sharded variables (tf_keras).
+AUTO_PARTITIONER = "auto"
 
 # Non-chief workers write their (discarded) checkpoint copies into `<checkpoint dir>/.tmp-<task>`.
 # One directory per task, not a shared parent, so that removing it leaves nothing behind and no
@@ -65,9 +70,7 @@ def context() -> TaskContext:
     task: dict[str, Any] = tf_config.get("task", {})
     role = os.environ.get(contract.ROLE) or task.get("type") or "worker"
     index = int(os.environ.get(contract.INDEX) or task.get("index") or 0)
-    strategy_name = os.environ.get(contract.STRATEGY) or (
-        contract.MWMS if cluster else DEFAULT_STRATEGY
-    )
+    strategy_name = os.environ.get(contract.STRATEGY) or _strategy_of(cluster)
     return TaskContext(
         role=role,
         index=index,
@@ -81,6 +84,13 @@ def context() -> TaskContext:
         num_workers=_num_workers(cluster, strategy_name),
         checkpoint_dir=contract.env_path(contract.CHECKPOINT_DIR),
     )
+
+
+def _strategy_of(cluster: dict[str, list[str]]) -> str:
+    """Return the strategy a TF_CONFIG cluster implies when DISTLAUNCH_STRATEGY is unset."""
+    if contract.PS in cluster:
+        return contract.PSS
+    return contract.MWMS if cluster else DEFAULT_STRATEGY
 
 
 def _keras_flavour() -> str:
@@ -140,49 +150,64 @@ def checkpoint_dir_for_this_task(ctx: TaskContext | None = None) -> Path | None:
 
 
 @functools.cache
-def strategy() -> tf.distribute.Strategy:
+def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Strategy:
     """Build this task's tf.distribute strategy once, report "ready", and return it.
 
     Call it before any other TensorFlow op: collective ops must be configured at program
     startup. Building MultiWorkerMirroredStrategy blocks until every worker has joined, so
-    "ready" really means the cluster is up. Later calls return the same strategy.
+    "ready" really means the cluster is up. Later calls with the same arguments return the
+    same strategy.
+
+    Under ParameterServerStrategy only the chief gets a strategy (it coordinates the training);
+    on a ps or worker task this call starts the task's TensorFlow server, reports "ready" and
+    serves until the launcher stops the process: it never returns, so the same script runs on
+    every task. ``variable_partitioner`` (a ``tf.distribute.experimental.partitioners``
+    partitioner, or None) shards the chief's variables over the ps tasks; the default
+    ``"auto"`` is ``MinSizePartitioner(max_shards=<number of ps>)`` for tf_keras with more
+    than one ps, and no sharding otherwise: Keras 3 cannot train sharded variables. Other
+    strategies ignore it. The evaluator, a sidecar outside the training cluster, always gets
+    TensorFlow's default strategy.
     """
-    name = context().strategy
-    builder = _STRATEGY_BUILDERS.get(name)
+    ctx = context()
+    if ctx.role == contract.EVALUATOR:
+        builder = _default_strategy
+    else:
+        builder = _STRATEGY_BUILDERS.get(ctx.strategy)
     if builder is None:
         raise ValueError(
-            f"{contract.STRATEGY}={name!r} is not one of {sorted(_STRATEGY_BUILDERS)}"
+            f"{contract.STRATEGY}={ctx.strategy!r} is not one of {sorted(_STRATEGY_BUILDERS)}"
         )
     report(contract.STATE_STARTING)
-    built = builder()
+    built = builder(ctx, variable_partitioner)
     report(contract.STATE_READY)
     return built
 
 
-def _default_strategy() -> tf.distribute.Strategy:
+def _default_strategy(_ctx: TaskContext, _partitioner: Any) -> tf.distribute.Strategy:
     """One process, no cluster: TensorFlow's default (no-op) strategy."""
     import tensorflow as tf
 
     return tf.distribute.get_strategy()
 
 
-def _multi_worker_mirrored_strategy() -> tf.distribute.Strategy:
+def _multi_worker_mirrored_strategy(_ctx: TaskContext, _partitioner: Any) -> tf.distribute.Strategy:
     """Synchronous data parallelism over all chief and worker tasks; reads TF_CONFIG itself."""
     import tensorflow as tf
 
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def _parameter_server_strategy() -> tf.distribute.Strategy:
-    """Not supported yet: the chief coordinates while ps and worker tasks run servers."""
-    raise NotImplementedError(
-        f"{contract.STRATEGY}={contract.PSS}: ParameterServerStrategy support comes in a later "
-        f"change of distlaunch; use {contract.MWMS} for now"
-    )
+def _parameter_server_strategy(ctx: TaskContext, partitioner: Any) -> tf.distribute.Strategy:
+    """The chief coordinates; ps and worker tasks only serve (this never returns on them)."""
+    from . import ps  # imports TensorFlow
+
+    if ctx.role in (contract.PS, contract.WORKER):
+        ps.serve_forever()
+    return ps.coordinator_strategy(partitioner, ctx.keras)
 
 
 # One builder per strategy name; adding a strategy means adding one function and one entry.
-_STRATEGY_BUILDERS: dict[str, Callable[[], tf.distribute.Strategy]] = {
+_STRATEGY_BUILDERS: dict[str, Callable[[TaskContext, Any], tf.distribute.Strategy]] = {
     DEFAULT_STRATEGY: _default_strategy,
     contract.MWMS: _multi_worker_mirrored_strategy,
     contract.PSS: _parameter_server_strategy,
@@ -196,9 +221,7 @@ def install_error_hook() -> None:
     if getattr(previous, "_distlaunch_hook", False):
         return
 
-    def hook(
-        exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
-    ) -> None:
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         try:
             _write_error_file(exc_type, exc, tb)
         except Exception as error:  # noqa: BLE001 - the original error must still be printed
@@ -221,9 +244,11 @@ def _write_error_file(
     write_json_atomic(
         path,
         {
-            "type": exc_type.__qualname__
-            if module == "builtins"
-            else f"{module}.{exc_type.__qualname__}",
+            "type": (
+                exc_type.__qualname__
+                if module == "builtins"
+                else f"{module}.{exc_type.__qualname__}"
+            ),
             "message": str(exc),
             "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
             "time": time.time(),

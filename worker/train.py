@@ -1,22 +1,22 @@
-"""Training under a multi-worker strategy: a Keras 3 loop (`fit`) and tf_keras callbacks.
+"""Training under a distributed strategy: a Keras 3 loop (`fit`) and tf_keras callbacks.
 
-Keras 3 `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so `fit`
-is a custom loop; `tf_keras` `model.fit` works and only needs `keras_callbacks()`. Both write
-the same per-epoch metrics file and status heartbeat, and both resume from the run's
-checkpoint directory.
+Keras 3 `model.fit` supports neither MultiWorkerMirroredStrategy (keras-team/keras#20585) nor
+ParameterServerStrategy (keras-team/keras#18624), so `fit` is a custom loop: under MWMS every
+worker runs it in lockstep; under PSS only the chief runs it and schedules the steps onto the
+workers. `tf_keras` `model.fit` works under both and only needs `keras_callbacks()`. Both write
+the same per-epoch metrics file, TensorBoard scalars and status heartbeat, resume from the run's
+checkpoint directory, and mark the run's training done when they finish.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import tensorflow as tf
 
-from . import contract, runtime
+from . import contract, progress, ps, runtime
 
 if TYPE_CHECKING:
     import keras
@@ -27,8 +27,6 @@ PerExampleLoss = Callable[[Any, Any, Any], tf.Tensor]
 
 # Checkpoints kept in the chief's directory; older ones are deleted by the CheckpointManager.
 _CHECKPOINTS_TO_KEEP = 3
-# Between epochs the "ready" heartbeat is refreshed at most this often (seconds).
-_HEARTBEAT_INTERVAL_S = 1.0
 
 
 def fit(
@@ -42,20 +40,28 @@ def fit(
     strategy: tf.distribute.Strategy | None = None,
     loss: Any = None,
 ) -> list[dict[str, Any]]:
-    """Train a Keras 3 ``model`` compiled inside ``strategy.scope()``, on every worker.
+    """Train a Keras 3 ``model`` compiled inside ``strategy.scope()``.
 
-    ``dataset`` is either a repeating tf.data.Dataset batched at the GLOBAL batch size (it is
-    sharded by data unless its options already name an auto-shard policy), or a function
-    ``input_context -> dataset`` batched per replica and sharded by the function itself.
+    ``dataset`` is either a repeating tf.data.Dataset batched at the GLOBAL batch size, or a
+    function ``input_context -> dataset`` batched at ``input_context``'s per-replica size.
     The model's compiled optimizer and loss are used; ``loss`` (a Keras loss object, name or
     per-example function) overrides the compiled one. ``strategy`` defaults to the one the
     model was built under.
 
-    With DISTLAUNCH_CHECKPOINT_DIR set, the model, optimizer and step are checkpointed every
-    ``checkpoint_every`` steps (default: every epoch) and at the end, and training resumes from
-    the chief's latest checkpoint, skipping the steps already done. Each epoch prints
-    ``epoch E/EPOCHS step S loss L`` (the same on every worker), appends to the metrics file
-    and refreshes the "ready" heartbeat. Returns the metrics list, earlier attempts included.
+    MultiWorkerMirroredStrategy (and the default strategy): every worker calls `fit`; a dataset
+    is sharded by data unless its options already name an auto-shard policy, a function shards
+    by itself. ParameterServerStrategy: only the chief gets here (ps and worker tasks serve) and
+    schedules each step onto a free worker; a step is one worker's batch of
+    ``global_batch_size``. A dataset is copied whole to every worker (PSS does not shard: give
+    it an unseeded shuffle), a function runs on every worker.
+
+    With DISTLAUNCH_CHECKPOINT_DIR set, the model, optimizer and an exact step counter are
+    checkpointed every ``checkpoint_every`` steps (default: every epoch) and at the end, and
+    training resumes from the chief's latest checkpoint, skipping the steps already done. Each
+    epoch prints ``epoch E/EPOCHS step S loss L`` (under MWMS the same on every worker), appends
+    to the metrics file, writes the chief's TensorBoard scalars and refreshes the "ready"
+    heartbeat. At the end the chief writes the run's "training done" marker. Returns the
+    metrics list, earlier attempts included.
     """
     if min(global_batch_size, steps_per_epoch, checkpoint_every or 1) < 1 or epochs < 0:
         raise ValueError(
@@ -64,41 +70,57 @@ def fit(
     if model.optimizer is None:
         raise ValueError("compile the model, inside strategy.scope(), before calling fit")
     strategy = strategy or model.distribute_strategy
+    ps.refuse_sharded(model.trainable_variables)
     ctx = runtime.context()
     per_example_loss = _per_example_loss(model.loss if loss is None else loss)
     with strategy.scope():
-        # An exact step counter: Keras 3's optimizer.iterations is not one under every strategy.
+        # An exact step counter: Keras 3's optimizer.iterations is not one under every strategy
+        # (under PSS it loses concurrent increments); assign_add on a tf.Variable is atomic.
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="distlaunch_step")
         if not model.optimizer.built:
             # Build the slots now, under the strategy, so that restore fills them directly.
             model.optimizer.build(model.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step)
     start = _restore(checkpoint, step, ctx)
-    _check_workers_agree_on_step(strategy, start)
 
     train_step = _make_train_step(strategy, model, per_example_loss, global_batch_size, step)
-    iterator = iter(_distribute(strategy, dataset))
+    steps: _LocalSteps | ps.ScheduledSteps
+    if ps.is_parameter_server(strategy):
+        # Only the chief restored: there is no agreement between workers to check.
+        steps = ps.ScheduledSteps(strategy, train_step, dataset, step)
+    else:
+        _check_workers_agree_on_step(strategy, start)
+        steps = _LocalSteps(train_step, iter(_distribute(strategy, dataset)), start)
     saver = _Saver(checkpoint, ctx)
-    metrics = _MetricsLog(contract.env_path(contract.METRICS_FILE), start)
-    heartbeat = _Heartbeat()
+    log = _EpochLog(ctx, start)
+    heartbeat = progress.Heartbeat()
     every = checkpoint_every or steps_per_epoch
     current = start
     # A resumed partial epoch only runs its remaining steps: the data is not replayed to the
     # point of interruption, the steps are counted.
     for epoch in range(start // steps_per_epoch, epochs):
-        loss_sum = tf.zeros([])
-        first = current
-        while current < (epoch + 1) * steps_per_epoch:
-            loss_sum += train_step(iterator)
-            current += 1
-            if current % every == 0:
+        epoch_end = (epoch + 1) * steps_per_epoch
+        loss_sum: float | tf.Tensor = 0.0
+        ran = 0
+        while current < epoch_end:
+            # Run to the next checkpoint or the end of the epoch, whichever comes first: under
+            # PSS all scheduled steps are done when `run` returns, so the checkpoint is exact.
+            target = min(epoch_end, (current // every + 1) * every)
+            loss_sum += steps.run(target - current, heartbeat)
+            ran += target - current
+            # The counter, not `target`: PSS runs a step at least once (again on another worker
+            # when its worker dies mid-step), so the counter can be ahead.
+            current = int(step.numpy())
+            if target % every == 0:
                 saver.save(current)
-            heartbeat.beat(current)
-        metrics.append(epoch + 1, epochs, current, float(loss_sum) / (current - first))
+        if ran:  # else re-run steps had already carried the counter past this whole epoch
+            log.append(epoch + 1, epochs, current, float(loss_sum) / ran)
         heartbeat.beat(current, force=True)
     if current > start and saver.last_step != current:
         saver.save(current)
-    return metrics.entries
+    if ctx.is_chief:
+        progress.mark_training_done(current)
+    return log.entries
 
 
 def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.callbacks.Callback]:
@@ -107,19 +129,27 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
     With DISTLAUNCH_CHECKPOINT_DIR set: ``tf_keras.callbacks.BackupAndRestore`` backing up into
     ``<checkpoint dir>/backup`` every ``checkpoint_every`` steps (default: every epoch); it
     already lets only the chief keep its copy and makes every worker restore. Always: a callback
-    that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file and the "ready"
-    heartbeat like `fit` does, and prints ``distlaunch: resumed from ...`` after a restore.
+    that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file, the chief's
+    TensorBoard scalars and the "ready" heartbeat like `fit` does, prints ``distlaunch: resumed
+    from ...`` after a restore, and writes the "training done" marker on the chief at the end.
+
+    Under ParameterServerStrategy tf_keras allows no batch-level callbacks: backups happen at
+    epoch ends only (``checkpoint_every`` is ignored), and the heartbeat comes from a thread.
     """
     import tf_keras  # imported here so that Keras 3 scripts never load Keras 2
 
+    ctx = runtime.context()
+    coordinated = ctx.strategy == contract.PSS
+
     class _DistlaunchCallback(tf_keras.callbacks.Callback):
-        """Metrics file, heartbeat and resume line for tf_keras fit (runs after the restore)."""
+        """Metrics, heartbeat, resume line and done marker for tf_keras fit (after the restore)."""
 
         def __init__(self, backup_dir: Path | None) -> None:
             super().__init__()
             self._backup_dir = backup_dir
-            self._heartbeat = _Heartbeat()
-            self._metrics: _MetricsLog | None = None
+            self._heartbeat = progress.Heartbeat()
+            self._background = progress.BackgroundHeartbeat() if coordinated else None
+            self._log: _EpochLog | None = None
 
         def _step(self) -> int:
             return int(self.model.optimizer.iterations.numpy())
@@ -128,20 +158,30 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
             start = self._step()
             if start > 0 and self._backup_dir is not None:
                 print(f"distlaunch: resumed from {self._backup_dir} at step {start}", flush=True)
-            self._metrics = _MetricsLog(contract.env_path(contract.METRICS_FILE), start)
+            self._log = _EpochLog(ctx, start)
+            if self._background is not None:
+                self._background.start()
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            assert self._log is not None and logs is not None
+            step = self._step()
+            self._log.append(epoch + 1, self.params["epochs"], step, float(logs["loss"]))
+            self._heartbeat.beat(step, force=True)
+
+        def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+            if self._background is not None:
+                self._background.stop()
+            if ctx.is_chief:
+                progress.mark_training_done(self._step())
+
+    class _StepHeartbeatCallback(_DistlaunchCallback):
+        """Also refreshes the heartbeat, with the step, between batches."""
 
         def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             if self._heartbeat.due():
                 self._heartbeat.beat(self._step(), force=True)
 
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            assert self._metrics is not None and logs is not None
-            step = self._step()
-            self._metrics.append(epoch + 1, self.params["epochs"], step, float(logs["loss"]))
-            self._heartbeat.beat(step, force=True)
-
-    checkpoint_dir = runtime.context().checkpoint_dir
-    backup_dir = checkpoint_dir / "backup" if checkpoint_dir else None
+    backup_dir = ctx.checkpoint_dir / "backup" if ctx.checkpoint_dir else None
     callbacks: list[tf_keras.callbacks.Callback] = []
     if backup_dir is not None:
         # delete_checkpoint=False: like `fit`, a finished run keeps its state, so running the
@@ -149,11 +189,11 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
         callbacks.append(
             tf_keras.callbacks.BackupAndRestore(
                 backup_dir=str(backup_dir),
-                save_freq=checkpoint_every or "epoch",
+                save_freq="epoch" if coordinated else checkpoint_every or "epoch",
                 delete_checkpoint=False,
             )
         )
-    callbacks.append(_DistlaunchCallback(backup_dir))
+    callbacks.append((_DistlaunchCallback if coordinated else _StepHeartbeatCallback)(backup_dir))
     return callbacks
 
 
@@ -303,35 +343,38 @@ class _Saver:
         self.last_step = step
 
 
-class _MetricsLog:
-    """The per-epoch metrics list, rewritten whole (atomically) to the metrics file."""
+class _LocalSteps:
+    """Training steps this worker runs itself (MWMS: in lockstep with the others)."""
 
-    def __init__(self, path: Path | None, start_step: int) -> None:
-        self._path = path
-        entries = json.loads(path.read_text()) if path is not None and path.exists() else []
-        # Entries past the checkpoint we resumed from describe training that was lost.
-        self.entries: list[dict[str, Any]] = [e for e in entries if e["step"] <= start_step]
+    def __init__(self, train_step: Callable[[Any], tf.Tensor], iterator: Any, start: int) -> None:
+        self._train_step = train_step
+        self._iterator = iterator
+        self._done = start
+
+    def run(self, steps: int, heartbeat: progress.Heartbeat) -> tf.Tensor:
+        """Run ``steps`` steps and return the sum of their losses (not read back: no sync)."""
+        total = tf.zeros([])
+        for _ in range(steps):
+            total += self._train_step(self._iterator)
+            self._done += 1
+            heartbeat.beat(self._done)
+        return total
+
+
+class _EpochLog:
+    """Per-epoch reporting: the printed line, the metrics file and, on the chief, TensorBoard."""
+
+    def __init__(self, ctx: runtime.TaskContext, start_step: int) -> None:
+        self._metrics = progress.MetricsLog(contract.env_path(contract.METRICS_FILE), start_step)
+        self._scalars = progress.Scalars("train", enabled=ctx.is_chief)
+
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """The metrics entries, earlier attempts' included."""
+        return self._metrics.entries
 
     def append(self, epoch: int, epochs: int, step: int, loss: float) -> None:
-        """Print the epoch line, record the entry and rewrite the file."""
+        """Print the epoch line and record the epoch's mean loss."""
         print(f"epoch {epoch}/{epochs} step {step} loss {loss:.6f}", flush=True)
-        self.entries.append({"epoch": epoch, "step": step, "loss": loss, "time": time.time()})
-        if self._path is not None:
-            runtime.write_json_atomic(self._path, self.entries)
-
-
-class _Heartbeat:
-    """Refreshes the "ready" status with the current step, at most once per interval."""
-
-    def __init__(self) -> None:
-        self._next = 0.0
-
-    def due(self) -> bool:
-        """Return whether the interval since the last beat has passed."""
-        return time.monotonic() >= self._next
-
-    def beat(self, step: int, *, force: bool = False) -> None:
-        """Report "ready" with ``step`` if due (or ``force``)."""
-        if force or self.due():
-            runtime.report(contract.STATE_READY, step=step)
-            self._next = time.monotonic() + _HEARTBEAT_INTERVAL_S
+        self._metrics.append({"epoch": epoch, "step": step, "loss": loss})
+        self._scalars.write(step, {"loss": loss})

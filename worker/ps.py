@@ -1,0 +1,153 @@
+"""ParameterServerStrategy: the servers that ps and worker tasks run, and the chief's side.
+
+Under PSS only the chief runs the user's program: it builds the strategy, keeps the variables
+on the ps tasks and schedules training steps onto the worker tasks through a
+`tf.distribute.coordinator.ClusterCoordinator`. The ps and worker tasks only serve.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, Callable, NoReturn
+
+import tensorflow as tf
+
+from . import contract, progress, runtime
+
+# How often the chief checks whether its scheduled steps are done while it waits for them.
+_POLL_S = 0.01
+
+
+def serve_forever() -> NoReturn:
+    """Start this ps or worker task's TensorFlow server, report "ready" and serve until killed.
+
+    The launcher stops the task with SIGTERM when the chief is done; the process must then end
+    at once. `server.join()` blocks in C++, where a Python signal handler would never run, so
+    SIGTERM keeps (or gets back) its default action: end the process.
+    """
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
+    name = contract.task_name(resolver.task_type, resolver.task_id)
+    print(f"distlaunch: {name} serving at {server.target}; the chief runs the program", flush=True)
+    # The launcher may count a task whose heartbeat goes stale as hung: keep beating while the
+    # main thread is blocked in join().
+    progress.BackgroundHeartbeat().start()
+    server.join()
+    raise RuntimeError(f"the TensorFlow server of {name} stopped")
+
+
+def coordinator_strategy(
+    variable_partitioner: Any, keras: str
+) -> tf.distribute.ParameterServerStrategy:
+    """Return the chief's ParameterServerStrategy over TF_CONFIG's cluster.
+
+    ``variable_partitioner`` is a partitioner, None, or ``runtime.AUTO_PARTITIONER``: with
+    several ps tasks, ``MinSizePartitioner(max_shards=<number of ps>)`` for tf_keras and None
+    for Keras 3 (``keras``), which cannot train sharded variables (see `refuse_sharded`);
+    unsharded variables are still spread over the ps tasks, whole, round-robin.
+    """
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if isinstance(variable_partitioner, str) and variable_partitioner == runtime.AUTO_PARTITIONER:
+        num_ps = len(resolver.cluster_spec().as_dict().get(contract.PS, []))
+        variable_partitioner = (
+            tf.distribute.experimental.partitioners.MinSizePartitioner(max_shards=num_ps)
+            if num_ps > 1 and keras == contract.TF_KERAS
+            else None
+        )
+    return tf.distribute.ParameterServerStrategy(
+        resolver, variable_partitioner=variable_partitioner
+    )
+
+
+def refuse_sharded(variables: list[Any]) -> None:
+    """Raise ValueError if a partitioner sharded any of these Keras 3 variables.
+
+    Keras 3 takes one tf.Variable per weight: its gradients read the variable's handle and its
+    optimizer updates the variable in place, and a ShardedVariable has neither (seen with Keras
+    3.15: AttributeError 'ShardedVariable' object has no attribute 'handle').
+    """
+    sharded = [
+        v.path
+        for v in variables
+        if isinstance(getattr(v, "value", v), tf.__internal__.distribute.ShardedVariable)
+    ]
+    if sharded:
+        raise ValueError(
+            "Keras 3 cannot train variables sharded by a variable_partitioner "
+            f"({', '.join(sharded)}): "
+            "call distlaunch.worker.strategy(variable_partitioner=None); PSS still spreads whole "
+            "variables over the ps tasks"
+        )
+
+
+def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
+    """Return whether ``strategy`` is a ParameterServerStrategy (its steps must be scheduled)."""
+    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+
+class ScheduledSteps:
+    """Training steps that the chief schedules onto the workers, which run them asynchronously.
+
+    Each step takes the next batch from its worker's own copy of the dataset; a dead worker's
+    steps are re-queued to the others by the coordinator, and an error from a ps (its variables
+    are gone) propagates out of `run`.
+    """
+
+    def __init__(
+        self,
+        strategy: tf.distribute.ParameterServerStrategy,
+        train_step: Callable[[Any], tf.Tensor],
+        dataset: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset],
+        step: tf.Variable,
+    ) -> None:
+        """``train_step(iterator)`` is a tf.function returning the step's loss; ``step`` is the
+        exact step counter it increments (read for the heartbeat while steps run)."""
+        # One coordinator per strategy: TensorFlow hands back the same one on later calls.
+        self._coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        self._train_step = train_step
+        self._step = step
+        self._iterator = iter(
+            self._coordinator.create_per_worker_dataset(_per_worker(strategy, dataset))
+        )
+
+    def run(self, steps: int, heartbeat: progress.Heartbeat) -> float:
+        """Schedule ``steps`` steps, wait for all of them, and return the sum of their losses.
+
+        Waiting polls `done()` rather than blocking in `join()` so that the heartbeat goes on;
+        `done()` raises the first error of a failed step (e.g. UnavailableError for a dead ps).
+        """
+        losses = [
+            self._coordinator.schedule(self._train_step, args=(self._iterator,))
+            for _ in range(steps)
+        ]
+        while not self._coordinator.done():
+            if heartbeat.due():
+                heartbeat.beat(int(self._step.numpy()))
+            time.sleep(_POLL_S)
+        return float(sum(self._coordinator.fetch(losses)))
+
+
+def _per_worker(
+    strategy: tf.distribute.ParameterServerStrategy,
+    dataset: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset],
+) -> Any:
+    """Return what `create_per_worker_dataset` builds on every worker from ``dataset``.
+
+    A dataset is serialized and rebuilt whole on each worker (PSS does not shard: shuffle
+    without a fixed seed so the workers see different orders); a function is called on each
+    worker with an InputContext, whose batch size per replica is the global batch size (a PSS
+    step is one worker's batch).
+    """
+    if isinstance(dataset, tf.data.Dataset):
+        return dataset
+    if callable(dataset):
+        return lambda: strategy.distribute_datasets_from_function(dataset)
+    raise TypeError(f"dataset must be a tf.data.Dataset or a function, not {type(dataset)}")

@@ -1,0 +1,277 @@
+"""The remote end of an SSH task: runs the task in its own process group and never lets it outlive the launcher.
+
+The launcher runs ``ssh HOST 'exec PYTHON -m distlaunch.worker.remote'`` and talks to this helper
+over the SSH session's stdin, one line at a time:
+
+- line 1 is a JSON request: ``{"argv": [...], "env": {...}, "cwd": "..." | null,
+  "mkdirs": [...], "umask": 63 | null, "grace_s": 5, "heartbeat_s": 20}``. Arguments, environment
+  and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
+  starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
+- every later line is either empty (a heartbeat: the launcher is alive) or ``stop``.
+
+The task runs as the leader of a new session (so a process group of its own) with stdout and
+stderr merged into this helper's stdout, which SSH streams back to the launcher's log file. The
+group is stopped the way a local task's would be:
+
+- ``stop`` arrives (the launcher tears the run down), or this helper gets SIGTERM, SIGHUP or
+  SIGINT: SIGTERM, ``grace_s``, SIGKILL, as `LocalTransport.stop` does;
+- stdin reaches EOF (the launcher died or killed the ssh client, or the connection closed: sshd
+  then closes the channel), or no line arrives for ``heartbeat_s`` (the network vanished without
+  a reset, which sshd may not notice for hours): SIGKILL at once. A local task gets exactly that
+  when its launcher dies (PR_SET_PDEATHSIG) or restarts it, and a restarted task needs its port
+  back now, not after a grace period nobody is waiting for.
+
+The helper exits with the task's exit code, or 128+N when the task died of signal N (SSH cannot
+carry a signal death). It imports neither launcher code nor TensorFlow: it must start fast and
+work with nothing but the standard library (Linux >= 5.3 for pidfd).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+# Bumped whenever the request format or the worker contract changes; the launcher's preflight
+# refuses a host whose helper speaks another protocol.
+PROTOCOL = 1
+STOP = b"stop"
+# Exit codes for a task that could not be started, as POSIX shells use them.
+EXIT_BAD_REQUEST = 125
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+# After the task's leader exits on its own, how long what it forked gets to follow a SIGTERM.
+LEFTOVER_GRACE_S = 1.0
+_PR_SET_PDEATHSIG = 1
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def main() -> int:
+    """Run one task as the request on stdin says; return its exit code (128+N for signal N)."""
+    stdin = _LineReader(sys.stdin.fileno())
+    try:
+        request = _parse(stdin.first_line())
+    except (ValueError, TypeError) as exc:
+        _say(f"bad request from the launcher: {exc}")
+        return EXIT_BAD_REQUEST
+    # Signals are trapped before the task exists: a stop signal arriving in between must still
+    # reach the task instead of killing this helper alone.
+    watch = _Watch(stdin, request["grace_s"], request["heartbeat_s"])
+    if request["umask"] is not None:
+        os.umask(request["umask"])  # the task inherits it, as a local task inherits the launcher's
+    try:
+        for path in request["mkdirs"]:
+            os.makedirs(path, exist_ok=True)
+        child = _start(request)
+    except OSError as exc:
+        _say(f"cannot start the task: {exc}")
+        return EXIT_NOT_FOUND if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else EXIT_NOT_EXECUTABLE
+    return watch.run(child)
+
+
+def _parse(line: bytes | None) -> dict[str, Any]:
+    if line is None:
+        raise ValueError("stdin closed before the request line")
+    request = json.loads(line)
+    if not isinstance(request, dict):
+        raise ValueError("expected a JSON object")
+    argv, env, cwd = request.get("argv"), request.get("env", {}), request.get("cwd")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        raise ValueError("argv must be a non-empty list of strings")
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise ValueError("env must map strings to strings")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ValueError("cwd must be a string or null")
+    return {
+        "argv": [_home(argv[0]), *argv[1:]],
+        "env": env,
+        "cwd": _home(cwd) if cwd else None,
+        "mkdirs": [str(p) for p in request.get("mkdirs", [])],
+        "umask": int(request["umask"]) if request.get("umask") is not None else None,
+        "grace_s": float(request.get("grace_s", 5.0)),
+        "heartbeat_s": float(request["heartbeat_s"]) if request.get("heartbeat_s") else None,
+    }
+
+
+def _home(path: str) -> str:
+    """``path`` with a leading ``~`` or ``~/`` made the home dir (nothing else is expanded)."""
+    return os.path.expanduser(path) if path == "~" or path.startswith("~/") else path
+
+
+def _start(request: dict[str, Any]) -> subprocess.Popen:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def die_with_helper() -> None:
+        # If this helper is SIGKILLed, the kernel kills the task's leader too (not what the
+        # leader forked: that takes the helper's own cleanup, which SIGKILL skips).
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    sys.stdout.flush()
+    return subprocess.Popen(
+        request["argv"],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,  # one ordered stream, as a local task's log file gets
+        cwd=request["cwd"],
+        env={**os.environ, **request["env"]},
+        start_new_session=True,
+        preexec_fn=die_with_helper,
+    )
+
+
+class _LineReader:
+    """Reads lines from a raw fd without read-ahead buffering, so `select` on it stays truthful."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer = b""
+        self.eof = False
+
+    def first_line(self) -> bytes | None:
+        """Block until the first complete line (None on EOF before one)."""
+        while b"\n" not in self._buffer:
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def read_lines(self) -> list[bytes]:
+        """Read what is available now (the fd is readable) and return the complete lines."""
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            self.eof = True
+            return []
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return lines
+
+    def pending_lines(self) -> list[bytes]:
+        """Complete lines that arrived along with the first one."""
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return lines
+
+
+class _Watch:
+    """Waits for the task to exit, or for a reason to stop it, in one select loop."""
+
+    def __init__(self, stdin: _LineReader, grace_s: float, heartbeat_s: float | None) -> None:
+        self.stdin = stdin
+        self.grace_s = grace_s
+        self.heartbeat_s = heartbeat_s
+        self._signal: int | None = None
+        self._wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        signal.set_wakeup_fd(wake_w)
+
+    def run(self, child: subprocess.Popen) -> int:
+        """Supervise ``child`` until it exits or must be stopped; return the exit code to report."""
+        self.child = child
+        sel = selectors.DefaultSelector()
+        sel.register(os.pidfd_open(child.pid), selectors.EVENT_READ, "exit")
+        sel.register(self.stdin.fd, selectors.EVENT_READ, "stdin")
+        sel.register(self._wake_r, selectors.EVENT_READ, "signal")
+        reason = self._signal_reason() or self._reason(self.stdin.pending_lines())
+        last_heard = time.monotonic()
+        lost = None
+        while reason is None and lost is None:
+            timeout = None
+            if self.heartbeat_s is not None:
+                timeout = max(0.0, last_heard + self.heartbeat_s - time.monotonic())
+            for key, _ in sel.select(timeout):
+                if key.data == "exit":
+                    return self._finish(self._leftovers())
+                if key.data == "stdin":
+                    last_heard = time.monotonic()
+                    reason = self._reason(self.stdin.read_lines())
+                    if self.stdin.eof:
+                        lost = "the launcher's connection closed"
+                if key.data == "signal":
+                    reason = self._signal_reason()
+            if self.heartbeat_s is not None and time.monotonic() - last_heard > self.heartbeat_s:
+                lost = f"no word from the launcher for {self.heartbeat_s:g} s"
+        if reason is None:  # a `stop` that came with the EOF still gets its grace
+            _say(f"killing the task: {lost}")
+            return self._finish(self._stop_group(0.0))
+        _say(f"stopping the task: {reason}")
+        return self._finish(self._stop_group(self.grace_s))
+
+    def _signal_reason(self) -> str | None:
+        return f"this helper got {_signal_name(self._signal)}" if self._signal else None
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._signal is None:
+            self._signal = signum
+
+    def _reason(self, lines: list[bytes]) -> str | None:
+        # Any line is a heartbeat; only `stop` asks for anything.
+        if any(line.strip() == STOP for line in lines):
+            return "the launcher asked it to stop"
+        return None
+
+    def _leftovers(self) -> int:
+        """The leader exited: terminate whatever it left in its group, then return its code."""
+        code = self.child.wait()
+        if _signal_group(self.child.pid, 0):
+            _signal_group(self.child.pid, signal.SIGTERM)
+            deadline = time.monotonic() + LEFTOVER_GRACE_S
+            while _signal_group(self.child.pid, 0) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            _signal_group(self.child.pid, signal.SIGKILL)
+        return code
+
+    def _stop_group(self, grace_s: float) -> int:
+        """SIGTERM the task's group, wait up to ``grace_s`` for the leader, then SIGKILL the group
+        (at once when ``grace_s`` is 0)."""
+        if grace_s > 0:
+            _signal_group(self.child.pid, signal.SIGTERM)
+            try:
+                self.child.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Also reaches what the task forked, even when the leader has already exited.
+        _signal_group(self.child.pid, signal.SIGKILL)
+        return self.child.wait()
+
+    def _finish(self, code: int) -> int:
+        if code < 0:
+            _say(f"the task was ended by {_signal_name(-code)}; exiting with {128 - code}")
+            return 128 - code
+        return code
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(f"distlaunch.worker.remote: {message}\n")
+        sys.stderr.flush()
+    except (BrokenPipeError, OSError):
+        pass  # the channel is gone: nobody is left to tell
+
+
+if __name__ == "__main__":
+    sys.exit(main())
