@@ -1,0 +1,274 @@
+"""Network isolation for local runs: every task of a run shares one private network namespace.
+
+TensorFlow's gRPC servers take work from anyone who reaches their port, and listen on every
+interface whatever TF_CONFIG says. The only way to keep a local cluster's ports to itself is the
+OS: a network namespace that holds nothing but a loopback interface, shared by the run's tasks.
+
+How (util-linux and iproute2, nothing persistent):
+- a *holder* process per run, `unshare --net sh -c 'ip link set lo up ...'`, owns the namespace;
+  an unprivileged user gets the same inside a new user namespace (`unshare --user --map-root-user`)
+  where the kernel allows it;
+- each task is started as `nsenter -t HOLDER -n -- argv...`; nsenter execs, so the task keeps the
+  pid, process group, parent-death signal and log fd the launcher gave it;
+- a namespace lives exactly as long as a process is in it, and nothing is bind-mounted (no
+  `ip netns add`): when the run's processes are gone, so is the namespace.
+
+The decision is a pure function of the spec and the machine's capabilities, which are probed once
+per process; `distlaunch plan` shows it.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import selectors
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from distlaunch.launcher.errors import LaunchError
+from distlaunch.worker import contract
+
+if TYPE_CHECKING:  # only for annotations: this module imports nothing heavy
+    from distlaunch.launcher.spec import LoadedSpec
+
+# Isolation modes, as `plan` and run.json show them.
+NETNS = "netns"  # a private network namespace (root, or CAP_SYS_ADMIN)
+USERNS = "userns"  # a private network namespace inside a new user namespace (unprivileged)
+HOST = "host"  # tasks share the machine's network: their ports are reachable from outside
+
+# The holder must report its loopback up within this; it takes milliseconds.
+READY_TIMEOUT_S = 10.0
+# How long a holder may take to exit once its lifeline pipe is closed.
+CLOSE_TIMEOUT_S = 5.0
+_PROBE_TIMEOUT_S = 10.0
+
+
+class SandboxError(LaunchError):
+    """The private network namespace a run was planned with could not be created."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this machine lets the current user do, probed once (see `probe`)."""
+
+    netns: bool  # `unshare --net` works
+    userns: bool  # `unshare --user --map-root-user --net` works
+    detail: str  # why neither works (empty when one does)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How a run's tasks are isolated, and why."""
+
+    mode: str  # NETNS, USERNS or HOST
+    reason: str
+    remedy: str = ""  # how to keep the ports private when mode is HOST
+
+    @property
+    def private(self) -> bool:
+        """Whether the tasks run in a private network namespace."""
+        return self.mode != HOST
+
+    def to_json(self) -> dict:
+        """Return the decision as JSON-ready data."""
+        return {"mode": self.mode, "reason": self.reason}
+
+
+# What a plan built without a decision describes: the tasks share the machine's network.
+HOST_NETWORK = Isolation(HOST, "no isolation was requested", "firewall these ports")
+
+
+def choose(loaded: LoadedSpec, caps: Capabilities | None) -> Isolation:
+    """Decide the isolation of a run from its spec and this machine's capabilities ``caps``.
+
+    Pure. Only a cluster wholly on this machine's loopback can be shut in: a task on another host,
+    or at an address other hosts dial, must be reachable over the network. ``caps`` is looked at
+    only when isolation is possible (pass None for "off").
+    """
+    if loaded.spec.isolation == "off":
+        return Isolation(HOST, 'the spec sets "isolation": "off"', 'remove "isolation": "off" from the spec, or firewall these ports')
+    outside = _first_task_off_loopback(loaded)
+    if outside is not None:
+        return Isolation(
+            HOST, f"task {outside} is not on this machine's loopback, so the tasks must reach each other over the network",
+            "firewall these ports on every host so that only the cluster's hosts reach them",
+        )
+    if caps is None:
+        raise ValueError('isolation "auto" needs the machine\'s capabilities')
+    if caps.netns:
+        return Isolation(NETNS, "tasks share a private network namespace with loopback only")
+    if caps.userns:
+        return Isolation(USERNS, "tasks share a private network namespace (in a user namespace) with loopback only")
+    return Isolation(
+        HOST, f"this machine cannot make a private network namespace for this user: {caps.detail}",
+        "run as root or allow unprivileged user namespaces (the run then gets a private network namespace), "
+        "or firewall these ports",
+    )
+
+
+def decide(loaded: LoadedSpec) -> Isolation:
+    """`choose` with this machine's capabilities, probed only when the spec asks for isolation."""
+    return choose(loaded, probe() if loaded.spec.isolation == "auto" else None)
+
+
+def _first_task_off_loopback(loaded: LoadedSpec) -> str | None:
+    """The first task (``role:index at address``) whose address is not a loopback one, or None."""
+    for role, entries in loaded.spec.tasks.by_role().items():
+        for index, entry in enumerate(entries):
+            address = loaded.address_of(entry.host)
+            try:
+                loopback = ipaddress.ip_address(address).is_loopback
+            except ValueError:
+                loopback = address == "localhost"
+            if not loopback:
+                return f"{role}:{index} at {address}"
+    return None
+
+
+@functools.cache
+def probe() -> Capabilities:
+    """Find out, once per process, whether this user can create network namespaces here.
+
+    It runs exactly what a holder runs (minus the waiting), so a yes here means runs work.
+    """
+    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+    if missing:
+        return Capabilities(False, False, f"{', '.join(missing)} not found (util-linux and iproute2 provide them)")
+    lo_up = [shutil.which("ip") or "ip", "link", "set", "lo", "up"]
+    netns_ok, netns_err = _try(_holder_argv(NETNS, lo_up))
+    if netns_ok:
+        return Capabilities(True, False, "")
+    userns_ok, userns_err = _try(_holder_argv(USERNS, lo_up))
+    if userns_ok:
+        return Capabilities(False, True, "")
+    return Capabilities(False, False, f"unshare --net: {netns_err}; unshare --user --net: {userns_err}")
+
+
+def _try(argv: list[str]) -> tuple[bool, str]:
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    return done.returncode == 0, last
+
+
+def _holder_argv(mode: str, command: list[str]) -> list[str]:
+    """``command`` run in a fresh network namespace of the given mode."""
+    unshare = shutil.which("unshare") or "unshare"
+    if mode == USERNS:
+        # Root inside the new user namespace is what may bring its loopback up.
+        return [unshare, "--user", "--map-root-user", "--net", "--", *command]
+    return [unshare, "--net", "--", *command]
+
+
+class Sandbox:
+    """A run's private network namespace, held open by one small process for the run's length.
+
+    The holder lives as long as the launcher keeps its stdin pipe open: `close` closes it, and the
+    kernel closes it when the launcher dies however it dies (SIGKILL included), so a holder never
+    outlives its launcher. It runs in a session of its own so that a terminal's Ctrl-C reaches
+    only the launcher, which then stops the tasks before the namespace.
+    """
+
+    def __init__(self, mode: str, proc: subprocess.Popen) -> None:
+        self.mode = mode
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        """The holder's pid: /proc/PID/net shows the namespace's sockets."""
+        return self.proc.pid
+
+    def prefix(self) -> tuple[str, ...]:
+        """The argv prefix that runs a command inside this namespace (nsenter execs it)."""
+        nsenter = shutil.which("nsenter") or "nsenter"
+        if self.mode == USERNS:
+            # Entering the user namespace first is what grants the right to enter its network
+            # namespace; --preserve-credentials keeps the task's own uid and groups.
+            return (nsenter, "--preserve-credentials", "-U", "-n", "-t", str(self.pid), "--")
+        return (nsenter, "-n", "-t", str(self.pid), "--")
+
+    def close(self) -> None:
+        """End the holder (tasks must be stopped first) and reap it."""
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextmanager
+def sandbox(isolation: Isolation, run_id: str) -> Iterator[Sandbox | None]:
+    """The private namespace of run ``run_id`` for the block (None when not isolated), then gone.
+
+    Raises SandboxError when the namespace cannot be made.
+    """
+    if not isolation.private:
+        yield None
+        return
+    held = _open(isolation.mode, run_id)
+    try:
+        yield held
+    finally:
+        held.close()
+
+
+def _open(mode: str, run_id: str) -> Sandbox:
+    """Start a holder and wait until its namespace's loopback is up.
+
+    The holder carries the run's DISTLAUNCH_RUN_ID in its environment, like the tasks, so that
+    `distlaunch down` finds it.
+    """
+    ip = shutil.which("ip") or "ip"
+    # Bring loopback up, say so, then wait for EOF on stdin: the launcher's lifeline.
+    script = f"{shlex.quote(ip)} link set lo up && echo ready && read -r _"
+    proc = subprocess.Popen(
+        _holder_argv(mode, ["sh", "-c", script]),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, contract.RUN_ID: run_id},
+        start_new_session=True,
+    )
+    held = Sandbox(mode, proc)
+    try:
+        output = _read_until_ready(proc)
+    except BaseException:  # Ctrl-C while waiting: the holder must not wait for the launcher's exit
+        held.close()
+        raise
+    if output is not None:
+        held.close()
+        raise SandboxError(
+            f"could not create the run's private network namespace ({output or 'no output'}); "
+            'set "isolation": "off" in the spec to run without it'
+        )
+    return held
+
+
+def _read_until_ready(proc: subprocess.Popen) -> str | None:
+    """Wait for the holder's "ready" line; None when it came, else what the holder printed."""
+    assert proc.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while b"\n" not in seen and time.monotonic() < deadline:
+            if sel.select(deadline - time.monotonic()):
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                seen += chunk
+    proc.stdout.close()
+    if seen == b"ready\n":
+        return None
+    return seen.decode(errors="replace").strip() or (f"timed out after {READY_TIMEOUT_S:g} s" if proc.poll() is None else "")
