@@ -1,0 +1,149 @@
+"""Preflight probe, run on an SSH host by the host's own Python: ``python - REQUEST_JSON`` with this file on stdin.
+
+It imports nothing but the standard library, so that it can report a host where distlaunch or
+TensorFlow is missing instead of crashing there. It prints one JSON line:
+``{"problems": [...], "ports": [...], "facts": {...}}``. The launcher never imports it.
+
+Request keys: ``fixed_ports`` (to check free), ``auto_ports`` (how many free ports to pick),
+``shared_dir`` and ``shared`` (whether the launcher's files should be visible there), ``token_file``
+and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, ``script``, ``umask``.
+"""
+
+import errno
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+
+TENSORFLOW_DISTS = ("tensorflow", "tensorflow-cpu", "tf-nightly", "tensorflow-macos")
+
+
+def main():
+    request = json.loads(sys.argv[1])
+    problems = []
+    facts = {"python": platform.python_version(), "executable": sys.executable}
+    check_distlaunch(problems, facts)
+    check_tensorflow(problems, facts)
+    if request.get("umask") is not None:
+        os.umask(request["umask"])
+    check_shared_dir(request, problems)
+    workdir = request.get("workdir")
+    if workdir and (workdir == "~" or workdir.startswith("~/")):  # as the helper reads it
+        workdir = os.path.expanduser(workdir)
+    if workdir and not os.path.isdir(workdir):
+        problems.append(f"workdir {request['workdir']!r} is not a directory here")
+    script = request.get("script")
+    if script and not os.path.isfile(script):
+        problems.append(f"script {script!r} does not exist here (a script must be at the same path on every host)")
+    ports = check_ports(request.get("fixed_ports", []), request.get("auto_ports", 0), problems)
+    print(json.dumps({"problems": problems, "ports": ports, "facts": facts}))
+
+
+def check_distlaunch(problems, facts):
+    try:
+        from distlaunch.worker import remote
+    except Exception as exc:  # noqa: BLE001 - any failure to import means the same thing here
+        problems.append(f"{sys.executable} cannot import distlaunch.worker.remote ({type(exc).__name__}: {exc}); "
+                        "install distlaunch in this interpreter or set the host's python")
+        return
+    facts["protocol"] = remote.PROTOCOL
+    try:
+        facts["distlaunch"] = importlib.metadata.version("distlaunch")
+    except importlib.metadata.PackageNotFoundError:
+        facts["distlaunch"] = "unknown"
+
+
+def check_tensorflow(problems, facts):
+    # Found, not imported: importing takes seconds and the task will import it anyway.
+    if importlib.util.find_spec("tensorflow") is None:
+        problems.append(f"tensorflow is not installed for {sys.executable}")
+        return
+    for dist in TENSORFLOW_DISTS:
+        try:
+            facts["tensorflow"] = importlib.metadata.version(dist)
+            return
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    facts["tensorflow"] = "unknown"
+
+
+def check_shared_dir(request, problems):
+    path = request["shared_dir"]
+    if request["shared"]:
+        token_file = request["token_file"]
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                seen = f.read()
+        except OSError:
+            seen = None
+        if seen != request["token"]:
+            problems.append(f"shared dir {path!r} is not shared with the launcher (its probe file is not there); "
+                            'mount it at the same path on every host, or set "shared_dir_is_shared": false')
+            return
+    else:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            problems.append(f"cannot create the run files' dir {path!r}: {exc.strerror}")
+            return
+    try:
+        fd, name = tempfile.mkstemp(dir=path, prefix=".distlaunch-write-test-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        problems.append(f"cannot write in {path!r}: {exc.strerror}")
+
+
+def check_ports(fixed, auto, problems):
+    """Check the fixed ports, pick ``auto`` free ones, all held at once so none is picked twice."""
+    held = []
+    try:
+        for port in fixed:
+            sockets = bind_all(port)
+            if sockets is None:
+                problems.append(f"port {port} is in use here; expected a free port or \"auto\"")
+            else:
+                held += sockets
+        picked = []
+        while len(picked) < auto:
+            sockets = bind_all(0)
+            if sockets is not None:
+                held += sockets
+                picked.append(sockets[0].getsockname()[1])
+        return picked
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def bind_all(port):
+    """Bind ``port`` on every IPv4 and IPv6 address, as TensorFlow's server will; None if taken."""
+    sockets = []
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this host
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((address, port))
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE or family == socket.AF_INET:
+                for held in sockets:
+                    held.close()
+                return None
+            continue  # IPv6 disabled on this host: TensorFlow will not listen there either
+        sockets.append(sock)
+        port = sock.getsockname()[1]  # port 0: the IPv6 socket must take the same one
+    return sockets
+
+
+if __name__ == "__main__":
+    main()
