@@ -1,0 +1,136 @@
+"""The compose backend's pure half: the plan of a run in containers, and that plan as a compose file.
+
+Every task is a compose service named after the task (``worker-0``), so TF_CONFIG names service
+names and one fixed port: each container has its own network namespace, nothing collides. The
+services share one network marked ``internal`` and publish no port: TensorFlow's gRPC servers
+take work from anyone who reaches them, so nothing outside the project may. The shared dir is
+bind-mounted at its own path, so every path in the plan and in run.json means the same file on
+the host and in the containers.
+
+Nothing here touches the machine (see compose_backend for running it). The file is plain JSON,
+which is valid YAML: compose reads it as is, and no YAML library is needed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from distlaunch.launcher.errors import SpecError
+from distlaunch.launcher.netns import Isolation
+from distlaunch.launcher.plan import Plan, make_plan
+from distlaunch.launcher.spec import LoadedSpec, task_json_path
+from distlaunch.worker import contract
+
+# Every task's TensorFlow server port, inside its own container.
+SERVICE_PORT = 2222
+# The project's one network; `internal` keeps it from any route to the outside.
+NETWORK = "cluster"
+ISOLATION = Isolation(
+    "compose", "every task runs in its own container on an internal compose network; no port is published"
+)
+
+
+def compose_plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int = 0) -> Plan:
+    """The plan of one attempt in containers: service names as hosts, SERVICE_PORT everywhere.
+
+    Raises SpecError for what containers cannot do yet: tasks on SSH hosts, and GPUs.
+    """
+    _check_fits(loaded)
+    ports = {
+        (role, index): SERVICE_PORT
+        for role, entries in loaded.spec.tasks.by_role().items()
+        for index in range(len(entries))
+    }
+    return make_plan(loaded, ports, run_id, run_dir, attempt, isolation=ISOLATION, containers=True)
+
+
+def project_name(run_id: str) -> str:
+    """The compose project of a run: its run id as compose accepts it (lowercase, [a-z0-9_-])."""
+    return re.sub(r"[^a-z0-9_-]", "-", run_id.lower())
+
+
+def container_name(project: str, task: str) -> str:
+    """The name of a task's container, fixed so the launcher can find it without asking compose."""
+    return f"{project}-{task}"
+
+
+def compose_file(loaded: LoadedSpec, plan: Plan, image: str, user: str) -> dict[str, Any]:
+    """The compose file of ``plan`` (a `compose_plan`): one service per task, running ``image`` as ``user``.
+
+    ``user`` is "uid:gid": the tasks write checkpoints and status files into the shared dir on
+    the host, which should belong to whoever ran the launcher, as with the local backend.
+    """
+    volumes = [
+        {"type": "bind", "source": _literal(str(path)), "target": _literal(str(path)), "read_only": read_only}
+        for path, read_only in mounts(loaded)
+    ]
+    services = {
+        task.name: {
+            "image": image,
+            "command": [_literal(arg) for arg in task.argv],  # exec form: no shell in between
+            "working_dir": _literal(task.cwd),
+            "environment": {key: _literal(value) for key, value in task.env.items()},
+            "user": user,
+            # docker-init as PID 1 passes SIGTERM on (a bare python as PID 1 ignores it) and
+            # reaps whatever the program forks.
+            "init": True,
+            "volumes": volumes,
+            "networks": [NETWORK],
+            "restart": restart_policy(loaded, task.role),
+            "stop_grace_period": f"{loaded.spec.timeouts.grace_s:g}s",
+        }
+        for task in plan.tasks
+    }
+    return {"services": services, "networks": {NETWORK: {"internal": True}}}
+
+
+def mounts(loaded: LoadedSpec) -> list[tuple[Path, bool]]:
+    """The host folders a container sees, each at its own path, with whether it is read-only.
+
+    The shared dir (read-write: logs, checkpoints, status files), then the program's workdir and
+    the script's folder, read-only: the containers run as the launcher's user and have no
+    business changing the source. A folder inside one already mounted is not mounted again.
+    """
+    out = [(loaded.shared_dir, False)]
+    code = [loaded.workdir] + ([loaded.script.parent] if loaded.script is not None else [])
+    for folder in code:
+        if not any(folder == seen or seen in folder.parents for seen, _ in out):
+            out.append((folder, True))
+    return out
+
+
+def restart_policy(loaded: LoadedSpec, role: str) -> str:
+    """Compose's ``restart`` for a role's containers: what of the spec's restart policy compose can do.
+
+    `distlaunch up` restarts tasks itself (its supervisor decides, with the spec's budget and
+    backoff) and starts each container with `compose run`, which ignores this key. For a user who
+    runs the file with `docker compose up`, "on-failure" is expressible where a task restarts
+    alone: a parameter-server worker (the coordinator waits for it). An MWMS failure restarts the
+    whole gang and a ps takes the chief with it, which compose cannot express: those stay "no".
+    """
+    rules = loaded.spec.restart
+    if rules.policy == "on-failure" and loaded.spec.strategy == contract.PSS and role == "worker":
+        return f"on-failure:{rules.max_restarts}"
+    return "no"
+
+
+def _check_fits(loaded: LoadedSpec) -> None:
+    for role, entries in loaded.spec.tasks.by_role().items():
+        for index, entry in enumerate(entries):
+            if loaded.ssh_host(entry.host) is not None:
+                raise SpecError(
+                    str(loaded.file), task_json_path(loaded.raw, role, index, "host"),
+                    "the compose backend runs every task on this machine's Docker engine; expected a local host",
+                )
+            if entry.gpus:
+                raise SpecError(
+                    str(loaded.file), task_json_path(loaded.raw, role, index, "gpus"),
+                    "the compose backend gives containers no GPU yet; remove gpus or use the local backend",
+                )
+
+
+def _literal(value: str) -> str:
+    # Compose substitutes $VAR in every value of the file; a spec value is data, never a template.
+    return value.replace("$", "$$")

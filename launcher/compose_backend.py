@@ -1,0 +1,184 @@
+"""The compose transport: every task in a container of its own, under one docker-compose project.
+
+It has LocalTransport's interface, so the supervisor runs a compose run exactly like a local one.
+Each task is a local child process (procs.spawn) of
+
+    compose -p PROJECT -f FILE run --rm --no-deps --use-aliases -T --name PROJECT-worker-0 worker-0
+
+which creates the task's container, streams its output into the task's log file, and exits with
+the container's exit code; the pidfd of that process is the task's exit event. Facts this relies
+on, checked against docker-compose 1.29 and Docker 20.10 (v2's `docker compose` takes the same
+flags but was not available to check):
+- `--use-aliases` gives a `run` container its service name on the network (TF_CONFIG's hosts);
+- concurrent `run`s of a fresh project race to create its network and all but one fail, so
+  `open_transport` creates the network first (`up --no-start` with every service scaled to 0);
+- `run` ignores the service's `restart` key, and `--rm` removes the container when it ends;
+- a container killed with `docker kill` exits 137 (128 + SIGKILL), and `run` exits with that;
+- killing the `run` process does NOT stop its container: the launcher stops containers by name
+  (`stop`), removes a leftover before starting a task again (`start`), and `down` at the end
+  removes everything the project has, one-off containers included.
+
+The compose backend needs a local engine: bind mounts name host paths, and `joined` reads the
+container's sockets through /proc of its pid, the way the local transport does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from distlaunch.launcher import compose, procs, rundir
+from distlaunch.launcher.console import Console
+from distlaunch.launcher.docker import compose_command, container_pid, docker, run
+from distlaunch.launcher.image import ImageRequest, ensure_image, pip_ca_bundle
+from distlaunch.launcher.plan import Plan, TaskPlan
+from distlaunch.launcher.spec import LoadedSpec
+
+# The run dir's file with every docker and compose command the launcher ran, and their output.
+DOCKER_LOG = "docker.log"
+COMPOSE_FILE = "docker-compose.yml"
+# After its container stopped, a `run` process only removes the container and exits.
+CLIENT_EXIT_S = 10.0
+PROJECT_LABEL = "com.docker.compose.project"
+
+
+class ComposeHandle:
+    """One task's `compose run` process, a pidfd that becomes readable when it exits, and its container."""
+
+    def __init__(self, task: TaskPlan, proc: subprocess.Popen, container: str) -> None:
+        self.task = task
+        self.proc = proc
+        self.container = container
+        self.exit_fd = os.pidfd_open(proc.pid)
+        self._container_pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        """The `compose run` process's pid, which is also its process group id."""
+        return self.proc.pid
+
+    def returncode(self) -> int | None:
+        """Reap the `compose run` process if it has exited: the container's exit code, or None."""
+        return self.proc.poll()
+
+    def joined(self) -> bool:
+        """Whether the task's TensorFlow server listens on its port inside its container."""
+        if self._container_pid is None:
+            # One `docker inspect` per check until the container runs; then only /proc reads.
+            self._container_pid = container_pid(self.container)
+            if self._container_pid is None:
+                return False
+        return procs.listening(self._container_pid, self.task.port)
+
+    def close(self) -> None:
+        """Release the pidfd."""
+        os.close(self.exit_fd)
+
+
+class ComposeTransport:
+    """Starts and stops tasks as containers of one compose project (see the module docstring)."""
+
+    def __init__(self, project: str, file: Path, log: Path, service_env: Mapping[str, Mapping[str, str]]) -> None:
+        self.project = project
+        self.file = file
+        self.log = log
+        self.service_env = service_env
+        self._started: set[str] = set()
+
+    def compose(self, *args: str) -> list[str]:
+        """The compose command line for this project."""
+        return [*compose_command(), "--project-name", self.project, "--file", str(self.file), *args]
+
+    def start(self, task: TaskPlan) -> ComposeHandle:
+        """Start one task in a new container; its output goes to its log file."""
+        name = compose.container_name(self.project, task.name)
+        if task.name in self._started:
+            # A restart: the supervisor killed the previous `run` process, not its container.
+            docker("rm", "--force", name, check=False)
+        self._started.add(task.name)
+        # What differs from the file (a restart's attempt number and error file) is passed as
+        # `-e NAME`, its value taken from the `run` process's environment: no value on a command
+        # line, and no compose interpolation of it.
+        changed = {k: v for k, v in task.env.items() if self.service_env[task.name].get(k) != v}
+        flags = [arg for key in changed for arg in ("-e", key)]
+        argv = self.compose("run", "--rm", "--no-deps", "--use-aliases", "-T", "--name", name, *flags, task.name)
+        rundir.create_file(task.log_file)
+        proc = procs.spawn(argv, changed, str(self.file.parent), task.log_file)
+        return ComposeHandle(task, proc, name)
+
+    def stop(self, handles: Sequence[ComposeHandle], grace_s: float) -> None:
+        """Stop the tasks' containers (SIGTERM, ``grace_s``, SIGKILL) and reap their `run` processes."""
+        if not handles:
+            return
+        # `docker stop` stops them side by side; one not created yet is refused, and `down` removes it.
+        docker("stop", "--time", str(math.ceil(grace_s)), *(h.container for h in handles), check=False)
+        deadline = time.monotonic() + CLIENT_EXIT_S
+        for handle in handles:
+            try:
+                handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        procs.stop_groups([h.proc for h in handles], 0)
+
+    def down(self, grace_s: float) -> None:
+        """Remove every container, network and volume of the project, then check that none is left."""
+        run(self.compose("down", "--volumes", "--remove-orphans", "--timeout", str(math.ceil(grace_s))), check=False, log=self.log)
+        # Whatever `down` missed (a container created after it looked) goes by the project's label.
+        left = docker("ps", "--all", "--quiet", "--filter", f"label={PROJECT_LABEL}={self.project}", check=False).split()
+        if left:
+            docker("rm", "--force", "--volumes", *left, check=False, log=self.log)
+
+    def describe(self) -> dict:
+        """What run.json records about the project, enough to inspect or remove it by hand."""
+        return {"project": self.project, "file": str(self.file), "command": list(compose_command())}
+
+
+@contextmanager
+def open_transport(loaded: LoadedSpec, plan: Plan, image: ImageRequest, console: Console) -> Iterator[ComposeTransport]:
+    """Build or reuse the image, write the compose file and create the network; on the way out,
+    whatever happened (success, failure, Ctrl-C), remove the project."""
+    compose_command()  # fail now, not after a build of minutes, when there is no compose
+    run_dir = Path(plan.run_dir)
+    log = run_dir / DOCKER_LOG
+    rundir.create_file(log)
+    started = time.monotonic()
+    built = ensure_image(image, log, pip_ca_bundle(), announce=console.say)
+    if built.built:
+        console.say(f"image {image.tag}: built in {time.monotonic() - started:.0f} s")
+    project = compose.project_name(plan.run_id)
+    file = run_dir / COMPOSE_FILE
+    user = f"{os.getuid()}:{os.getgid()}"
+    data = compose.compose_file(loaded, plan, image.tag, user)
+    write_compose_file(file, data)
+    service_env = {task.name: dict(task.env) for task in plan.tasks}
+    transport = ComposeTransport(project, file, log, service_env)
+    try:
+        # The network alone (every service scaled to 0): concurrent `run`s would race to create it.
+        scale = [arg for task in plan.tasks for arg in ("--scale", f"{task.name}=0")]
+        run(transport.compose("up", "--no-start", *scale), log=log)
+        yield transport
+    finally:
+        # A second Ctrl-C must not cut the teardown short and leave containers running; `down`
+        # inherits the ignored SIGINT, which reaches it too from a terminal.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            transport.down(loaded.spec.timeouts.grace_s)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def write_compose_file(path: Path, data: dict) -> None:
+    """Write a compose file (JSON, which compose reads as YAML) readable by its owner only:
+    the environment in it may hold the program's secrets."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # also when the file was there before, with another mode
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
