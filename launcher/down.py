@@ -1,0 +1,146 @@
+"""`distlaunch down`: stop whatever is left of a run, also one whose launcher was killed outright.
+
+A launcher that is alive is asked to stop (SIGTERM: it tears its tasks down and records the run
+as interrupted). What a dead launcher leaves behind is found by the run id every task, everything
+a task forks and the namespace holder carry in their environment (DISTLAUNCH_RUN_ID), plus the
+rest of the recorded task process groups those processes are in. Matching on the run id, never on
+a bare pid, means a pid or group id reused by someone else's process is never signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from distlaunch.launcher import rundir
+from distlaunch.launcher.errors import UsageError
+from distlaunch.worker import contract
+
+DEFAULT_GRACE_S = 5.0
+# A launcher asked to stop gets its own grace period for its tasks plus this much for itself.
+LAUNCHER_SLACK_S = 10.0
+
+
+@dataclass(frozen=True)
+class DownResult:
+    """What `down` did to a run."""
+
+    run_id: str
+    launcher_pid: int | None  # the live launcher that was asked to stop, if any
+    stopped: int  # leftover processes of the run that were stopped
+    marked: bool  # whether run.json was changed to interrupted
+
+
+def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
+    """Stop the run in ``run_dir``: its launcher if alive, then every leftover process.
+
+    Leftovers get SIGTERM, ``grace_s`` (default: the spec's timeouts.grace_s), then SIGKILL.
+    A run recorded as running or stopping is then marked interrupted.
+    """
+    record = _read(run_dir)
+    if grace_s is None:
+        grace_s = float(((record.get("spec") or {}).get("timeouts") or {}).get("grace_s", DEFAULT_GRACE_S))
+    launcher = _live_launcher(record)
+    if launcher is not None:
+        _stop([launcher], grace_s + LAUNCHER_SLACK_S)
+        record = _read(run_dir)  # the launcher recorded its own ending
+    leftovers = _processes_of(record)
+    _stop(leftovers, grace_s)
+    if record.get("compose"):
+        # A compose run's containers outlive a SIGKILLed launcher: remove the whole project.
+        from distlaunch.launcher.compose_backend import ComposeTransport
+
+        compose = record["compose"]
+        ComposeTransport(compose["project"], Path(compose["file"]), run_dir / "logs" / "compose-down.log", {}).down(grace_s)
+    marked = record.get("state") in (rundir.RUNNING, rundir.STOPPING)
+    if marked:
+        _mark_interrupted(run_dir, record)
+    return DownResult(record["run_id"], launcher.pid if launcher else None, len(leftovers), marked)
+
+
+def _read(run_dir: Path) -> dict:
+    record = rundir.read_json(run_dir / rundir.RUN_JSON)
+    if not isinstance(record, dict) or not record.get("run_id"):
+        raise UsageError(f"{run_dir / rundir.RUN_JSON} is not a run record")
+    return record
+
+
+def _live_launcher(record: dict) -> psutil.Process | None:
+    """The run's launcher if it still runs: the recorded pid, started before the run was."""
+    pid, started_at = record.get("launcher_pid"), record.get("started_at")
+    if not isinstance(pid, int) or not isinstance(started_at, (int, float)) or pid == os.getpid():
+        return None
+    try:
+        proc = psutil.Process(pid)
+        return proc if proc.create_time() <= started_at else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _processes_of(record: dict) -> list[psutil.Process]:
+    """Every live process of the run: those whose environment names it, plus the other members of
+    the recorded task process groups they are in (a forked helper may have cleared its env)."""
+    run_id = record["run_id"]
+    recorded = {t.get("pgid") for t in (record.get("tasks") or {}).values()}
+    named, others, groups = [], [], set()
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            pgid = os.getpgid(proc.pid)
+            if proc.environ().get(contract.RUN_ID) == run_id:
+                named.append(proc)
+                if pgid in recorded:
+                    groups.add(pgid)
+            else:
+                others.append((proc, pgid))
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return named + [proc for proc, pgid in others if pgid in groups]
+
+
+def _stop(procs: list[psutil.Process], grace_s: float) -> None:
+    """SIGTERM, wait up to ``grace_s``, SIGKILL what is left, and wait for it to go."""
+    for proc in procs:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    for proc in _wait_gone(procs, grace_s):
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _wait_gone(procs, grace_s + 1)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until every process has ended; return those still running after ``timeout_s``.
+
+    A zombie counts as ended: its parent (not us) reaps it when it will, and it holds nothing.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [p for p in procs if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _mark_interrupted(run_dir: Path, record: dict) -> None:
+    for task in (record.get("tasks") or {}).values():
+        if task.get("state") in ("starting", "running"):
+            task["state"] = "stopped"
+    record.update(state=rundir.INTERRUPTED, ended_at=record.get("ended_at") or time.time(), stopped_by="distlaunch down")
+    rundir.write_json(run_dir / rundir.RUN_JSON, record)
