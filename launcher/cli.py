@@ -1,11 +1,15 @@
 """The `distlaunch` command line. The only place where errors become exit codes.
 
-Exit codes: 0 success, 1 a task failed, 2 bad spec or usage, 128+N interrupted by signal N.
+Exit codes: 0 success, 1 a task failed, 2 bad spec or usage (or an SSH host failed preflight or
+`collect`, or Docker cannot start a compose run: nothing was started, the fix is in the spec or on
+the host), 128+N interrupted by signal N.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,10 +18,15 @@ import click
 from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import LaunchError, UsageError
-from distlaunch.launcher.spec import json_schema, load_spec
+from distlaunch.launcher.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
+from distlaunch.launcher.spec import LoadedSpec, json_schema, load_spec
 from distlaunch.launcher.summary import tail
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
+IMAGE = click.option(
+    "--image", envvar="DISTLAUNCH_IMAGE", default=DEFAULT_TAG, show_default=True,
+    help="Compose backend: the distlaunch image's tag (`up` builds it from this checkout when it changed).",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,15 +61,18 @@ def plan(spec: str, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2))
         return
     click.echo(f"run {data['run_id']}: {data['strategy']}, {len(data['tasks'])} tasks, run dir {data['run_dir']}")
+    click.echo(f"isolation: {data['isolation']['mode']} ({data['isolation']['reason']})")
+    # Every value a spec controls is printed shell-quoted: one line per item, copy-pasteable.
     for task in data["tasks"]:
-        click.echo(f"\n{task['name']} on {task['host']}:{task['port']}")
+        over = f" (SSH host {task['host_name']})" if task.get("transport") == "ssh" else ""
+        click.echo(f"\n{task['name']} on {task['host']}:{task['port']}{over}")
         click.echo(f"  command: {_shell_join(task['argv'])}")
-        click.echo(f"  cwd:     {task['cwd']}")
+        click.echo(f"  cwd:     {_shell_join([task['cwd']])}")
         click.echo(f"  gpus:    {','.join(map(str, task['gpus'])) or 'none (CPU only)'}")
-        click.echo(f"  log:     {task['log_file']}")
+        click.echo(f"  log:     {_shell_join([task['log_file']])}")
         click.echo("  env:")
         for key, value in task["env"].items():
-            click.echo(f"    {key}={value}")
+            click.echo(f"    {_shell_join([f'{key}={value}'])}")
 
 
 @cli.command()
@@ -91,31 +103,107 @@ def schema() -> None:
 @SPEC
 @click.option("--run-id", help="Use this run id; an existing run with this id is resumed.")
 @click.option("--resume", is_flag=True, help="Resume the latest unfinished run of this spec.")
-def up(spec: str, run_id: str | None, resume: bool) -> None:
+@click.option("--fresh", is_flag=True, help="Start a new run even if the last one did not finish.")
+@click.option(
+    "--backend", type=click.Choice(["local", "compose"]),
+    help="Where tasks run (default: the spec's `backend`): local processes, or one container each under docker-compose.",
+)
+@IMAGE
+@click.option(
+    "--base-image", envvar="DISTLAUNCH_BASE_IMAGE", default=DEFAULT_BASE, show_default=True,
+    help="Compose backend: the image the distlaunch image is built on (python3 3.11+ with venv).",
+)
+def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str, base_image: str) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
     from distlaunch.launcher.up import choose_run, up as run_up
 
+    if resume and fresh:
+        raise UsageError("--resume and --fresh exclude each other")
     loaded = load_spec(spec)
-    run_up(loaded, choose_run(loaded, run_id, resume), Console())
+    if backend is not None:
+        loaded = _with_backend(loaded, backend)
+    console = Console()
+    if not (resume or fresh or run_id):
+        resume = _offer_resume(loaded, console)
+    run_up(loaded, choose_run(loaded, run_id, resume), console, ImageRequest(image, base_image))
+
+
+def _with_backend(loaded: LoadedSpec, backend: str) -> LoadedSpec:
+    """The loaded spec with its `backend` replaced (what `--backend` does)."""
+    return dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={"backend": backend}))
+
+
+@cli.command("compose")
+@SPEC
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the file here (default: standard output).")
+@click.option("--run-id", help="The run the containers write into (default: a new run id).")
+@IMAGE
+def compose_file(spec: str, output: Path | None, run_id: str | None, image: str) -> None:
+    """Write a docker-compose file that runs SPEC with one container per task.
+
+    Services are named after the tasks (worker-0); TF_CONFIG names them at port 2222 on an
+    internal network, and no port is published. The shared dir is mounted at its own path, and
+    the run dir is created there (the containers write checkpoints and status files into it). The
+    image must exist: `distlaunch up --backend compose` builds it, or
+    `docker build -f docker/Dockerfile -t IMAGE .` in this checkout.
+    """
+    from distlaunch.launcher import compose
+    from distlaunch.launcher.compose_backend import write_compose_file
+    from distlaunch.launcher.up import choose_run
+
+    loaded = load_spec(spec)
+    target = choose_run(loaded, run_id, False)
+    plan = compose.compose_plan(loaded, target.run_id, target.run_dir, target.attempt)
+    data = compose.compose_file(loaded, plan, image, f"{os.getuid()}:{os.getgid()}")
+    rundir.make_dirs(target.run_dir, target.attempt, loaded.spec.permissions == "private")
+    if output is None:
+        click.echo(json.dumps(data, indent=2))
+        where = "FILE"
+    else:
+        write_compose_file(output, data)
+        where = str(output)
+    Console().say(
+        f"run dir {plan.run_dir}; start it with `docker compose -p {compose.project_name(plan.run_id)} -f {where} up` "
+        "(or docker-compose)"
+    )
+
+
+def _offer_resume(loaded, console: Console) -> bool:
+    """When this spec's last run did not finish, ask (on a terminal) whether to resume it."""
+    unfinished = rundir.latest_unfinished(loaded.shared_dir, loaded.spec.name)
+    if unfinished is None:
+        return False
+    if sys.stdin.isatty():
+        return click.confirm(f"distlaunch: run {unfinished.name} did not finish; resume it?", default=True)
+    console.say(f"run {unfinished.name} did not finish: starting a new run (`up --resume` continues it, `--fresh` hides this note)")
+    return False
 
 
 @cli.command()
 @click.argument("run", required=False)
 @click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
-@click.option("--json", "as_json", is_flag=True, help="Print run.json's task table as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
 def status(run: str | None, shared_dir: str, as_json: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
+    from distlaunch.launcher.control import status_rows
+
     path = rundir.resolve_run(run, Path(shared_dir))
     record = rundir.read_json(path / rundir.RUN_JSON) or {}
+    rows = status_rows(record)
     if as_json:
-        click.echo(json.dumps({k: record.get(k) for k in ("run_id", "state", "attempt", "exit_code", "failure", "tasks")}, indent=2))
+        keys = ("run_id", "state", "attempt", "exit_code", "failure")
+        click.echo(json.dumps({**{k: record.get(k) for k in keys}, "run_dir": str(path), "tasks": rows}, indent=2))
         return
     click.echo(f"run {record.get('run_id')}: {record.get('state')} (attempt {record.get('attempt')}) in {path}")
     if record.get("failure"):
         click.echo(f"  {record['failure']['summary']}")
-    click.echo(f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6}  EXIT")
-    for name, task in (record.get("tasks") or {}).items():
-        click.echo(f"  {name:<12} {task.get('state', '?'):<10} {task.get('pid', ''):>8} {task.get('port', ''):>6}  {task.get('exit', '')}")
+    click.echo(f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT")
+    for row in rows:
+        uptime = f"{row['uptime_s']:.0f}s" if row["uptime_s"] is not None else "-"
+        click.echo(
+            f"  {row['task']:<12} {row['state'] or '?':<10} {row['pid'] or '':>8} {row['port'] or '':>6} "
+            f"{row['attempt']:>7} {row['restarts']:>8} {uptime:>8}  {row['exit'] or ''}"
+        )
 
 
 @cli.command()
@@ -123,19 +211,60 @@ def status(run: str | None, shared_dir: str, as_json: bool) -> None:
 @click.argument("task", required=False)
 @click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
 @click.option("-n", "--lines", default=50, show_default=True, help="How many lines per task.")
-def logs(run: str | None, task: str | None, shared_dir: str, lines: int) -> None:
-    """Print the last lines of TASK's log (every task's when omitted) in RUN's latest attempt."""
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
+def logs(run: str | None, task: str | None, shared_dir: str, lines: int, follow: bool) -> None:
+    """Print the last lines of TASK's log (every task's when omitted) in its latest attempt."""
+    from distlaunch.launcher import control
+
     path = rundir.resolve_run(run, Path(shared_dir))
-    record = rundir.read_json(path / rundir.RUN_JSON) or {}
-    log_dir = path / "logs" / f"attempt-{record.get('attempt', 0)}"
-    files = sorted(log_dir.glob("*.log"))
-    if task is not None:
-        files = [f for f in files if f.stem == task.replace(":", "-")]
-        if not files:
-            raise UsageError(f"no log for task {task!r} in {log_dir}")
-    for file in files:
+    for file in control.log_files(path, task):
         for line in tail(str(file), lines).splitlines():
             click.echo(f"{file.stem} | {line}")
+    if follow:
+        control.follow(path, task, Console())
+
+
+@cli.command()
+@click.argument("run")
+@click.argument("task")
+@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+def restart(run: str, task: str, shared_dir: str) -> None:
+    """Restart TASK of the running RUN the way its strategy needs (an MWMS task: the whole gang)."""
+    from distlaunch.launcher.control import request_restart
+
+    path = rundir.resolve_run(run, Path(shared_dir))
+    name = request_restart(path, task)
+    click.echo(f"asked the launcher of {path.name} to restart {name}; see `distlaunch status {path.name}`")
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+@click.option("--grace", type=float, default=None, help="Seconds from SIGTERM to SIGKILL (default: the spec's timeouts.grace_s).")
+def down(run: str, shared_dir: str, grace: float | None) -> None:
+    """Stop RUN (a run id or directory): its launcher if alive, then every leftover process."""
+    from distlaunch.launcher.down import down as run_down
+
+    result = run_down(rundir.resolve_run(run, Path(shared_dir)), grace)
+    done = []
+    if result.launcher_pid is not None:
+        done.append(f"stopped its launcher (pid {result.launcher_pid})")
+    if result.stopped:
+        done.append(f"stopped {result.stopped} leftover process{'es' if result.stopped != 1 else ''}")
+    if result.marked:
+        done.append("marked it interrupted")
+    click.echo(f"run {result.run_id}: {'; '.join(done) or 'nothing was left running'}")
+
+
+@cli.command()
+@click.argument("run")
+@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+def collect(run: str, shared_dir: str) -> None:
+    """Copy the run files of RUN's SSH hosts (when they share no run dir) into RUN/hosts/<host>/."""
+    from distlaunch.launcher.collect import collect as run_collect
+
+    for got in run_collect(rundir.resolve_run(run, Path(shared_dir))):
+        click.echo(f"{got.host}: {got.files} files, {got.bytes} bytes into {got.into}")
 
 
 def _shell_join(argv: list[str]) -> str:

@@ -48,6 +48,14 @@ class LogFollower:
         self._partial = b""
         self._closed = False
 
+    def skip_to_end(self) -> None:
+        """Start following from the file's current end (what is there already is not echoed)."""
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        os.lseek(self._fd, 0, os.SEEK_END)
+
     def pump(self, budget: int = 8 * _READ) -> bool:
         """Echo what was appended since the last call, up to ``budget`` bytes; True if more may wait."""
         if self._closed:

@@ -27,6 +27,18 @@ class UsageError(LaunchError):
     exit_code = 2
 
 
+class HostError(LaunchError):
+    """An SSH host cannot be used: unreachable, refused the key, lacks Python or distlaunch, a
+    port is taken there... One line per problem, each naming its host. Exit 2 like a bad spec:
+    nothing was started, and the fix is in the spec or on the host."""
+
+    exit_code = 2
+
+    def __init__(self, what: str, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(what + "".join(f"\n  {line}" for line in problems))
+
+
 class RunFailed(LaunchError):
     """A task of the run failed; the message is the root-cause summary."""
 

@@ -6,16 +6,20 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from distlaunch.launcher import procs
+from distlaunch.launcher import procs, rundir
+from distlaunch.launcher.netns import Sandbox
 from distlaunch.launcher.plan import TaskPlan
 
 
 class LocalHandle:
     """One running local task: its process, and a pidfd that becomes readable when it exits."""
 
-    def __init__(self, task: TaskPlan, proc: subprocess.Popen) -> None:
+    def __init__(self, task: TaskPlan, proc: subprocess.Popen, netns_pid: int | None = None) -> None:
         self.task = task
         self.proc = proc
+        # Any process in the task's network namespace shows its sockets; the sandbox's holder is
+        # in it from the start, while the task itself is only once nsenter has entered it.
+        self.netns_pid = netns_pid
         # A pidfd turns "the process exited" into an fd event: the supervisor's select loop
         # learns of an exit at once, with no polling sleep in the way.
         self.exit_fd = os.pidfd_open(proc.pid)
@@ -31,7 +35,7 @@ class LocalHandle:
 
     def joined(self) -> bool:
         """Whether the task's TensorFlow server listens on its port."""
-        return procs.listening(self.proc.pid, self.task.port)
+        return procs.listening(self.netns_pid or self.proc.pid, self.task.port)
 
     def close(self) -> None:
         """Release the pidfd."""
@@ -39,11 +43,19 @@ class LocalHandle:
 
 
 class LocalTransport:
-    """Starts and stops tasks as local process groups."""
+    """Starts and stops tasks as local process groups, inside ``sandbox`` when the run has one."""
+
+    def __init__(self, sandbox: Sandbox | None = None) -> None:
+        self.sandbox = sandbox
 
     def start(self, task: TaskPlan) -> LocalHandle:
         """Start one task; its output goes to its log file."""
-        return LocalHandle(task, procs.spawn(task.argv, task.env, task.cwd, task.log_file))
+        # Created here so that its mode follows the run dir's (the spec's `permissions`).
+        rundir.create_file(task.log_file)
+        if self.sandbox is None:
+            return LocalHandle(task, procs.spawn(task.argv, task.env, task.cwd, task.log_file))
+        argv = (*self.sandbox.prefix(), *task.argv)
+        return LocalHandle(task, procs.spawn(argv, task.env, task.cwd, task.log_file), self.sandbox.pid)
 
     def stop(self, handles: Sequence[LocalHandle], grace_s: float) -> None:
         """Stop the tasks' process groups: SIGTERM, ``grace_s``, SIGKILL."""

@@ -10,7 +10,7 @@ import copy
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from distlaunch.launcher import tfconfig
@@ -20,6 +20,9 @@ from distlaunch.worker import contract
 
 # Env names whose values `plan` and summaries mask: they usually carry credentials.
 SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|KEY|CREDENTIAL)", re.IGNORECASE)
+# The interpreter of a task in a container of the distlaunch image: docker/Dockerfile puts the
+# image's venv first on PATH. The launcher's own interpreter path means nothing in there.
+IMAGE_PYTHON = "python"
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class TaskPlan:
     tf_config: Mapping
     gpus: tuple[int, ...]
     log_file: str
+    host_name: str = "localhost"  # the host as the spec names it
+    transport: str = "local"  # "local"; "ssh": argv and cwd are paths on that host; "compose": in a container
 
     @property
     def name(self) -> str:
@@ -81,6 +86,8 @@ class Plan:
                     "role": t.role,
                     "index": t.index,
                     "host": t.host,
+                    "host_name": t.host_name,
+                    "transport": t.transport,
                     "port": t.port,
                     "argv": list(t.argv),
                     "cwd": t.cwd,
@@ -119,37 +126,47 @@ def make_plan(
     attempt: int = 0,
     visible_gpus: str | None = None,
     isolation: Isolation = HOST_NETWORK,
+    containers: bool = False,
 ) -> Plan:
     """Build the plan of one attempt. ``visible_gpus`` is the launcher's CUDA_VISIBLE_DEVICES.
 
     ``isolation`` is recorded, not applied: argv stays the program's own, and the transport runs
     it inside the run's namespace.
+
+    ``containers`` (the compose backend): every task runs in a container of its own, reached at
+    its service name, which is its task name: TF_CONFIG lists ``worker-0:PORT``, the command runs
+    the image's python, and cwd and the run dir keep their paths (the containers mount them).
     """
     spec = loaded.spec
     roles = spec.tasks.by_role()
     addresses = {
-        role: [f"{_tf_host(e)}:{ports[(role, i)]}" for i, e in enumerate(entries)]
+        role: [f"{_address(loaded, e, role, i, containers)}:{ports[(role, i)]}" for i, e in enumerate(entries)]
         for role, entries in roles.items()
     }
     gpus = _assign_gpus(loaded, roles)
-    argv = _argv(loaded)
     tasks = []
     for role, entries in roles.items():
         for index, entry in enumerate(entries):
+            remote = None if containers else loaded.ssh_host(entry.host)
             config = tfconfig.tf_config(addresses, role, index)
-            env = _task_env(loaded, role, index, attempt, run_id, run_dir, config, gpus[(role, index)], visible_gpus)
+            # The launcher's CUDA_VISIBLE_DEVICES says nothing about another machine's GPUs.
+            visible = None if remote else visible_gpus
+            env = _task_env(loaded, role, index, attempt, run_id, run_dir, config, gpus[(role, index)], visible)
             tasks.append(
                 TaskPlan(
                     role=role,
                     index=index,
-                    host=_tf_host(entry),
+                    host=_address(loaded, entry, role, index, containers),
                     port=ports[(role, index)],
-                    argv=argv,
+                    argv=_argv(loaded, IMAGE_PYTHON if containers else remote.python if remote else None),
                     env=env,
-                    cwd=str(loaded.workdir),
+                    # An SSH task without a workdir starts where ssh logs in ("": the login dir).
+                    cwd=(remote.workdir or "") if remote else str(loaded.workdir),
                     tf_config=config,
                     gpus=gpus[(role, index)],
                     log_file=str(contract.log_path(run_dir, attempt, role, index)),
+                    host_name=entry.host,
+                    transport="compose" if containers else "ssh" if remote else "local",
                 )
             )
     return Plan(
@@ -158,34 +175,41 @@ def make_plan(
     )
 
 
-def _tf_host(entry: TaskEntry) -> str:
-    # Local clusters name 127.0.0.1: "localhost" may resolve to ::1 first, which TF then dials.
-    return "127.0.0.1" if entry.host in ("localhost", "127.0.0.1") else entry.host
+def _address(loaded: LoadedSpec, entry: TaskEntry, role: str, index: int, containers: bool) -> str:
+    """The host TF_CONFIG names for a task: its service name in a container, else its host's address."""
+    return contract.task_name(role, index) if containers else loaded.address_of(entry.host)
 
 
-def _argv(loaded: LoadedSpec) -> tuple[str, ...]:
+def _argv(loaded: LoadedSpec, remote_python: str | None) -> tuple[str, ...]:
+    """The task's command; on an SSH host it runs that host's python (the script path must exist there),
+    in a container the image's."""
     program = loaded.spec.program
-    python = program.python or sys.executable
+    python = remote_python or program.python or sys.executable
     if loaded.script is not None:
         return (python, str(loaded.script), *program.args)
     return (python, "-m", program.module or "", *program.args)
 
 
 def _assign_gpus(loaded: LoadedSpec, roles: Mapping[str, list[TaskEntry]]) -> dict[tuple[str, int], tuple[int, ...]]:
-    """Give every task its GPU indices; counts take the lowest indices no other task holds."""
-    claimed = {g for entries in roles.values() for e in entries if isinstance(e.gpus, tuple) for g in e.gpus}
+    """Give every task its GPU indices; counts take the lowest indices no other task on its host holds."""
+    claimed = {
+        (loaded.address_of(e.host), g)
+        for entries in roles.values() for e in entries if isinstance(e.gpus, tuple) for g in e.gpus
+    }
     out: dict[tuple[str, int], tuple[int, ...]] = {}
-    next_free = 0
+    next_free: dict[str, int] = {}
     for role, entries in roles.items():
         for index, entry in enumerate(entries):
+            machine = loaded.address_of(entry.host)
             if isinstance(entry.gpus, tuple):
                 out[(role, index)] = entry.gpus
             elif isinstance(entry.gpus, int) and entry.gpus > 0:
                 picked = []
                 while len(picked) < entry.gpus:
-                    if next_free not in claimed:
-                        picked.append(next_free)
-                    next_free += 1
+                    gpu = next_free.get(machine, 0)
+                    if (machine, gpu) not in claimed:
+                        picked.append(gpu)
+                    next_free[machine] = gpu + 1
                 out[(role, index)] = tuple(picked)
             else:
                 out[(role, index)] = ()
@@ -244,3 +268,20 @@ def _cuda_visible(gpus: tuple[int, ...], visible_gpus: str | None) -> str:
         physical = [g.strip() for g in visible_gpus.split(",") if g.strip()]
         return ",".join(physical[g] if g < len(physical) else str(g) for g in gpus)
     return ",".join(str(g) for g in gpus)
+
+
+def for_attempt(plan: Plan, attempt: int) -> Plan:
+    """The same plan for another attempt: same ports and TF_CONFIG, the attempt's own files.
+
+    A restarted task must come back at the address its peers know, with DISTLAUNCH_ATTEMPT, its
+    log file and its error file naming the new attempt.
+    """
+    run_dir = Path(plan.run_dir)
+    tasks = []
+    for task in plan.tasks:
+        env = dict(task.env)
+        env[contract.ATTEMPT] = str(attempt)
+        env[contract.ERROR_FILE] = str(contract.error_path(run_dir, attempt, task.role, task.index))
+        log_file = str(contract.log_path(run_dir, attempt, task.role, task.index))
+        tasks.append(replace(task, env=env, log_file=log_file))
+    return replace(plan, attempt=attempt, tasks=tuple(tasks))

@@ -1,12 +1,22 @@
-"""What a task's exit means for the run: one small object that returns a decision and says why."""
+"""What a task's exit means for the run: one small object that returns a decision and says why.
+
+The supervisor feeds it events (a task exited, stopped making progress, or a user asked for a
+restart) and the run's history; it answers with an action, the tasks it concerns, a delay and a
+reason, which the supervisor logs to events.jsonl. Nothing here touches a process, so scripted
+inputs test every branch.
+"""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass
+import signal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from distlaunch.worker import contract
+
+# Exceptions that mean the program itself is wrong: starting it again cannot help.
+NON_RETRYABLE_ERRORS = ("SyntaxError", "IndentationError", "TabError", "ImportError", "ModuleNotFoundError")
 
 
 class Action(enum.Enum):
@@ -14,48 +24,142 @@ class Action(enum.Enum):
 
     CONTINUE = "continue"  # keep going; nothing to do
     DONE = "done"  # the job succeeded: stop whatever still runs (servers, the evaluator)
+    RESTART = "restart"  # stop the named tasks that still run, then start them all again
     FAIL = "fail"  # the job failed: stop everything and report this task as the root cause
 
 
 @dataclass(frozen=True)
 class Decision:
-    """An action and the reason, logged to events.jsonl."""
+    """An action, the tasks it concerns, how long to wait first, and the reason (logged)."""
 
     action: Action
     reason: str
+    tasks: tuple[str, ...] = ()
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
-class ExitEvent:
-    """A task process ended."""
+class TaskEvent:
+    """Something happened to a task: it exited (``returncode``), hung, or a restart was asked for.
+
+    ``returncode`` is None for a hang or a manual request; ``error_type`` is the exception type
+    from the task's error file, when it wrote one.
+    """
 
     name: str
     role: str
-    returncode: int
+    returncode: int | None
+    error_type: str | None = None
+    manual: bool = False
 
 
-class ExitPolicy:
-    """Decides what a task exit means under each strategy.
+@dataclass(frozen=True)
+class RestartRules:
+    """The spec's restart settings, as the policy needs them."""
 
-    MWMS: every training task must exit 0; any other exit fails the job.
-    PSS: ps and worker tasks run servers that never exit on their own, so their exit is a failure;
-    the job is done when the chief (the coordinator) exits 0.
-    The evaluator is a sidecar: its failure fails the job, its success changes nothing.
+    policy: str = "never"  # "never" | "on-failure"
+    max_restarts: int = 3
+    window_s: float | None = None
+    initial_backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+    non_retryable_exit_codes: tuple[int, ...] = (2,)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The tasks of a run by role (names like ``worker-1``)."""
+
+    strategy: str
+    roles: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def role_of(self, name: str) -> str:
+        """The role of task ``name``."""
+        return next(role for role, names in self.roles.items() if name in names)
+
+    def training(self) -> list[str]:
+        """Every task that is part of the training cluster (all but the evaluator)."""
+        return [n for role, names in self.roles.items() if role != "evaluator" for n in names]
+
+
+class RestartPolicy:
+    """Decides what each event means under the run's strategy and restart rules.
+
+    MWMS: every training task must exit 0. A failure restarts the whole gang: all-reduce peers
+    cannot continue without the lost worker, and waiting for survivors to notice takes long
+    across hosts, so they are stopped at once.
+    PSS: ps and worker tasks run servers that never exit on their own. A worker's failure restarts
+    that worker alone (the coordinator re-queues its closures and waits for it); a ps's restarts
+    the ps and the chief (variables live on the ps: the chief restores them from its checkpoint);
+    the chief's restarts the chief. The job is done when the chief exits 0.
+    The evaluator is a sidecar: its success changes nothing, its failure restarts only itself.
     """
 
-    def __init__(self, strategy: str) -> None:
-        self.strategy = strategy
+    def __init__(self, cluster: Cluster, rules: RestartRules) -> None:
+        self.cluster = cluster
+        self.rules = rules
 
-    def decide(self, event: ExitEvent, exited: Mapping[str, int], training: set[str]) -> Decision:
-        """Decide after ``event``; ``exited`` maps each ended task to its code, ``training`` names the training tasks."""
-        if event.returncode != 0:
-            return Decision(Action.FAIL, f"{event.name} failed")
+    def decide(self, event: TaskEvent, exited: Mapping[str, int], restart_times: Iterable[float], now: float) -> Decision:
+        """Decide after ``event``.
+
+        ``exited`` maps each task that has ended in the current attempt to its return code;
+        ``restart_times`` are the times of earlier automatic restarts (for the budget and backoff).
+        """
+        server = self.cluster.strategy == contract.PSS and event.role in ("ps", "worker")
+        # A PSS server that exits, even with 0, is broken: it is handled like a failure.
+        if event.returncode == 0 and not event.manual and not server:
+            return self._clean_exit(event, exited)
+        what = _describe(event)
+        restart = self._restart_set(event)
+        if event.manual:
+            return Decision(Action.RESTART, f"restart of {event.name} requested", restart)
+        if self.rules.policy == "never":
+            return Decision(Action.FAIL, f"{event.name} {what}; restart policy is never")
+        if event.returncode in self.rules.non_retryable_exit_codes:
+            return Decision(Action.FAIL, f"{event.name} {what}, which means the program is wrong: not retried")
+        if event.error_type in NON_RETRYABLE_ERRORS:
+            return Decision(Action.FAIL, f"{event.name} {what} with {event.error_type}: the program is wrong, not retried")
+        recent = [t for t in restart_times if self.rules.window_s is None or now - t <= self.rules.window_s]
+        if len(recent) >= self.rules.max_restarts:
+            window = f" within {self.rules.window_s:g} s" if self.rules.window_s is not None else ""
+            return Decision(Action.FAIL, f"{event.name} {what}; restart budget exhausted ({len(recent)} of {self.rules.max_restarts} restarts used{window})")
+        delay = min(self.rules.initial_backoff_s * 2 ** len(recent), self.rules.max_backoff_s)
+        return Decision(
+            Action.RESTART,
+            f"{event.name} {what}: restarting {', '.join(restart)} (restart {len(recent) + 1} of {self.rules.max_restarts})",
+            restart, delay,
+        )
+
+    def _clean_exit(self, event: TaskEvent, exited: Mapping[str, int]) -> Decision:
         if event.role == "evaluator":
             return Decision(Action.CONTINUE, "the evaluator finished")
-        if self.strategy == contract.PSS:
-            if event.role == "chief":
-                return Decision(Action.DONE, "the chief (coordinator) finished")
-            return Decision(Action.FAIL, f"{event.name} is a server and must not exit on its own")
-        if all(exited.get(name) == 0 for name in training):
+        if self.cluster.strategy == contract.PSS:
+            return Decision(Action.DONE, "the chief (coordinator) finished")
+        if all(exited.get(name) == 0 for name in self.cluster.training()):
             return Decision(Action.DONE, "every training task finished")
         return Decision(Action.CONTINUE, f"{event.name} finished; waiting for the others")
+
+    def _restart_set(self, event: TaskEvent) -> tuple[str, ...]:
+        roles = self.cluster.roles
+        if event.role == "evaluator":
+            return (event.name,)
+        if self.cluster.strategy == contract.PSS:
+            if event.role == "worker":
+                return (event.name,)
+            chief = tuple(roles.get("chief", ()))
+            return (event.name, *chief) if event.role == "ps" else chief
+        return tuple(self.cluster.training())
+
+
+def _describe(event: TaskEvent) -> str:
+    if event.manual:
+        return "restart requested"
+    if event.returncode is None:
+        return "stopped making progress"
+    if event.returncode == 0:
+        return "exited on its own (its server must run until the chief is done)"
+    if event.returncode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-event.returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-event.returncode}"
+    return f"exited with code {event.returncode}"

@@ -35,10 +35,11 @@ def _die_with_parent(parent_pid: int):
 
 
 def spawn(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str, log_file: str
+    argv: Sequence[str], env: Mapping[str, str], cwd: str, log_file: str, stdin: int = subprocess.DEVNULL
 ) -> subprocess.Popen:
     """Start ``argv`` as the leader of a new session, stdout and stderr appended to ``log_file``.
 
+    ``stdin`` is DEVNULL, or PIPE for a task the launcher talks to (an SSH task's helper).
     Must be called from the main thread: the kernel's parent-death signal fires when the thread
     that forked the child exits, not the process.
     """
@@ -46,7 +47,7 @@ def spawn(
     try:
         return subprocess.Popen(
             list(argv),
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=fd,
             stderr=subprocess.STDOUT,
             cwd=cwd,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,17 +30,32 @@ def new_run_id(name: str) -> str:
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 
-def make_dirs(run_dir: Path, attempt: int) -> None:
-    """Create the run's folders, readable by the owner only (task ports and logs are sensitive)."""
+def make_dirs(run_dir: Path, attempt: int, private: bool = True) -> None:
+    """Create the run's folders: owner-only when ``private`` (logs and run.json are sensitive),
+    else as the umask allows. Files made later take their folder's mode (see `file_mode`)."""
     for sub in ("", "logs", f"logs/attempt-{attempt}", "checkpoints", "errors", f"errors/attempt-{attempt}", "status", "metrics"):
         path = run_dir / sub
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+
+
+def file_mode(directory: Path) -> int:
+    """The mode of a new file in ``directory``: the folder's read and write bits (0700 gives 0600).
+
+    The run dir's mode, set once from the spec's `permissions`, so decides every launcher file's,
+    whichever command writes it (`up`, a resumed `up`, `down`).
+    """
+    return stat.S_IMODE(os.stat(directory).st_mode) & 0o666
+
+
+def create_file(path: str | Path) -> None:
+    """Create ``path`` empty, with its folder's file mode, unless it exists."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, file_mode(Path(path).parent)))
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (temp file + rename), mode 0600."""
+    """Write ``data`` as JSON to ``path`` atomically (temp file + rename), with its folder's file mode."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode(path.parent))
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, default=str)
         f.write("\n")
@@ -57,7 +73,7 @@ def read_json(path: Path) -> Any:
 def append_event(run_dir: Path, **event: Any) -> None:
     """Append one event line (time first) to the run's events.jsonl."""
     line = json.dumps({"time": round(time.time(), 3), **event}, default=str)
-    fd = os.open(run_dir / EVENTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = os.open(run_dir / EVENTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, file_mode(run_dir))
     with os.fdopen(fd, "a", encoding="utf-8") as f:
         f.write(line + "\n")
 

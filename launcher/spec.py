@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -29,6 +30,16 @@ ROLES = ("chief", "worker", "ps", "evaluator")
 # Environment names the launcher owns; a spec may not set them.
 RESERVED_ENV = re.compile(r"^(TF_CONFIG|DISTLAUNCH_.*)$")
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
+# A host's name in the spec, and an address: a DNS name or an IPv4 address (TF_CONFIG writes
+# host:port, which an IPv6 literal would make ambiguous). Never starts with "-", so it cannot be
+# read as an option by ssh.
+_HOST_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+# ssh options distlaunch sets itself: a spec that changed them would break connection sharing,
+# the host-key policy or the launcher's hold on the remote task.
+OWNED_SSH_OPTIONS = (
+    "BatchMode", "ConnectTimeout", "ControlMaster", "ControlPath", "ControlPersist", "ForkAfterAuthentication",
+    "RemoteCommand", "RequestTTY", "SessionType", "StdinNull", "StrictHostKeyChecking",
+)
 
 
 def _port(value: Any) -> int | str:
@@ -94,7 +105,9 @@ class _Model(BaseModel):
 class TaskEntry(_Model):
     """One task of a role: where it runs and what it gets."""
 
-    host: str = Field("localhost", description="Host the task runs on (local only for now).")
+    host: str = Field(
+        "localhost", description='Host the task runs on: "localhost", "127.0.0.1" or a name from `hosts`.'
+    )
     port: Port = Field("auto", description='"auto" or a fixed port number.')
     gpus: Gpus = Field(
         None,
@@ -195,14 +208,96 @@ def _no_nul(value: str | None, loc: tuple[str | int, ...]) -> None:
         raise _PathError(loc, "expected no NUL character: it cannot be passed to a process")
 
 
+class Host(_Model):
+    """A machine tasks are placed on by name: this one (`local`) or one reached over SSH."""
+
+    transport: Literal["local", "ssh"] = Field("ssh", description="local: this machine; ssh: over the system's ssh.")
+    address: str | None = Field(
+        None, pattern=_HOST_RE, max_length=253,
+        description="Name or IPv4 address every host reaches this one at: TF_CONFIG names it and ssh "
+        "connects to it (default: the host's name for ssh, 127.0.0.1 for local).",
+    )
+    user: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", description="SSH login (default: ssh's).")
+    port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: ssh's, usually 22).")
+    identity_file: str | None = Field(None, min_length=1, description="SSH private key (relative: to the spec).")
+    ssh_options: list[str] = Field(
+        default_factory=list, description='More ssh options, each "Key=Value" as for `ssh -o`.'
+    )
+    python: str = Field(
+        "python3", min_length=1,
+        description="Interpreter on the host, e.g. a venv's python (program.python is for local tasks).",
+    )
+    workdir: str | None = Field(None, min_length=1, description="Remote working dir (default: the login dir).")
+    host_key_checking: Literal["yes", "accept-new"] = Field(
+        "yes", description="yes: the host key must already be in known_hosts; accept-new: trust a new host's key once."
+    )
+    connect_timeout_s: int = Field(10, ge=1, le=600, description="How long ssh may take to connect.")
+
+    @model_validator(mode="after")
+    def _fits_transport(self) -> Host:
+        if self.transport == "local":
+            ssh_only = sorted(self.model_fields_set - {"transport", "address"})
+            if ssh_only:
+                raise _PathError((ssh_only[0],), 'only hosts with "transport": "ssh" take this key')
+        for i, option in enumerate(self.ssh_options):
+            key, sep, value = option.partition("=")
+            if not (sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key) and value.strip()):
+                raise _PathError(("ssh_options", i), f'expected "Key=Value" as for ssh -o, got {option!r}')
+            owned = {o.lower(): o for o in OWNED_SSH_OPTIONS}.get(key.lower())
+            if owned:
+                raise _PathError(("ssh_options", i), f"{owned} is set by distlaunch; remove it")
+        for name in ("identity_file", "python", "workdir"):
+            _no_nul(getattr(self, name), (name,))
+        for i, option in enumerate(self.ssh_options):
+            _no_nul(option, ("ssh_options", i))
+        return self
+
+    def address_of(self, name: str) -> str:
+        """The address tasks and ssh use for this host, called ``name`` in the spec."""
+        return self.address or ("127.0.0.1" if self.transport == "local" else name)
+
+
 class Timeouts(_Model):
     """How long the launcher waits before it calls something failed."""
 
     startup_s: float = Field(
-        300.0, gt=0, description="Every task using distlaunch.worker must join within this."
+        300.0, gt=0, description="Every training task must start its TensorFlow server within this."
     )
     grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL grace period at teardown.")
     run_s: float | None = Field(None, gt=0, description="Fail the whole run after this long.")
+    heartbeat_s: float | None = Field(
+        None, gt=0,
+        description="A task whose distlaunch.worker heartbeat is older than this counts as failed "
+        "(it stopped making progress). Off by default.",
+    )
+    evaluator_drain_s: float = Field(
+        60.0, ge=0, description="After training succeeds, how long the evaluator may take to finish."
+    )
+
+
+class Backoff(_Model):
+    """Delay before an automatic restart: initial_s, doubled per recent restart, at most max_s."""
+
+    initial_s: float = Field(1.0, ge=0)
+    max_s: float = Field(30.0, ge=0)
+
+
+class Restart(_Model):
+    """When failed tasks are started again, and how often."""
+
+    policy: Literal["never", "on-failure"] = Field(
+        "never", description="never: a failure ends the run. on-failure: restart what the strategy needs."
+    )
+    max_restarts: int = Field(3, ge=0, description="Automatic restarts allowed (within window_s if set).")
+    backoff: Backoff = Field(default_factory=Backoff)
+    window_s: float | None = Field(
+        None, gt=0, description="Count only restarts this recent against max_restarts (default: the whole run)."
+    )
+    non_retryable_exit_codes: list[int] = Field(
+        default_factory=lambda: [2],
+        description="Exit codes that mean the program is wrong and are never retried "
+        "(so are Python's import and syntax errors, read from the task's error file).",
+    )
 
 
 class Spec(_Model):
@@ -214,11 +309,21 @@ class Spec(_Model):
     tasks: Tasks
     shared_dir: str = "./runs"
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    restart: Restart = Field(default_factory=Restart)
+    hosts: dict[str, Host] = Field(
+        default_factory=dict, description="Machines by name, for tasks' `host`; localhost needs no entry."
+    )
+    shared_dir_is_shared: bool = Field(
+        True,
+        description="true: every SSH host sees shared_dir at the same path (a shared mount). false: each "
+        "host writes its run files to that path on its own disk; `distlaunch collect RUN` copies them back.",
+    )
     isolation: Literal["auto", "off"] = Field(
         "auto",
-        description="auto: where this machine allows it, the run's tasks share a private network "
-        "namespace with loopback only, so their unauthenticated TensorFlow ports cannot be reached "
-        "from outside the run (and the tasks cannot reach the network: no downloads). "
+        description="auto: when every task runs on this machine's loopback and the machine allows it, "
+        "the run's tasks share a private network namespace with loopback only, so their unauthenticated "
+        "TensorFlow ports cannot be reached from outside the run (and the tasks cannot reach the "
+        "network: no downloads). "
         "off: tasks use the machine's network; their ports are open to anyone who can reach them.",
     )
     permissions: Literal["private", "shared"] = Field(
@@ -227,10 +332,29 @@ class Spec(_Model):
         "owner-only (dirs 0700, files 0600; tasks run with umask 077). "
         "shared: they follow your umask, so others may read them.",
     )
+    backend: Literal["local", "compose"] = Field(
+        "local",
+        description="local: tasks are processes on this machine or its SSH hosts. compose: every task "
+        "runs in a container of its own (the distlaunch image, built from this checkout) on an "
+        "internal docker-compose network with no published port; TF_CONFIG names service names "
+        "(worker-0:2222), the shared dir is mounted at the same path, and the image's python runs "
+        "the program (program.python, task ports and isolation do not apply). "
+        "`distlaunch up --backend` overrides it.",
+    )
 
     @model_validator(mode="after")
     def _shared_dir_passable(self) -> Spec:
         _no_nul(self.shared_dir, ("shared_dir",))
+        return self
+
+    @model_validator(mode="after")
+    def _host_names(self) -> Spec:
+        for name in self.hosts:
+            if name in LOCAL_HOSTS or not re.fullmatch(_HOST_RE, name):
+                raise _PathError(
+                    ("hosts", name),
+                    f"expected a host name (letters, digits, '.', '-', '_'; not {' or '.join(LOCAL_HOSTS)}), got {name!r}",
+                )
         return self
 
     @model_validator(mode="after")
@@ -264,6 +388,17 @@ class LoadedSpec:
     shared_dir: Path
     workdir: Path
     script: Path | None
+    # The spec's hosts with identity files made absolute (relative ones are relative to the spec).
+    hosts: Mapping[str, Host] = field(default_factory=dict)
+
+    def address_of(self, host: str) -> str:
+        """The address of the host a task names: what TF_CONFIG lists (127.0.0.1 for localhost)."""
+        return _machine(self.spec, host)
+
+    def ssh_host(self, name: str) -> Host | None:
+        """The SSH host called ``name``; None when tasks on ``name`` run on this machine."""
+        host = self.hosts.get(name)
+        return host if host is not None and host.transport == "ssh" else None
 
 
 def json_schema() -> dict[str, Any]:
@@ -314,19 +449,64 @@ def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedS
             raise SpecError(shown, "$.program.script", f"expected an existing script file, got {str(script)!r}")
     elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", spec.program.module or ""):
         raise SpecError(shown, "$.program.module", f"expected a dotted module name, got {spec.program.module!r}")
-    for role, entries in spec.tasks.by_role().items():
-        for i, entry in enumerate(entries):
-            if entry.host not in LOCAL_HOSTS:
-                raise SpecError(
-                    shown, _task_path(raw, role, i, "host"),
-                    f"expected a local host ({' or '.join(LOCAL_HOSTS)}), got {entry.host!r}",
-                )
+    hosts = _resolve_hosts(spec, base, shown)
+    _check_task_hosts(spec, shown, raw)
     _check_unique_ports(spec, shown, raw)
     _check_gpus(spec, shown, raw)
     return LoadedSpec(
         spec=spec, file=file, raw=raw, shared_dir=(base / spec.shared_dir).resolve(),
-        workdir=workdir, script=script,
+        workdir=workdir, script=script, hosts=hosts,
     )
+
+
+def _resolve_hosts(spec: Spec, base: Path, shown: str) -> dict[str, Host]:
+    """The spec's hosts with identity files made absolute; each must exist."""
+    out = {}
+    for name, host in spec.hosts.items():
+        if host.identity_file is not None:
+            identity = (base / Path(host.identity_file).expanduser()).resolve()
+            if not identity.is_file():
+                raise SpecError(shown, f"$.hosts.{name}.identity_file", f"expected an existing key file, got {str(identity)!r}")
+            host = host.model_copy(update={"identity_file": str(identity)})
+        out[name] = host
+    return out
+
+
+def _check_task_hosts(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
+    """Every task names a known host, and local tasks are reachable when other tasks are remote."""
+    names = ", ".join([*LOCAL_HOSTS, *spec.hosts])
+    entries = [(role, i, e) for role, group in spec.tasks.by_role().items() for i, e in enumerate(group)]
+    for role, i, entry in entries:
+        if entry.host not in LOCAL_HOSTS and entry.host not in spec.hosts:
+            raise SpecError(shown, _task_path(raw, role, i, "host"), f"unknown host {entry.host!r}; expected one of: {names}")
+    remote = any(_is_ssh(spec, e.host) for _, _, e in entries)
+    for role, i, entry in entries:
+        if remote and not _is_ssh(spec, entry.host) and _is_loopback(_machine(spec, entry.host)):
+            fix = (
+                f"set $.hosts.{entry.host}.address to" if entry.host in spec.hosts
+                else 'name this machine in $.hosts with "transport": "local" and'
+            )
+            raise SpecError(
+                shown, _task_path(raw, role, i, "host"),
+                f"tasks on SSH hosts cannot reach a task on {entry.host!r} (loopback); {fix} "
+                "the address the other hosts reach this machine at",
+            )
+
+
+def _is_ssh(spec: Spec, host: str) -> bool:
+    return host in spec.hosts and spec.hosts[host].transport == "ssh"
+
+
+def _is_loopback(address: str) -> bool:
+    return address == "localhost" or address.startswith("127.")
+
+
+def _machine(spec: Spec, host: str) -> str:
+    """Which machine a task's host is, for per-machine checks: its address (127.0.0.1 for this one)."""
+    if host in spec.hosts:
+        return spec.hosts[host].address_of(host)
+    # Not "localhost": it may resolve to ::1 first, which TensorFlow then dials.
+    return "127.0.0.1"
 
 
 def _check_unique_ports(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
@@ -334,7 +514,7 @@ def _check_unique_ports(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
     for role, entries in spec.tasks.by_role().items():
         for i, entry in enumerate(entries):
             if isinstance(entry.port, int):
-                key = ("local", entry.port)
+                key = (_machine(spec, entry.host), entry.port)
                 where = _task_path(raw, role, i, "port")
                 if key in seen:
                     raise SpecError(shown, where, f"port {entry.port} is already used by {seen[key]}; expected a unique port")
@@ -343,15 +523,16 @@ def _check_unique_ports(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
 
 def _check_gpus(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
     """Explicit GPU lists of tasks on one host must not overlap."""
-    owner: dict[int, str] = {}
+    owner: dict[tuple[str, int], str] = {}
     for role, entries in spec.tasks.by_role().items():
         for i, entry in enumerate(entries):
             if isinstance(entry.gpus, tuple):
                 for gpu in entry.gpus:
                     where = _task_path(raw, role, i, "gpus")
-                    if gpu in owner:
-                        raise SpecError(shown, where, f"GPU {gpu} is already given to {owner[gpu]}; tasks on one host never share a GPU")
-                    owner[gpu] = where
+                    key = (_machine(spec, entry.host), gpu)
+                    if key in owner:
+                        raise SpecError(shown, where, f"GPU {gpu} is already given to {owner[key]}; tasks on one host never share a GPU")
+                    owner[key] = where
 
 
 def task_json_path(raw: dict[str, Any], role: str, index: int, key: str) -> str:
@@ -433,7 +614,11 @@ def _lower_first(text: str) -> str:
 def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
     """The keys the model at JSON location ``loc`` accepts (for 'unknown key' messages)."""
     model: Any = Spec
+    in_map = False
     for part in loc:
+        if in_map:  # a name in a name -> model map, like `node1` in $.hosts.node1
+            in_map = False
+            continue
         if model is RoleTasks:
             model = TaskEntry if isinstance(part, int) else None
             continue
@@ -441,6 +626,7 @@ def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
         model = _model_in(field.annotation) if field else None
         if model is None:
             return []
+        in_map = get_origin(field.annotation) is dict
     if model is RoleTasks:
         return ["count", "host", "port", "gpus"]
     return list(getattr(model, "model_fields", {}))

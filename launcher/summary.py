@@ -20,6 +20,7 @@ class Failure:
     log_file: str
     error_file: str
     elapsed_s: float
+    note: str = ""  # why it was not restarted, when a restart policy is on
 
 
 def headline(run_id: str, failure: Failure) -> str:
@@ -28,7 +29,8 @@ def headline(run_id: str, failure: Failure) -> str:
     cause = ""
     if isinstance(error, dict) and error.get("type"):
         cause = f": {error['type']}: {error.get('message', '')}".rstrip(": ")
-    return f"run {run_id} failed: {failure.task} {failure.how} after {failure.elapsed_s:.1f} s{cause}"
+    note = f" ({failure.note})" if failure.note else ""
+    return f"run {run_id} failed: {failure.task} {failure.how} after {failure.elapsed_s:.1f} s{cause}{note}"
 
 
 def details(failure: Failure) -> str:

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import ports, rundir
+from distlaunch.launcher import compose, netns, ports, preflight, rundir, ssh
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
-from distlaunch.launcher.plan import Plan, make_plan
+from distlaunch.launcher.image import ImageRequest
+from distlaunch.launcher.local import LocalTransport
+from distlaunch.launcher.plan import Plan, make_plan, masked_spec
+from distlaunch.launcher.routing import HostRouter
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
 
-EXPOSURE_NOTE = (
-    "note: TensorFlow's gRPC servers listen on every interface with no authentication; "
-    "ports {ports} can be reached from other machines unless a firewall blocks them (README: Security)"
+ISOLATED_NOTE = (
+    "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
+    'reached from outside the run, and they cannot reach the network; "isolation": "off" turns it off)'
 )
+EXPOSURE_NOTE = (
+    "note: ports {ports} can be reached from other machines: TensorFlow's gRPC servers listen on every "
+    "interface with no authentication, and {reason}. To prevent it, {remedy} (README: Security)"
+)
+# With "permissions": "private", the launcher and every task it starts (they inherit it) create
+# owner-only files: checkpoints, status and error files, and whatever the program itself writes.
+PRIVATE_UMASK = 0o077
 
 
 @dataclass(frozen=True)
@@ -53,23 +65,112 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
     return RunTarget(run_id, run_dir, int(previous.get("attempt", 0)) + 1, previous)
 
 
-def build_plan(loaded: LoadedSpec, target: RunTarget) -> Plan:
-    """Allocate ports and build the plan of this attempt (no files written, nothing started)."""
+def build_plan(loaded: LoadedSpec, target: RunTarget, remote_ports: dict[ports.TaskKey, int] | None = None) -> Plan:
+    """Decide the isolation, allocate ports and build the plan of this attempt (nothing started).
+
+    ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
+    With the compose backend, tasks are containers reached at their service names (compose.compose_plan).
+    """
+    if loaded.spec.backend == "compose":
+        return compose.compose_plan(loaded, target.run_id, target.run_dir, target.attempt)
+    isolation = netns.decide(loaded)
     return make_plan(
-        loaded, ports.allocate(loaded), target.run_id, target.run_dir, target.attempt,
-        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        loaded, ports.allocate(loaded, private=isolation.private, remote=remote_ports), target.run_id,
+        target.run_dir, target.attempt, os.environ.get("CUDA_VISIBLE_DEVICES"), isolation=isolation,
     )
 
 
-def up(loaded: LoadedSpec, target: RunTarget, console: Console) -> None:
-    """Run the job to its end; raise RunFailed or Interrupted (after full teardown) if it did not succeed."""
+def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest | None = None) -> None:
+    """Run the job to its end; raise RunFailed or Interrupted (after full teardown) if it did not succeed.
+
+    SSH hosts are checked first (HostError, nothing started, when one is not usable). With the
+    compose backend the tasks run in containers of ``image`` (see `_up_compose`).
+    """
+    if loaded.spec.backend == "compose":
+        _up_compose(loaded, target, console, image or ImageRequest())
+        return
+    private = loaded.spec.permissions == "private"
+    umask = PRIVATE_UMASK if private else None
+    remote_hosts = {name: host for name, host in loaded.hosts.items() if host.transport == "ssh"}
+    # The session's master connections outlive every task; they are closed last.
+    with ssh.Session(remote_hosts) as session:
+        reports = preflight.check(loaded, session, umask)
+        for report in reports:
+            console.say(f"host {session.target(report.name)}: {report.summary()}")
+        plan = build_plan(loaded, target, preflight.picked_ports(reports))
+        with _umask(umask), netns.sandbox(plan.isolation, plan.run_id) as sandbox, \
+                ssh.SshTransport(session, loaded.spec.timeouts.grace_s, umask) as remote:
+            rundir.make_dirs(target.run_dir, target.attempt, private)
+            record = _new_record(loaded, plan, target)
+            if sandbox is not None:
+                record["netns_holder_pid"] = sandbox.pid
+            if reports:
+                record["ssh"] = ssh.record(loaded, [r.name for r in reports])
+            verb = "resuming" if target.previous else "starting"
+            console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks, {plan.strategy}; run dir {plan.run_dir}")
+            console.say(_network_note(plan))
+            if reports and not loaded.spec.shared_dir_is_shared:
+                console.say(f"SSH hosts keep their run files on their own disks; `distlaunch collect {plan.run_id}` copies them here")
+            # The sandbox closes only after the supervisor has stopped every task in it.
+            transport = HostRouter(LocalTransport(sandbox), remote)
+            shown = HostConsole(console, plan) if reports else console
+            _supervise(Supervisor(plan, record, shown, loaded.spec.timeouts, transport, loaded.spec.restart), target, console)
+
+
+class HostConsole(Console):
+    """``console`` with each task's host in its line prefix (``worker-0@node1 | ``), for runs on several hosts."""
+
+    def __init__(self, console: Console, plan: Plan) -> None:
+        super().__init__(console.out, console.err, console.color)
+        self.hosts = {t.name: t.host_name for t in plan.tasks}
+        self.extra = max(len(h) + 1 for h in self.hosts.values())
+
+    def prefix(self, name: str, number: int, width: int) -> bytes:
+        """The base prefix of ``name@host``, widened by the longest ``@host``."""
+        return super().prefix(f"{name}@{self.hosts[name]}", number, width + self.extra)
+
+
+def _up_compose(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest) -> None:
+    """`up` with every task in a container: the same run dir, supervisor and decisions as a local run."""
+    # Imported here: a local run never needs the docker modules.
+    from distlaunch.launcher.compose_backend import open_transport
+
+    private = loaded.spec.permissions == "private"
     plan = build_plan(loaded, target)
-    rundir.make_dirs(target.run_dir, target.attempt)
-    record = _new_record(loaded, plan, target)
-    verb = "resuming" if target.previous else "starting"
-    console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks, {plan.strategy}; run dir {plan.run_dir}")
-    console.say(EXPOSURE_NOTE.format(ports=", ".join(str(t.port) for t in plan.tasks)))
-    supervisor = Supervisor(plan, record, console, loaded.spec.timeouts)
+    with _umask(PRIVATE_UMASK if private else None):
+        rundir.make_dirs(target.run_dir, target.attempt, private)
+        record = _new_record(loaded, plan, target)
+        verb = "resuming" if target.previous else "starting"
+        console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks in containers, {plan.strategy}; run dir {plan.run_dir}")
+        with open_transport(loaded, plan, image, console) as transport:
+            record["compose"] = transport.describe()
+            console.say(f"compose project {transport.project}: {compose.ISOLATION.reason}")
+            _supervise(Supervisor(plan, record, console, loaded.spec.timeouts, transport, loaded.spec.restart), target, console)
+
+
+def _network_note(plan: Plan) -> str:
+    """The one line `up` prints about who can reach the tasks' ports."""
+    if plan.isolation.private:
+        return ISOLATED_NOTE
+    ports = ", ".join(str(t.port) for t in plan.tasks)
+    return EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy)
+
+
+@contextmanager
+def _umask(mask: int | None) -> Iterator[None]:
+    """Set the process umask for the block (children inherit it); None leaves it alone."""
+    if mask is None:
+        yield
+        return
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def _supervise(supervisor: Supervisor, target: RunTarget, console: Console) -> None:
+    plan, record = supervisor.plan, supervisor.record
     try:
         result = supervisor.run()
     except Interrupted as exc:
@@ -99,7 +200,7 @@ def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> dict:
         "run_id": plan.run_id,
         "name": loaded.spec.name,
         "spec_file": str(loaded.file.resolve()),
-        "spec": loaded.raw,
+        "spec": masked_spec(loaded.raw),
         "strategy": plan.strategy,
         "state": rundir.RUNNING,
         "attempt": plan.attempt,
