@@ -110,7 +110,7 @@ def _running_run(tmp: Path) -> Path:
 
 
 def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
-    spec = write_spec(tmp, program={**EXAMPLE, "args": ["--epochs", "20", "--steps-per-epoch", "25", "--checkpoint-every", "5"]})
+    spec = write_spec(tmp, program={**EXAMPLE, "args": ["--epochs", "8", "--steps-per-epoch", "25", "--checkpoint-every", "5"]})
     launcher = _start_up(tmp, str(spec))
     try:
         run_dir = _running_run(tmp)
@@ -131,7 +131,7 @@ def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
     steps = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", resumed.stdout)]
     assert len(steps) == 2 and steps[0] == steps[1] > 0
     metrics = json.loads((run_dir / "metrics" / "worker-0.json").read_text())
-    assert metrics[-1]["step"] == 20 * 25
+    assert metrics[-1]["step"] == 8 * 25
     assert len(set(_final_losses(run_dir, attempt=1))) == 1
 
 

@@ -221,13 +221,6 @@ def test_checkpoint_dir_for_this_task(clean_env: pytest.MonkeyPatch, tmp_path: P
     assert runtime.checkpoint_dir_for_this_task() == tmp_path / ".tmp-worker-1"
 
 
-def test_parameter_server_is_not_implemented_yet(clean_env: pytest.MonkeyPatch) -> None:
-    clean_env.setenv(contract.STRATEGY, contract.PSS)
-    runtime.strategy.cache_clear()
-    with pytest.raises(NotImplementedError, match="later change"):
-        runtime.strategy()
-
-
 # ---------------------------------------------------------------------------------------------
 # Subprocess tests.
 
