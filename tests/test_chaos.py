@@ -1,0 +1,200 @@
+"""Fault tolerance with real processes: kill -9 tasks mid-training and watch the run recover."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import distlaunch, only_run_dir, processes_of_run, write_spec
+
+pytestmark = pytest.mark.integration
+
+INTERVAL = 5
+ON_FAILURE = {"policy": "on-failure", "max_restarts": 3, "backoff": {"initial_s": 0.2, "max_s": 1}}
+
+
+def wait_for(predicate, what: str, limit_s: float = 240):
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def latest_checkpoint_step(run_dir: Path) -> int:
+    steps = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("ckpt-*.index") if (m := re.match(r"ckpt-(\d+)\.index", p.name))]
+    return max(steps, default=0)
+
+
+def reported_step(run_dir: Path, task: str) -> int:
+    status = json.loads((run_dir / "status" / f"{task}.json").read_text())
+    return int(status.get("step", 0))
+
+
+def all_running(run_dir: Path, attempt_at_least: int = 0) -> bool:
+    tasks = record(run_dir).get("tasks", {}).values()
+    return bool(tasks) and all(t.get("state") == "running" and t.get("attempt", 0) >= attempt_at_least for t in tasks)
+
+
+def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
+    epochs, steps = 6, 20
+    spec = write_spec(
+        tmp,
+        program={"module": "distlaunch.worker.examples.mnist_mlp",
+                 "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL)]},
+        restart=ON_FAILURE,
+    )
+    # Output to files: a pipe nobody reads would fill up and stall the launcher.
+    out_file, err_file = tmp / "stdout.txt", tmp / "stderr.txt"
+    with open(out_file, "w") as out, open(err_file, "w") as err:
+        launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp, stdout=out, stderr=err)
+    kills = []
+    try:
+        run_dir = wait_for(lambda: next((p.parent for p in (tmp / "runs").glob("*/run.json")), None) if (tmp / "runs").exists() else None, "the run dir")
+        for round_ in (1, 2):
+            # Kill once a checkpoint of this incarnation exists and training is past it.
+            floor = latest_checkpoint_step(run_dir)
+            wait_for(lambda: all_running(run_dir, round_ - 1) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint in round {round_}")
+            victim = "worker-1" if round_ == 1 else "worker-0"
+            pid = record(run_dir)["tasks"][victim]["pid"]
+            step_at_kill = reported_step(run_dir, victim)
+            saved = latest_checkpoint_step(run_dir)
+            os.kill(pid, signal.SIGKILL)
+            kills.append((victim, pid, step_at_kill, saved))
+            wait_for(lambda: sum(e["event"] == "restarted" for e in events(run_dir)) >= 2 * round_, f"the gang restart in round {round_}")
+        launcher.wait(timeout=300)
+    finally:
+        launcher.kill()
+        print(err_file.read_text()[-5000:])
+    assert launcher.returncode == 0
+    rec = record(run_dir)
+    assert rec["state"] == "succeeded"
+    assert rec["attempt"] == 2 and {t["restarts"] for t in rec["tasks"].values()} == {2}
+    # Each restart resumed both workers from the checkpoint saved before the kill: at most one
+    # checkpoint interval of steps was lost.
+    for attempt, (victim, _pid, step_at_kill, saved) in enumerate(kills, start=1):
+        for task in ("worker-0", "worker-1"):
+            log = (run_dir / "logs" / f"attempt-{attempt}" / f"{task}.log").read_text()
+            restored = int(re.search(r"resumed from \S+ at step (\d+)", log).group(1))
+            assert restored >= saved
+            assert step_at_kill - restored <= INTERVAL
+    metrics = json.loads((run_dir / "metrics" / "worker-0.json").read_text())
+    assert metrics[-1]["step"] == epochs * steps
+    # events.jsonl tells the story: the kill, the decision and why, the restarts.
+    story = events(run_dir)
+    decisions = [e for e in story if e.get("decision") == "restart"]
+    assert [e["task"] for e in decisions] == [k[0] for k in kills]
+    assert all(e["exit"] == "signal SIGKILL" and "restarting worker-0, worker-1" in e["reason"] for e in decisions)
+    assert sum(e["event"] == "killed" for e in story) == 2  # each survivor stopped at once
+    assert not processes_of_run(rec["run_id"])
+
+
+NON_RETRYABLE = """
+import os, sys
+import distlaunch.worker as dw
+if os.environ["DISTLAUNCH_INDEX"] == "1":
+    import a_module_that_does_not_exist
+print("worker 0 exits with", sys.argv[1], flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_non_retryable_failures_are_not_restarted(tmp):
+    (tmp / "task.py").write_text(NON_RETRYABLE)
+    spec = write_spec(tmp, program={"script": "task.py", "args": ["0"]}, restart=ON_FAILURE)
+    result = distlaunch("up", str(spec), cwd=tmp)
+    assert result.returncode == 1
+    assert "ModuleNotFoundError" in result.stderr and "not retried" in result.stderr
+    run_dir = only_run_dir(tmp / "runs")
+    assert not any(e["event"] == "restarted" for e in events(run_dir))
+    # A later `up` of the same spec notices the unfinished run and says how to resume it.
+    again = distlaunch("up", str(spec), cwd=tmp)
+    assert f"run {run_dir.name} did not finish: starting a new run (`up --resume` continues it" in again.stderr
+
+
+def test_budget_is_honored_and_backoff_grows(tmp):
+    (tmp / "task.py").write_text("import sys; sys.exit(3)\n")
+    spec = write_spec(tmp, tasks={"worker": {"count": 1}},
+                      restart={"policy": "on-failure", "max_restarts": 2, "backoff": {"initial_s": 0.3, "max_s": 5}})
+    result = distlaunch("up", str(spec), cwd=tmp)
+    assert result.returncode == 1
+    assert "restart budget exhausted (2 of 2 restarts used)" in result.stderr
+    run_dir = only_run_dir(tmp / "runs")
+    story = events(run_dir)
+    assert sum(e["event"] == "restarted" for e in story) == 2
+    exits = [e["time"] for e in story if e["event"] == "exited"]
+    starts = [e["time"] for e in story if e["event"] == "restarted"]
+    gaps = [start - exit_ for exit_, start in zip(exits, starts)]
+    assert gaps[1] > gaps[0]  # the second restart waited longer: backoff doubled
+    reasons = [e["reason"] for e in story if e.get("decision") == "restart"]
+    assert [r.rsplit("(", 1)[1] for r in reasons] == ["restart 1 of 2)", "restart 2 of 2)"]
+    assert record(run_dir)["tasks"]["worker-0"]["restarts"] == 2
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["attempt-0", "attempt-1", "attempt-2"]
+
+
+def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
+    epochs, steps = 10, 30
+    spec = write_spec(
+        tmp,
+        strategy="parameter_server",
+        tasks={"chief": {}, "worker": {"count": 2}, "ps": {}},
+        program={"module": "distlaunch.worker.examples.cnn_mnist",
+                 "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL), "--train-examples", "2000"]},
+        restart=ON_FAILURE,
+    )
+    out_file, err_file = tmp / "stdout.txt", tmp / "stderr.txt"
+    with open(out_file, "w") as out, open(err_file, "w") as err:
+        launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp, stdout=out, stderr=err)
+    kills = []
+    try:
+        run_dir = wait_for(lambda: next((p.parent for p in (tmp / "runs").glob("*/run.json")), None) if (tmp / "runs").exists() else None, "the run dir")
+        for attempt, victim in enumerate(("worker-1", "ps-0", "chief-0"), start=1):
+            floor = latest_checkpoint_step(run_dir)
+            wait_for(lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint before killing {victim}")
+            pid = record(run_dir)["tasks"][victim]["pid"]
+            kills.append((victim, attempt, reported_step(run_dir, "chief-0"), latest_checkpoint_step(run_dir)))
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: record(run_dir)["tasks"][victim].get("attempt") == attempt and all_running(run_dir), f"{victim} back")
+        launcher.wait(timeout=300)
+    finally:
+        launcher.kill()
+        print(err_file.read_text()[-5000:])
+    assert launcher.returncode == 0
+    rec = record(run_dir)
+    assert rec["state"] == "succeeded" and rec["attempt"] == 3
+    restarts = {name: t["restarts"] for name, t in rec["tasks"].items()}
+    assert restarts == {"chief-0": 2, "worker-0": 0, "worker-1": 1, "ps-0": 1}
+    # The worker came back alone and the chief carried on; after the ps and the chief died, the
+    # chief restored from the checkpoint saved before the kill.
+    assert "resumed from" not in (run_dir / "logs" / "attempt-1" / "worker-1.log").read_text()
+    for victim, attempt, step_at_kill, saved in kills[1:]:
+        log = (run_dir / "logs" / f"attempt-{attempt}" / "chief-0.log").read_text()
+        restored = int(re.search(r"resumed from \S+ at step (\d+)", log).group(1))
+        assert restored >= saved and step_at_kill - restored <= INTERVAL
+    metrics = json.loads((run_dir / "metrics" / "chief-0.json").read_text())
+    assert metrics[-1]["step"] == epochs * steps
+    story = [e for e in events(run_dir) if e.get("decision") == "restart"]
+    assert [e["task"] for e in story] == ["worker-1", "ps-0", "chief-0"]
+    assert "restarting worker-1 (restart 1 of 3)" in story[0]["reason"]
+    assert "restarting ps-0, chief-0 (restart 2 of 3)" in story[1]["reason"]
+    assert "restarting chief-0 (restart 3 of 3)" in story[2]["reason"]
+    assert not processes_of_run(rec["run_id"])

@@ -1,0 +1,64 @@
+"""Inspecting and controlling a live run from another shell: status, logs, restart, down."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import distlaunch, processes_of_run, write_spec
+from test_chaos import events, record, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_status_logs_restart_down_from_another_shell(tmp):
+    spec = write_spec(tmp, program={"module": "distlaunch.worker.examples.mnist_mlp", "args": ["--epochs", "1000", "--steps-per-epoch", "100"]})
+    with open(tmp / "out.txt", "w") as out, open(tmp / "err.txt", "w") as err:
+        launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp, stdout=out, stderr=err)
+    follower = None
+    try:
+        run_dir = wait_for(lambda: next(iter((tmp / "runs").glob("*/run.json")), None) if (tmp / "runs").exists() else None, "the run").parent
+        run_id = run_dir.name
+        wait_for(lambda: all(t.get("state") == "running" for t in record(run_dir)["tasks"].values()) and len(record(run_dir)["tasks"]) == 2, "both joined")
+
+        status = distlaunch("status", run_id, "--json", cwd=tmp)  # by id, under ./runs
+        assert status.returncode == 0, status.stderr
+        table = json.loads(status.stdout)
+        assert table["state"] == "running"
+        assert [(r["task"], r["state"], r["attempt"], r["restarts"]) for r in table["tasks"]] == [("worker-0", "running", 0, 0), ("worker-1", "running", 0, 0)]
+        assert all(r["pid"] > 0 and r["uptime_s"] >= 0 for r in table["tasks"])
+        text = distlaunch("status", str(run_dir), cwd=tmp)
+        assert "worker-1" in text.stdout and "RESTARTS" in text.stdout
+
+        follower = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "logs", str(run_dir), "worker-1", "-f", "-n", "0"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        # A manual restart of one MWMS worker restarts the gang, outside the (never) policy's budget.
+        restarted = distlaunch("restart", str(run_dir), "worker:1")
+        assert restarted.returncode == 0, restarted.stderr
+        wait_for(lambda: all(t.get("state") == "running" and t.get("attempt") == 1 for t in record(run_dir)["tasks"].values()), "the gang back")
+        assert {t["restarts"] for t in record(run_dir)["tasks"].values()} == {1}
+        assert [e["task"] for e in events(run_dir) if e["event"] == "restart-requested"] == ["worker-1"]
+        assert (run_dir / "logs" / "attempt-1" / "worker-0.log").exists()
+
+        logs = distlaunch("logs", str(run_dir), "worker-0", "-n", "3")
+        assert logs.returncode == 0 and logs.stdout.startswith("worker-0 | ")
+        assert distlaunch("restart", str(run_dir), "worker:7").returncode == 2
+
+        down = distlaunch("down", str(run_dir))
+        assert down.returncode == 0, down.stderr
+        launcher.wait(timeout=60)
+        follower_out, _ = follower.communicate(timeout=60)  # -f ends with the run
+    finally:
+        launcher.kill()
+        if follower:
+            follower.kill()
+    assert launcher.returncode == 128 + 15  # stopped by down's SIGTERM
+    assert record(run_dir)["state"] == "interrupted"
+    assert "worker-1 | " in follower_out  # the restarted task's new attempt was followed
+    assert not processes_of_run(run_id)
+    not_running = distlaunch("restart", str(run_dir), "worker:1")
+    assert not_running.returncode == 2 and "is not running" in not_running.stderr

@@ -1,0 +1,81 @@
+"""The restart policy's decisions, driven by scripted events (no processes needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from distlaunch.launcher.policy import Action, Cluster, RestartPolicy, RestartRules, TaskEvent
+
+MWMS = Cluster("multi_worker_mirrored", {"worker": ["worker-0", "worker-1"]})
+PSS = Cluster("parameter_server", {"chief": ["chief-0"], "worker": ["worker-0", "worker-1"], "ps": ["ps-0"], "evaluator": ["evaluator-0"]})
+ON_FAILURE = RestartRules(policy="on-failure", max_restarts=3, initial_backoff_s=1, max_backoff_s=3)
+
+
+def decide(cluster, rules, name, code, error_type=None, exited=None, restarts=(), now=100.0):
+    role = cluster.role_of(name)
+    return RestartPolicy(cluster, rules).decide(TaskEvent(name, role, code, error_type), exited or {name: code}, restarts, now)
+
+
+def test_never_fails_on_the_first_failure():
+    d = decide(MWMS, RestartRules(), "worker-1", -9)
+    assert d.action is Action.FAIL and "was killed by signal SIGKILL" in d.reason
+
+
+def test_mwms_failure_restarts_the_whole_gang():
+    d = decide(MWMS, ON_FAILURE, "worker-1", -9)
+    assert d.action is Action.RESTART and d.tasks == ("worker-0", "worker-1")
+
+
+def test_mwms_done_when_every_worker_exited_zero():
+    assert decide(MWMS, ON_FAILURE, "worker-0", 0, exited={"worker-0": 0}).action is Action.CONTINUE
+    assert decide(MWMS, ON_FAILURE, "worker-1", 0, exited={"worker-0": 0, "worker-1": 0}).action is Action.DONE
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("worker-1", ("worker-1",)),
+    ("ps-0", ("ps-0", "chief-0")),
+    ("chief-0", ("chief-0",)),
+    ("evaluator-0", ("evaluator-0",)),
+])
+def test_pss_restart_sets(name, expected):
+    d = decide(PSS, ON_FAILURE, name, 1)
+    assert d.action is Action.RESTART and d.tasks == expected
+
+
+def test_pss_server_exiting_zero_is_a_failure_and_chief_zero_is_done():
+    assert decide(PSS, ON_FAILURE, "ps-0", 0).action is Action.RESTART
+    assert decide(PSS, RestartRules(), "worker-0", 0).action is Action.FAIL
+    assert decide(PSS, ON_FAILURE, "chief-0", 0).action is Action.DONE
+    assert decide(PSS, ON_FAILURE, "evaluator-0", 0).action is Action.CONTINUE
+
+
+def test_non_retryable_exit_codes_and_errors():
+    d = decide(MWMS, ON_FAILURE, "worker-0", 2)
+    assert d.action is Action.FAIL and "not retried" in d.reason
+    d = decide(MWMS, ON_FAILURE, "worker-0", 1, error_type="ModuleNotFoundError")
+    assert d.action is Action.FAIL and "ModuleNotFoundError" in d.reason
+    assert decide(MWMS, ON_FAILURE, "worker-0", 1, error_type="RuntimeError").action is Action.RESTART
+
+
+def test_budget_is_honored_and_backoff_grows():
+    delays = [decide(MWMS, ON_FAILURE, "worker-0", 1, restarts=[90.0] * n).delay_s for n in range(3)]
+    assert delays == [1, 2, 3]  # doubles, capped at max_s
+    d = decide(MWMS, ON_FAILURE, "worker-0", 1, restarts=[90.0, 91.0, 92.0])
+    assert d.action is Action.FAIL and "restart budget exhausted (3 of 3" in d.reason
+
+
+def test_window_forgets_old_restarts():
+    rules = RestartRules(policy="on-failure", max_restarts=1, window_s=10)
+    assert decide(MWMS, rules, "worker-0", 1, restarts=[50.0], now=100.0).action is Action.RESTART
+    assert decide(MWMS, rules, "worker-0", 1, restarts=[95.0], now=100.0).action is Action.FAIL
+
+
+def test_manual_restart_uses_the_same_sets_and_no_budget():
+    policy = RestartPolicy(PSS, RestartRules())
+    d = policy.decide(TaskEvent("ps-0", "ps", None, manual=True), {}, [1.0] * 10, 100.0)
+    assert d.action is Action.RESTART and d.tasks == ("ps-0", "chief-0")
+
+
+def test_hang_counts_as_failure():
+    d = RestartPolicy(MWMS, ON_FAILURE).decide(TaskEvent("worker-1", "worker", None), {}, [], 0.0)
+    assert d.action is Action.RESTART and "stopped making progress" in d.reason
