@@ -1,0 +1,268 @@
+"""SSH test hosts on this one machine: network namespaces with an sshd each, joined by a bridge.
+
+Layout (N is picked at random so parallel sessions do not collide)::
+
+    root namespace (the launcher)          switch namespace              host namespaces
+    dlsN-r 10.77.N.1  <-- veth -->  dlsN-rs --+                     +-- dlsN-h1 10.77.N.2  (sshd)
+                                              +--- bridge dlsN-br --+-- dlsN-h2 10.77.N.3  (sshd)
+
+The bridge lives in a namespace of its own: its netfilter tables are empty, so firewall rules of
+the root namespace (Docker sets FORWARD to DROP) never see host-to-host traffic, and nothing of
+the machine's own firewall is changed. Every address is in 10.77.N.0/24 and exists only inside
+these namespaces.
+
+Each sshd runs in a private mount namespace with a tmpfs over ``private_dir``: that one path is
+a disk of the host's own (for "hosts share nothing" tests) while the rest of the filesystem,
+Python and distlaunch included, is shared as on a cluster with a common mount.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+SSHD = "/usr/sbin/sshd"
+# Only the namespaces' own processes count as "left running"; sshd is the test host itself.
+HOST_DAEMONS = ("sshd",)
+READY_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class TestHost:
+    """One test host: a namespace with an sshd on ``address:22``."""
+
+    name: str
+    netns: str
+    address: str
+
+
+def unavailable_reason() -> str | None:
+    """Why test hosts cannot be made here, or None when they can."""
+    if os.geteuid() != 0:
+        return "SSH test hosts need root (ip netns, mounts); run as root"
+    for tool in ("ip", "ssh", "ssh-keygen", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install iproute2 openssh-client util-linux)"
+    if not os.path.exists(SSHD):
+        return f"{SSHD} is not installed (apt-get install openssh-server)"
+    return None
+
+
+class HostLab:
+    """Creates the namespaces, keys and sshd servers; ``close()`` removes every one of them."""
+
+    def __init__(self, count: int = 2) -> None:
+        self.subnet = _free_subnet()
+        n = self.subnet.network_address.packed[2]
+        self.prefix = f"dls{n}"
+        self.dir = Path(tempfile.mkdtemp(prefix=f"distlaunch-sshlab-{n}-"))
+        self.private_dir = self.dir / "hostlocal"
+        self.identity = self.dir / "id_ed25519"
+        self.wrong_identity = self.dir / "id_other"
+        self.known_hosts = self.dir / "known_hosts"
+        addresses = list(self.subnet.hosts())
+        self.launcher_address = str(addresses[0])
+        # In the subnet, answered by nobody: an unreachable host that costs no traffic elsewhere.
+        self.unused_address = str(addresses[200])
+        self.hosts = tuple(
+            TestHost(f"node{i}", f"{self.prefix}-h{i}", str(addresses[i])) for i in range(1, count + 1)
+        )
+        self._switch = f"{self.prefix}-sw"
+        self._namespaces: list[str] = []
+        self._sshd: list[subprocess.Popen] = []
+        try:
+            self._make_network()
+            self._make_keys()
+            for host in self.hosts:
+                self._start_sshd(host)
+        except BaseException:
+            self.close()
+            raise
+
+    def host_entry(self, host: TestHost, **overrides: object) -> dict:
+        """The spec's `hosts` entry for ``host``: key, known_hosts, this machine's Python."""
+        entry = {
+            "transport": "ssh",
+            "address": host.address,
+            "user": "root",
+            "identity_file": str(self.identity),
+            "ssh_options": [f"UserKnownHostsFile={self.known_hosts}", "GlobalKnownHostsFile=/dev/null"],
+            "python": sys.executable,
+            "connect_timeout_s": 5,
+        }
+        entry.update(overrides)
+        return entry
+
+    def processes(self, host: TestHost) -> list[psutil.Process]:
+        """Every live process in ``host``'s namespace other than its sshd."""
+        out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=True)
+        found = []
+        for pid in out.stdout.split():
+            try:
+                proc = psutil.Process(int(pid))
+                if proc.name() not in HOST_DAEMONS and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue
+        return found
+
+    def run_in(self, host: TestHost, argv: list[str], **kw) -> subprocess.Popen:
+        """Start ``argv`` inside ``host``'s network namespace."""
+        return subprocess.Popen(["ip", "netns", "exec", host.netns, *argv], **kw)
+
+    def close(self) -> None:
+        """Stop every sshd and delete every namespace (their veths and the bridge go with them)."""
+        for proc in self._sshd:
+            proc.terminate()
+        for proc in self._sshd:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for host in self.hosts:
+            # A session process sshd forked for a connection that is still open.
+            if host.netns in self._namespaces:
+                for proc in self._all_in(host.netns):
+                    proc.kill()
+        for name in reversed(self._namespaces):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        # The root end of a veth disappears with its peer; this only matters after a failed setup.
+        subprocess.run(["ip", "link", "del", f"{self.prefix}-r"], capture_output=True)
+        self._namespaces.clear()
+        self._sshd.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> HostLab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _all_in(self, netns: str) -> list[psutil.Process]:
+        out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+        found = []
+        for pid in out.stdout.split():
+            try:
+                found.append(psutil.Process(int(pid)))
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    def _make_network(self) -> None:
+        sw, br, bits = self._switch, f"{self.prefix}-br", self.subnet.prefixlen
+        self._netns_add(sw)
+        _ip("-n", sw, "link", "add", br, "type", "bridge")
+        _ip("-n", sw, "link", "set", br, "up")
+        _ip("-n", sw, "link", "set", "lo", "up")
+        # The launcher's leg: root namespace <-> bridge.
+        root, root_peer = f"{self.prefix}-r", f"{self.prefix}-rs"
+        _ip("link", "add", root, "type", "veth", "peer", "name", root_peer, "netns", sw)
+        _ip("-n", sw, "link", "set", root_peer, "master", br, "up")
+        _ip("addr", "add", f"{self.launcher_address}/{bits}", "dev", root)
+        _ip("link", "set", root, "up")
+        for i, host in enumerate(self.hosts, start=1):
+            self._netns_add(host.netns)
+            leg, peer = f"{self.prefix}-h{i}", f"{self.prefix}-h{i}s"
+            _ip("-n", host.netns, "link", "add", leg, "type", "veth", "peer", "name", peer, "netns", sw)
+            _ip("-n", sw, "link", "set", peer, "master", br, "up")
+            _ip("-n", host.netns, "addr", "add", f"{host.address}/{bits}", "dev", leg)
+            _ip("-n", host.netns, "link", "set", leg, "up")
+            _ip("-n", host.netns, "link", "set", "lo", "up")
+
+    def _netns_add(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self._namespaces.append(name)
+
+    def _make_keys(self) -> None:
+        for key in (self.identity, self.wrong_identity):
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "distlaunch-test", "-f", str(key)])
+        (self.dir / "authorized_keys").write_text(self.identity.with_suffix(".pub").read_text())
+        lines = []
+        for host in self.hosts:
+            key = self.dir / f"hostkey-{host.name}"
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)])
+            kind, blob = key.with_suffix(".pub").read_text().split()[:2]
+            lines.append(f"{host.address} {kind} {blob}")
+        self.known_hosts.write_text("\n".join(lines) + "\n")
+        self.private_dir.mkdir()
+
+    def _start_sshd(self, host: TestHost) -> None:
+        config = self.dir / f"sshd_config-{host.name}"
+        config.write_text("\n".join([
+            f"ListenAddress {host.address}",
+            "Port 22",
+            f"HostKey {self.dir / f'hostkey-{host.name}'}",
+            f"PidFile {self.dir / f'sshd-{host.name}.pid'}",
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            # The key files live under /tmp (world-writable): sshd's ownership checks would refuse.
+            "StrictModes no",
+            "UseDNS no",
+            "PrintMotd no",
+            # MaxSessions stays at sshd's default (10 sessions per connection), as on real hosts.
+            "Subsystem sftp internal-sftp",
+            "",
+        ]))
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+        log = open(self.dir / f"sshd-{host.name}.log", "ab")
+        # `ip netns exec` gives the command a mount namespace of its own whose mounts do not
+        # propagate back: the tmpfs is seen by this sshd and its sessions only.
+        script = f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(self.private_dir))} && exec {SSHD} -D -e -f {shlex.quote(str(config))}"
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, "sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )
+        log.close()
+        self._sshd.append(proc)
+        deadline = time.monotonic() + READY_WAIT_S
+        while not _accepts(host.address, 22):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {host.address} did not start; see {self.dir}/sshd-{host.name}.log")
+            time.sleep(0.05)
+
+
+def _accepts(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """A 10.77.N.0/24 that no interface or route of this machine's root namespace uses."""
+    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    used += subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    candidates = list(range(100, 200))
+    random.shuffle(candidates)
+    for n in candidates:
+        if f"10.77.{n}." not in used and f"dls{n}-" not in names:
+            return ipaddress.IPv4Network(f"10.77.{n}.0/24")
+    raise RuntimeError("no free 10.77.N.0/24 subnet for test hosts")
+
+
+def _ip(*args: str) -> None:
+    _run(["ip", *args])
+
+
+def _run(argv: list[str]) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed: {result.stderr.strip()}")
