@@ -49,24 +49,13 @@ CLIENT_EXIT_S = 10.0
 PROJECT_LABEL = "com.docker.compose.project"
 
 
-class ComposeHandle:
-    """One task's `compose run` process, a pidfd that becomes readable when it exits, and its container."""
+class ComposeHandle(procs.TaskProcess):
+    """One task's `compose run` process (its exit code is the container's) and its container."""
 
     def __init__(self, task: TaskPlan, proc: subprocess.Popen, container: str) -> None:
-        self.task = task
-        self.proc = proc
+        super().__init__(task, proc)
         self.container = container
-        self.exit_fd = os.pidfd_open(proc.pid)
         self._container_pid: int | None = None
-
-    @property
-    def pid(self) -> int:
-        """The `compose run` process's pid, which is also its process group id."""
-        return self.proc.pid
-
-    def returncode(self) -> int | None:
-        """Reap the `compose run` process if it has exited: the container's exit code, or None."""
-        return self.proc.poll()
 
     def joined(self) -> bool:
         """Whether the task's TensorFlow server listens on its port inside its container."""
@@ -76,10 +65,6 @@ class ComposeHandle:
             if self._container_pid is None:
                 return False
         return procs.listening(self._container_pid, self.task.port)
-
-    def close(self) -> None:
-        """Release the pidfd."""
-        os.close(self.exit_fd)
 
 
 class ComposeTransport:

@@ -12,7 +12,7 @@ import signal
 import time
 from pathlib import Path
 
-from distlaunch.launcher import rundir
+from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import UsageError
 
@@ -41,16 +41,7 @@ def status_rows(record: dict, now: float | None = None) -> list[dict]:
 
 def launcher_alive(record: dict) -> bool:
     """Whether the run's launcher process still runs (so the run can be steered)."""
-    pid = record.get("launcher_pid")
-    if record.get("state") not in (rundir.RUNNING, rundir.STOPPING) or not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    return record.get("state") in (rundir.RUNNING, rundir.STOPPING) and procs.pid_alive(record.get("launcher_pid"))
 
 
 def request_restart(run_dir: Path, task: str) -> str:

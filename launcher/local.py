@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Sequence
 
@@ -11,35 +10,18 @@ from distlaunch.launcher.netns import Sandbox
 from distlaunch.launcher.plan import TaskPlan
 
 
-class LocalHandle:
-    """One running local task: its process, and a pidfd that becomes readable when it exits."""
+class LocalHandle(procs.TaskProcess):
+    """One running local task: the task's own process."""
 
     def __init__(self, task: TaskPlan, proc: subprocess.Popen, netns_pid: int | None = None) -> None:
-        self.task = task
-        self.proc = proc
+        super().__init__(task, proc)
         # Any process in the task's network namespace shows its sockets; the sandbox's holder is
         # in it from the start, while the task itself is only once nsenter has entered it.
         self.netns_pid = netns_pid
-        # A pidfd turns "the process exited" into an fd event: the supervisor's select loop
-        # learns of an exit at once, with no polling sleep in the way.
-        self.exit_fd = os.pidfd_open(proc.pid)
-
-    @property
-    def pid(self) -> int:
-        """The task's pid, which is also its process group id."""
-        return self.proc.pid
-
-    def returncode(self) -> int | None:
-        """Reap the process if it has exited; its return code, or None while it runs."""
-        return self.proc.poll()
 
     def joined(self) -> bool:
         """Whether the task's TensorFlow server listens on its port."""
         return procs.listening(self.netns_pid or self.proc.pid, self.task.port)
-
-    def close(self) -> None:
-        """Release the pidfd."""
-        os.close(self.exit_fd)
 
 
 class LocalTransport:

@@ -18,6 +18,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distlaunch.launcher.plan import TaskPlan
 
 _PR_SET_PDEATHSIG = 1
 # Resolved before any fork: the child must do as little as possible between fork and exec.
@@ -128,3 +132,41 @@ def listening(pid: int, port: int) -> bool:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
     return False
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether ``pid`` is an int naming a live process (one of another user's counts as alive)."""
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class TaskProcess:
+    """One running task as the supervisor watches it, whatever its transport: the local process
+    that stands for it (its pid is also its process group id) and a pidfd on that process."""
+
+    def __init__(self, task: TaskPlan, proc: subprocess.Popen) -> None:
+        self.task = task
+        self.proc = proc
+        # A pidfd turns "the process exited" into an fd event: the supervisor's select loop
+        # learns of an exit at once, with no polling sleep in the way.
+        self.exit_fd = os.pidfd_open(proc.pid)
+
+    @property
+    def pid(self) -> int:
+        """The local process's pid, which is also its process group id."""
+        return self.proc.pid
+
+    def returncode(self) -> int | None:
+        """Reap the local process if it has exited; its return code, or None while it runs."""
+        return self.proc.poll()
+
+    def close(self) -> None:
+        """Release the pidfd."""
+        os.close(self.exit_fd)

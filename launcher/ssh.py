@@ -184,27 +184,20 @@ class Session:
         return opts
 
 
-class SshHandle:
-    """One task running on an SSH host, seen through its local ssh client process."""
+class SshHandle(procs.TaskProcess):
+    """One task running on an SSH host, seen through its local ssh client process.
+
+    ``returncode`` is the task's exit code as the helper relayed it (128+N for signal N; 255: ssh
+    failed).
+    """
 
     def __init__(self, task: TaskPlan, proc: subprocess.Popen) -> None:
-        self.task = task
-        self.proc = proc
-        self.exit_fd = os.pidfd_open(proc.pid)
+        super().__init__(task, proc)
         assert proc.stdin is not None
         self._stdin: int | None = proc.stdin.fileno()
         # The heartbeat thread writes while the main thread may close: an fd closed under a
         # writer could be reused by another file and written to.
         self._lock = threading.Lock()
-
-    @property
-    def pid(self) -> int:
-        """The local ssh client's pid, which is also its process group id."""
-        return self.proc.pid
-
-    def returncode(self) -> int | None:
-        """The task's exit code as the helper relayed it (128+N for signal N; 255: ssh failed)."""
-        return self.proc.poll()
 
     def joined(self) -> bool:
         """Whether the task's TensorFlow server accepts connections on host:port.
@@ -235,7 +228,7 @@ class SshHandle:
                 assert self.proc.stdin is not None
                 self.proc.stdin.close()
                 self._stdin = None
-        os.close(self.exit_fd)
+        super().close()
 
 
 class SshTransport:

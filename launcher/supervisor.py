@@ -22,10 +22,10 @@ from pathlib import Path
 from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
-from distlaunch.launcher.local import LocalHandle, LocalTransport
+from distlaunch.launcher.local import LocalTransport
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
 from distlaunch.launcher.policy import Action, Cluster, Decision, RestartPolicy, RestartRules, TaskEvent
-from distlaunch.launcher.procs import exit_description
+from distlaunch.launcher.procs import TaskProcess, exit_description
 from distlaunch.launcher.spec import Restart, Timeouts
 from distlaunch.launcher.summary import Failure
 from distlaunch.worker import contract
@@ -73,7 +73,7 @@ class Supervisor:
         self.tasks = {t.name: t for t in plan.tasks}
         self.numbers = {t.name: i for i, t in enumerate(plan.tasks)}
         self.width = max(len(t.name) for t in plan.tasks)
-        self.handles: dict[str, LocalHandle] = {}
+        self.handles: dict[str, TaskProcess] = {}
         self.followers: dict[str, LogFollower] = {}
         self.exited: dict[str, int] = {}
         self.joined: set[str] = set()
@@ -309,7 +309,7 @@ class Supervisor:
                 running, f"was still running when the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"))
         return None
 
-    def _silent_for(self, task: TaskPlan, handle: LocalHandle, wall: float) -> float | None:
+    def _silent_for(self, task: TaskPlan, handle: TaskProcess, wall: float) -> float | None:
         """Seconds since this incarnation's last heartbeat; None before its first one."""
         status = rundir.read_json(contract.status_path(self.run_dir, task.role, task.index))
         if not isinstance(status, dict) or status.get("attempt") != self.record["tasks"][task.name]["attempt"]:
@@ -348,7 +348,7 @@ class Supervisor:
             self._task_record(handle.task, state=state, exit_code=code, exit=exit_description(code), ended_at=time.time())
             self._event(handle.task, state, exit=exit_description(code), reason=reason)
 
-    def _unwatch(self, handle: LocalHandle) -> None:
+    def _unwatch(self, handle: TaskProcess) -> None:
         try:
             self._sel.unregister(handle.exit_fd)
         except (KeyError, ValueError):

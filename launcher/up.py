@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import compose, netns, ports, preflight, rundir, ssh
+from distlaunch.launcher import compose, netns, ports, preflight, procs, rundir, ssh
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
 from distlaunch.launcher.image import ImageRequest
@@ -60,7 +60,7 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
         if resume:
             raise UsageError(f"--resume: no run {run_id!r} under {shared}")
         return RunTarget(run_id, run_dir, 0, None)
-    if previous.get("state") in (rundir.RUNNING, rundir.STOPPING) and _pid_alive(previous.get("launcher_pid")):
+    if previous.get("state") in (rundir.RUNNING, rundir.STOPPING) and procs.pid_alive(previous.get("launcher_pid")):
         raise UsageError(f"run {run_id} is still running (launcher pid {previous['launcher_pid']}); `distlaunch down {run_id}` first")
     return RunTarget(run_id, run_dir, int(previous.get("attempt", 0)) + 1, previous)
 
@@ -218,15 +218,3 @@ def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> dict:
 def _finish(record: dict, target: RunTarget, state: str, exit_code: int) -> None:
     record.update(state=state, exit_code=exit_code, ended_at=time.time())
     rundir.write_json(target.run_dir / rundir.RUN_JSON, record)
-
-
-def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
