@@ -11,6 +11,8 @@ import argparse
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 import distlaunch.worker as dw
 from distlaunch.worker import contract
 
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 DatasetFn = Callable[["tf.distribute.InputContext"], "tf.data.Dataset"]
+ToInputs = Callable[["tf.Tensor", "tf.Tensor"], tuple["tf.Tensor", "tf.Tensor"]]
+EVAL_BATCH = 500
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -28,6 +32,38 @@ def parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--global-batch-size", type=int, default=64)
     parser.add_argument("--checkpoint-every", type=int, default=None, help="steps (default: epoch)")
     return parser
+
+
+def make_dataset_fn(
+    features: np.ndarray, labels: np.ndarray, global_batch_size: int, to_inputs: ToInputs
+) -> DatasetFn:
+    """Return ``input_context -> dataset`` of shuffled, repeating training batches mapped by
+    ``to_inputs``.
+
+    Under MWMS each worker reads its own shard; under PSS the function runs on every worker
+    with a single input pipeline, and the unseeded shuffle gives each worker its own order.
+    """
+    import tensorflow as tf
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = input_context.get_per_replica_batch_size(global_batch_size)
+        return (
+            tf.data.Dataset.from_tensor_slices((features, labels))
+            .shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+            .shuffle(10_000)
+            .repeat()
+            .batch(batch, drop_remainder=True)
+            .map(to_inputs)
+        )
+
+    return dataset_fn
+
+
+def eval_dataset(features: np.ndarray, labels: np.ndarray, to_inputs: ToInputs) -> tf.data.Dataset:
+    """Return the held-out examples as one pass of batches mapped by ``to_inputs``."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(EVAL_BATCH).map(to_inputs)
 
 
 def keras_module() -> ModuleType:

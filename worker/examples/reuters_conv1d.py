@@ -32,7 +32,6 @@ NUM_CLASSES = 46
 NUM_EXAMPLES = 11228
 GENERATED_VOCAB = 30980
 TEST_FRACTION = 0.2
-EVAL_BATCH = 500
 # Fixed so that every task builds the same data and the same split.
 SEED = 113
 
@@ -50,8 +49,8 @@ def main(argv: list[str] | None = None) -> None:
         model = build_model(common.keras_module(), vocab)
     common.train_or_evaluate(
         model,
-        make_dataset_fn(words[:split], topics[:split], args.global_batch_size),
-        eval_dataset(words[split:], topics[split:]),
+        common.make_dataset_fn(words[:split], topics[:split], args.global_batch_size, _to_inputs),
+        common.eval_dataset(words[split:], topics[split:], _to_inputs),
         args,
     )
 
@@ -126,37 +125,10 @@ def build_model(k: ModuleType, vocab: int) -> Any:
 
 
 def _to_inputs(words: tf.Tensor, topic: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Token ids as int32 (the Embedding layer's input), the topic unchanged."""
     import tensorflow as tf
 
     return tf.cast(words, tf.int32), topic
-
-
-def make_dataset_fn(
-    words: np.ndarray, topics: np.ndarray, global_batch_size: int
-) -> common.DatasetFn:
-    """Return ``input_context -> dataset`` of shuffled, repeating training batches (sharded
-    under MWMS; under PSS each worker reads all of it in its own unseeded order)."""
-    import tensorflow as tf
-
-    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        batch = input_context.get_per_replica_batch_size(global_batch_size)
-        return (
-            tf.data.Dataset.from_tensor_slices((words, topics))
-            .shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-            .shuffle(10_000)
-            .repeat()
-            .batch(batch, drop_remainder=True)
-            .map(_to_inputs)
-        )
-
-    return dataset_fn
-
-
-def eval_dataset(words: np.ndarray, topics: np.ndarray) -> tf.data.Dataset:
-    """Return the held-out newswires as one pass of batches."""
-    import tensorflow as tf
-
-    return tf.data.Dataset.from_tensor_slices((words, topics)).batch(EVAL_BATCH).map(_to_inputs)
 
 
 if __name__ == "__main__":
