@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -50,6 +51,26 @@ def processes_of_run(run_id: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def wait_for(predicate, what: str, limit_s: float = 240, launcher: subprocess.Popen | None = None):
+    """Poll ``predicate`` until it returns something truthy and return that; fail naming ``what``
+    after ``limit_s``, or at once (with its output) if ``launcher`` exits first."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if launcher is not None and launcher.poll() is not None:
+            out, err = launcher.communicate()
+            pytest.fail(f"launcher exited with {launcher.returncode} while waiting for {what}:\n{out}\n{err}")
+        time.sleep(0.05)
+    pytest.fail(f"gave up after {limit_s} s waiting for {what}")
+
+
+def run_record(run_dir: Path) -> dict:
+    """The run's run.json."""
+    return json.loads((run_dir / "run.json").read_text())
 
 
 def only_run_dir(shared: Path) -> Path:

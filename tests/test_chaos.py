@@ -8,31 +8,16 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, only_run_dir, processes_of_run, write_spec
+from conftest import distlaunch, only_run_dir, processes_of_run, run_record, wait_for, write_spec
 
 pytestmark = pytest.mark.integration
 
 INTERVAL = 5
 ON_FAILURE = {"policy": "on-failure", "max_restarts": 3, "backoff": {"initial_s": 0.2, "max_s": 1}}
-
-
-def wait_for(predicate, what: str, limit_s: float = 240):
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def record(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text())
 
 
 def events(run_dir: Path) -> list[dict]:
@@ -51,7 +36,7 @@ def reported_step(run_dir: Path, task: str) -> int:
 
 
 def all_running(run_dir: Path, attempt_at_least: int = 0) -> bool:
-    tasks = record(run_dir).get("tasks", {}).values()
+    tasks = run_record(run_dir).get("tasks", {}).values()
     return bool(tasks) and all(t.get("state") == "running" and t.get("attempt", 0) >= attempt_at_least for t in tasks)
 
 
@@ -75,7 +60,7 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
             floor = latest_checkpoint_step(run_dir)
             wait_for(lambda: all_running(run_dir, round_ - 1) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint in round {round_}")
             victim = "worker-1" if round_ == 1 else "worker-0"
-            pid = record(run_dir)["tasks"][victim]["pid"]
+            pid = run_record(run_dir)["tasks"][victim]["pid"]
             step_at_kill = reported_step(run_dir, victim)
             saved = latest_checkpoint_step(run_dir)
             os.kill(pid, signal.SIGKILL)
@@ -86,7 +71,7 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
         launcher.kill()
         print(err_file.read_text()[-5000:])
     assert launcher.returncode == 0
-    rec = record(run_dir)
+    rec = run_record(run_dir)
     assert rec["state"] == "succeeded"
     assert rec["attempt"] == 2 and {t["restarts"] for t in rec["tasks"].values()} == {2}
     # Each restart resumed both workers from the checkpoint saved before the kill: at most one
@@ -147,7 +132,7 @@ def test_budget_is_honored_and_backoff_grows(tmp):
     assert gaps[1] > gaps[0]  # the second restart waited longer: backoff doubled
     reasons = [e["reason"] for e in story if e.get("decision") == "restart"]
     assert [r.rsplit("(", 1)[1] for r in reasons] == ["restart 1 of 2)", "restart 2 of 2)"]
-    assert record(run_dir)["tasks"]["worker-0"]["restarts"] == 2
+    assert run_record(run_dir)["tasks"]["worker-0"]["restarts"] == 2
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["attempt-0", "attempt-1", "attempt-2"]
 
 
@@ -170,16 +155,16 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
         for attempt, victim in enumerate(("worker-1", "ps-0", "chief-0"), start=1):
             floor = latest_checkpoint_step(run_dir)
             wait_for(lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint before killing {victim}")
-            pid = record(run_dir)["tasks"][victim]["pid"]
+            pid = run_record(run_dir)["tasks"][victim]["pid"]
             kills.append((victim, attempt, reported_step(run_dir, "chief-0"), latest_checkpoint_step(run_dir)))
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: record(run_dir)["tasks"][victim].get("attempt") == attempt and all_running(run_dir), f"{victim} back")
+            wait_for(lambda: run_record(run_dir)["tasks"][victim].get("attempt") == attempt and all_running(run_dir), f"{victim} back")
         launcher.wait(timeout=300)
     finally:
         launcher.kill()
         print(err_file.read_text()[-5000:])
     assert launcher.returncode == 0
-    rec = record(run_dir)
+    rec = run_record(run_dir)
     assert rec["state"] == "succeeded" and rec["attempt"] == 3
     restarts = {name: t["restarts"] for name, t in rec["tasks"].items()}
     assert restarts == {"chief-0": 2, "worker-0": 0, "worker-1": 1, "ps-0": 1}

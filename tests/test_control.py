@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from conftest import distlaunch, processes_of_run, write_spec
-from test_chaos import events, record, wait_for
+from conftest import distlaunch, processes_of_run, run_record, wait_for, write_spec
+from test_chaos import events
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ def test_status_logs_restart_down_from_another_shell(tmp):
     try:
         run_dir = wait_for(lambda: next(iter((tmp / "runs").glob("*/run.json")), None) if (tmp / "runs").exists() else None, "the run").parent
         run_id = run_dir.name
-        wait_for(lambda: all(t.get("state") == "running" for t in record(run_dir)["tasks"].values()) and len(record(run_dir)["tasks"]) == 2, "both joined")
+        wait_for(lambda: all(t.get("state") == "running" for t in run_record(run_dir)["tasks"].values()) and len(run_record(run_dir)["tasks"]) == 2, "both joined")
 
         status = distlaunch("status", run_id, "--json", cwd=tmp)  # by id, under ./runs
         assert status.returncode == 0, status.stderr
@@ -39,8 +39,8 @@ def test_status_logs_restart_down_from_another_shell(tmp):
         # A manual restart of one MWMS worker restarts the gang, outside the (never) policy's budget.
         restarted = distlaunch("restart", str(run_dir), "worker:1")
         assert restarted.returncode == 0, restarted.stderr
-        wait_for(lambda: all(t.get("state") == "running" and t.get("attempt") == 1 for t in record(run_dir)["tasks"].values()), "the gang back")
-        assert {t["restarts"] for t in record(run_dir)["tasks"].values()} == {1}
+        wait_for(lambda: all(t.get("state") == "running" and t.get("attempt") == 1 for t in run_record(run_dir)["tasks"].values()), "the gang back")
+        assert {t["restarts"] for t in run_record(run_dir)["tasks"].values()} == {1}
         assert [e["task"] for e in events(run_dir) if e["event"] == "restart-requested"] == ["worker-1"]
         assert (run_dir / "logs" / "attempt-1" / "worker-0.log").exists()
 
@@ -57,7 +57,7 @@ def test_status_logs_restart_down_from_another_shell(tmp):
         if follower:
             follower.kill()
     assert launcher.returncode == 128 + 15  # stopped by down's SIGTERM
-    assert record(run_dir)["state"] == "interrupted"
+    assert run_record(run_dir)["state"] == "interrupted"
     assert "worker-1 | " in follower_out  # the restarted task's new attempt was followed
     assert not processes_of_run(run_id)
     not_running = distlaunch("restart", str(run_dir), "worker:1")

@@ -17,13 +17,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import REPO, distlaunch, processes_of_run, write_spec
+from conftest import REPO, distlaunch, processes_of_run, run_record, wait_for, write_spec
 from distlaunch.launcher import netns, ports, procs
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.spec import load_spec
@@ -217,7 +216,7 @@ def test_ctrl_c_leaves_nothing(tmp: Path, needs_netns: None) -> None:
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=DEADLINE_S)
     assert launcher.returncode == 128 + signal.SIGINT, err
-    assert _record(run_dir)["state"] == "interrupted"
+    assert run_record(run_dir)["state"] == "interrupted"
     _assert_nothing_left(record["run_id"], namespace)
 
 
@@ -228,17 +227,17 @@ def test_sigkilled_launcher_then_down_leaves_nothing(tmp: Path, needs_netns: Non
     record = _wait_running(run_dir, launcher)
     run_id = record["run_id"]
     namespace = os.readlink(f"/proc/{record['netns_holder_pid']}/ns/net")
-    _wait_for(lambda: len(processes_of_run(run_id)) >= 5, "holder, 2 tasks and their 2 children")
+    wait_for(lambda: len(processes_of_run(run_id)) >= 5, "holder, 2 tasks and their 2 children")
     launcher.kill()
     launcher.communicate(timeout=DEADLINE_S)
     # The tasks die with the launcher (parent-death signal) and so does the holder (its lifeline
     # pipe closes); what the tasks forked is left, and keeps the namespace alive.
-    leftovers = _wait_for(lambda: _settled(run_id, 2), "only the tasks' children to be left")
+    leftovers = wait_for(lambda: _settled(run_id, 2), "only the tasks' children to be left")
     assert {os.readlink(f"/proc/{p.pid}/ns/net") for p in leftovers} == {namespace}
     down = distlaunch("down", run_id, "--shared-dir", str(run_dir.parent))
     assert down.returncode == 0, down.stderr
     assert "stopped 2 leftover processes" in down.stdout and "marked it interrupted" in down.stdout
-    assert _record(run_dir)["state"] == "interrupted"
+    assert run_record(run_dir)["state"] == "interrupted"
     _assert_nothing_left(run_id, namespace)
     again = distlaunch("down", run_id, "--shared-dir", str(run_dir.parent))
     assert again.returncode == 0 and "nothing was left running" in again.stdout
@@ -256,7 +255,7 @@ def test_down_on_a_live_run_stops_its_launcher_first(tmp: Path, needs_netns: Non
     launcher.communicate(timeout=DEADLINE_S)
     # The launcher tore its run down itself and recorded why.
     assert launcher.returncode == 128 + signal.SIGTERM
-    assert _record(run_dir)["state"] == "interrupted"
+    assert run_record(run_dir)["state"] == "interrupted"
     _assert_nothing_left(record["run_id"], namespace)
 
 
@@ -343,28 +342,24 @@ def _start(spec: Path) -> tuple[subprocess.Popen, Path]:
         cwd=spec.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     shared = spec.parent / "runs"
-    run_json = _wait_for(lambda: next(shared.glob("*/run.json"), None) if shared.is_dir() else None, "run.json", launcher)
+    run_json = wait_for(lambda: next(shared.glob("*/run.json"), None) if shared.is_dir() else None, "run.json", launcher=launcher)
     return launcher, run_json.parent
 
 
-def _record(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text())
-
-
 def _run_id(run_dir: Path) -> str:
-    return _record(run_dir)["run_id"]
+    return run_record(run_dir)["run_id"]
 
 
 def _wait_running(run_dir: Path, launcher: subprocess.Popen) -> dict:
     """Wait until every task has its server listening; return run.json then."""
 
     def running() -> dict | None:
-        record = _record(run_dir)
+        record = run_record(run_dir)
         tasks = record.get("tasks") or {}
         states = {t.get("state") for t in tasks.values()}
         return record if len(tasks) == len(record["plan"]["tasks"]) and states == {"running"} else None
 
-    return _wait_for(running, "every task to be running", launcher)
+    return wait_for(running, "every task to be running", launcher=launcher)
 
 
 def _one_namespace(out: str) -> str:
@@ -377,20 +372,6 @@ def _one_namespace(out: str) -> str:
 def _settled(run_id: str, count: int) -> list[psutil.Process] | None:
     found = processes_of_run(run_id)
     return found if len(found) == count else None
-
-
-def _wait_for(predicate, what: str, launcher: subprocess.Popen | None = None):
-    """Poll ``predicate`` until it returns something truthy; fail after DEADLINE_S."""
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if launcher is not None and launcher.poll() is not None:
-            out, err = launcher.communicate()
-            pytest.fail(f"launcher exited with {launcher.returncode} while waiting for {what}:\n{out}\n{err}")
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {DEADLINE_S} s waiting for {what}")
 
 
 def _host_addresses() -> list[str]:
@@ -418,10 +399,10 @@ def _assert_nothing_left(run_id: str, namespace: str | None) -> None:
     Checked by the run's own identity, not by comparing machine-wide lists: other tests may make
     namespaces and veths on this machine at the same time.
     """
-    _wait_for(lambda: not processes_of_run(run_id), f"every process of run {run_id} to be gone")
+    wait_for(lambda: not processes_of_run(run_id), f"every process of run {run_id} to be gone")
     if namespace is None:
         return
-    _wait_for(lambda: namespace not in _namespaces_in_use(), f"namespace {namespace} to be gone")
+    wait_for(lambda: namespace not in _namespaces_in_use(), f"namespace {namespace} to be gone")
     inode = namespace.split("[")[1].rstrip("]")
     lsns = subprocess.run(["lsns", "-t", "net", "-n", "-o", "NS"], capture_output=True, text=True)
     assert inode not in lsns.stdout.split()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, processes_of_run, write_spec
+from conftest import distlaunch, processes_of_run, run_record, write_spec
 from distlaunch.worker import contract, progress, runtime
 
 CNN = "distlaunch.worker.examples.cnn_mnist"
@@ -37,10 +37,6 @@ def _ps_spec(
 
 def _epochs(epochs: int) -> list[str]:
     return ["--epochs", str(epochs), "--steps-per-epoch", "10"]
-
-
-def _record(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text())
 
 
 def _metrics(run_dir: Path, task: str) -> list[dict]:
@@ -115,7 +111,7 @@ def keras3_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = folder / "runs" / run_id
     return FirstRun(
-        folder, run_dir, result.stdout, _record(run_dir), _metrics(run_dir, "chief-0"), _last_saved_step(run_dir)
+        folder, run_dir, result.stdout, run_record(run_dir), _metrics(run_dir, "chief-0"), _last_saved_step(run_dir)
     )
 
 
@@ -156,7 +152,7 @@ def test_a_second_up_resumes_the_chief_at_its_last_saved_step(keras3_run: FirstR
     assert resumed == [(str(contract.checkpoint_dir(run.run_dir) / f"ckpt-{saved}"), str(saved))]
     assert "epoch 1/3" not in result.stdout and "epoch 2/3" not in result.stdout
     assert [m["step"] for m in _metrics(run.run_dir, "chief-0")] == [10, 20, 30]
-    _assert_servers_stopped_by_sigterm(_record(run.run_dir))
+    _assert_servers_stopped_by_sigterm(run_record(run.run_dir))
 
 
 @pytest.mark.integration
@@ -173,7 +169,7 @@ def test_tf_keras_fit_trains_under_pss(tmp: Path) -> None:
     assert metrics[-1]["loss"] < metrics[0]["loss"]
     assert (contract.checkpoint_dir(run_dir) / "backup" / "chief" / "checkpoint").is_file()
     assert json.loads(contract.training_done_path(run_dir).read_text())["step"] == 20
-    _assert_servers_stopped_by_sigterm(_record(run_dir))
+    _assert_servers_stopped_by_sigterm(run_record(run_dir))
 
 
 @pytest.mark.integration
@@ -191,7 +187,7 @@ def test_evaluator_evaluates_the_final_checkpoint_then_exits_by_itself(tmp: Path
     assert [e["step"] for e in evaluations] == sorted({e["step"] for e in evaluations})
     assert re.search(r"^evaluator-0 +\| eval step 20 loss \S+ accuracy ", result.stdout, re.M)
     assert list((contract.tensorboard_dir(run_dir) / "eval").glob("events.out.tfevents.*"))
-    record = _record(run_dir)
+    record = run_record(run_dir)
     # It stopped by itself after the final checkpoint, within the launcher's drain time.
     assert (record["tasks"]["evaluator-0"]["state"], record["tasks"]["evaluator-0"]["exit_code"]) == ("succeeded", 0)
     _assert_servers_stopped_by_sigterm(record)

@@ -14,14 +14,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 import sshhosts
-from conftest import distlaunch, only_run_dir
+from conftest import distlaunch, only_run_dir, wait_for
 from distlaunch.launcher import ssh
 from distlaunch.launcher.spec import Host, load_spec
 
@@ -68,17 +67,6 @@ for _ in range(8):
 coordinator.join()
 print("total", float(total.numpy()), flush=True)
 """
-
-
-def _wait_for(predicate, what: str, limit_s: float = 120):
-    """Poll until ``predicate()`` is truthy; fail naming ``what`` if it never is."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"gave up waiting for {what}")
 
 
 def _marked(marker: str) -> list[psutil.Process]:
@@ -495,9 +483,9 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
     launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(path)], cwd=tmp,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        run_dir = _wait_for(lambda: next((p.parent for p in (tmp / "runs").glob("*/run.json")), None), "the run dir")
+        run_dir = wait_for(lambda: next((p.parent for p in (tmp / "runs").glob("*/run.json")), None), "the run dir")
         logs = run_dir / "logs" / "attempt-0"
-        _wait_for(lambda: all("up " in (logs / f"worker-{i}.log").read_text() for i in range(3))
+        wait_for(lambda: all("up " in (logs / f"worker-{i}.log").read_text() for i in range(3))
                   if all((logs / f"worker-{i}.log").exists() for i in range(3)) else False, "every task up")
         assert all(lab.processes(host) for host in lab.hosts)
         # The run's control dir is in its task clients' command lines, and in its masters' (every
@@ -527,7 +515,7 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
     elif how == "connection":
         assert launcher.returncode == 1, err
         assert "failed: worker-" in err
-    _wait_for(lambda: _nothing_left(lab, run_id), "every process of the run to be gone from every host")
+    wait_for(lambda: _nothing_left(lab, run_id), "every process of the run to be gone from every host")
     if how == "sigkill":
         # Nobody was left to close the masters: they end ControlPersist seconds after their last
         # session; only the empty control dir would stay behind.

@@ -7,12 +7,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, only_run_dir, processes_of_run, write_spec
+from conftest import distlaunch, only_run_dir, processes_of_run, run_record, wait_for, write_spec
 
 pytestmark = pytest.mark.integration
 
@@ -31,20 +30,6 @@ main(["--epochs", "1000", "--steps-per-epoch", "1000"])
 """
 
 
-def _wait_for(predicate, what: str, limit_s: float = 180):
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def _record(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text())
-
-
 def _final_losses(run_dir: Path, attempt: int = 0) -> list[str]:
     logs = sorted((run_dir / "logs" / f"attempt-{attempt}").glob("worker-*.log"))
     return [re.findall(r"final loss (\S+)", log.read_text())[-1] for log in logs]
@@ -60,7 +45,7 @@ def test_two_workers_train_to_completion(tmp):
     assert re.search(r"^worker-1 \| final loss ", result.stdout, re.M)
     losses = _final_losses(run_dir)
     assert len(losses) == 2 and losses[0] == losses[1]
-    record = _record(run_dir)
+    record = run_record(run_dir)
     assert record["state"] == "succeeded" and record["exit_code"] == 0
     assert {t["exit_code"] for t in record["tasks"].values()} == {0}
     assert all(t["state"] == "succeeded" and t["pid"] > 0 and t["port"] > 0 for t in record["tasks"].values())
@@ -79,7 +64,7 @@ def test_a_failing_task_stops_the_others_and_is_named(tmp):
     result = distlaunch("up", str(spec), cwd=tmp)
     assert result.returncode == 1, result.stderr[-3000:]
     run_dir = only_run_dir(tmp / "runs")
-    record = _record(run_dir)
+    record = run_record(run_dir)
     headline = [line for line in result.stderr.splitlines() if " failed: " in line]
     assert headline == [f"distlaunch: run {record['run_id']} failed: worker-1 exit code 1 after {headline[0].split(' after ')[1]}"]
     assert "RuntimeError: worker one gives up" in headline[0]
@@ -106,7 +91,7 @@ def _running_run(tmp: Path) -> Path:
                 return runs[0].parent
         return None
 
-    return _wait_for(joined, "both workers to join")
+    return wait_for(joined, "both workers to join")
 
 
 def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
@@ -114,14 +99,14 @@ def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
     launcher = _start_up(tmp, str(spec))
     try:
         run_dir = _running_run(tmp)
-        _wait_for(lambda: (run_dir / "checkpoints" / "checkpoint").is_file(), "a first checkpoint")
+        wait_for(lambda: (run_dir / "checkpoints" / "checkpoint").is_file(), "a first checkpoint")
         launcher.send_signal(signal.SIGINT)
         out, err = launcher.communicate(timeout=120)
     finally:
         launcher.kill()
     assert launcher.returncode == 130, err[-3000:]
     assert "interrupted by SIGINT" in err
-    record = _record(run_dir)
+    record = run_record(run_dir)
     assert record["state"] == "interrupted"
     assert not processes_of_run(record["run_id"])
 
@@ -140,11 +125,11 @@ def test_killing_the_launcher_leaves_no_task_behind(tmp):
     launcher = _start_up(tmp, str(spec))
     try:
         run_dir = _running_run(tmp)
-        pids = [t["pid"] for t in _record(run_dir)["tasks"].values()]
+        pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(timeout=30)
     finally:
         launcher.kill()
     run_id = run_dir.name
-    _wait_for(lambda: not processes_of_run(run_id), "the tasks to die with their launcher", limit_s=30)
+    wait_for(lambda: not processes_of_run(run_id), "the tasks to die with their launcher", limit_s=30)
     assert pids and not processes_of_run(run_id)
