@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import distlaunch.worker as dw
 from distlaunch.worker import contract
+from distlaunch.worker.examples import common
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -31,20 +33,17 @@ SEED = 0
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the arguments, train, and print the final loss."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--steps-per-epoch", type=int, default=20)
-    parser.add_argument("--global-batch-size", type=int, default=64)
-    parser.add_argument("--checkpoint-every", type=int, default=None, help="steps (default: epoch)")
-    args = parser.parse_args(argv)
+    args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
 
     # Before anything else touches TensorFlow: collective ops are configured at startup.
     strategy = dw.strategy()
     images, labels = load_data()
+    with strategy.scope():
+        model = build_model(common.keras_module())
     if dw.context().keras == contract.TF_KERAS:
-        loss = train_tf_keras(strategy, images, labels, args)
+        loss = train_tf_keras(model, images, labels, args)
     else:
-        loss = train_keras3(strategy, images, labels, args)
+        loss = train_keras3(model, images, labels, args)
     print(f"final loss {loss:.6f}", flush=True)
 
 
@@ -82,29 +81,26 @@ def make_dataset(images: np.ndarray, labels: np.ndarray, global_batch_size: int)
     )
 
 
-def train_keras3(
-    strategy: tf.distribute.Strategy,
-    images: np.ndarray,
-    labels: np.ndarray,
-    args: argparse.Namespace,
-) -> float:
-    """Train with Keras 3 and distlaunch.worker.fit; return the last epoch's loss."""
-    import keras
+def build_model(k: ModuleType) -> Any:
+    """Return the guide's MLP (2 x Dense 256) built with Keras module ``k``, compiled."""
+    model = k.Sequential(
+        [
+            k.Input((28, 28)),
+            k.layers.Flatten(),
+            k.layers.Dense(256, activation="relu"),
+            k.layers.Dense(256, activation="relu"),
+            k.layers.Dense(NUM_CLASSES),
+        ]
+    )
+    model.compile(
+        optimizer=k.optimizers.Adam(1e-3),
+        loss=k.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
 
-    with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((28, 28)),
-                keras.layers.Flatten(),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(256, activation="relu"),
-                keras.layers.Dense(NUM_CLASSES),
-            ]
-        )
-        model.compile(
-            optimizer=keras.optimizers.Adam(1e-3),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+
+def train_keras3(model: Any, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace) -> float:
+    """Train with Keras 3 and distlaunch.worker.fit; return the last epoch's loss."""
     metrics = dw.fit(
         model,
         make_dataset(images, labels, args.global_batch_size),
@@ -116,30 +112,10 @@ def train_keras3(
     return metrics[-1]["loss"] if metrics else float("nan")
 
 
-def train_tf_keras(
-    strategy: tf.distribute.Strategy,
-    images: np.ndarray,
-    labels: np.ndarray,
-    args: argparse.Namespace,
-) -> float:
+def train_tf_keras(model: Any, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace) -> float:
     """Train with tf_keras model.fit and distlaunch.worker.keras_callbacks; return the last loss."""
     import tensorflow as tf
-    import tf_keras
 
-    with strategy.scope():
-        model = tf_keras.Sequential(
-            [
-                tf_keras.Input((28, 28)),
-                tf_keras.layers.Flatten(),
-                tf_keras.layers.Dense(256, activation="relu"),
-                tf_keras.layers.Dense(256, activation="relu"),
-                tf_keras.layers.Dense(NUM_CLASSES),
-            ]
-        )
-        model.compile(
-            optimizer=tf_keras.optimizers.Adam(1e-3),
-            loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
     # In-memory data: shard by element (fit's default AUTO would first try by file).
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
