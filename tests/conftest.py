@@ -39,6 +39,22 @@ def distlaunch(*args: str, cwd: Path | None = None, timeout: float = 300, **kw) 
     )
 
 
+def start_up(spec: Path) -> subprocess.Popen:
+    """Start the real `distlaunch up SPEC` in the background, its output going to stdout.txt and
+    stderr.txt beside the spec (a pipe nobody reads would fill up and stall the launcher)."""
+    folder = spec.parent
+    with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
+        return subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=folder, stdout=out, stderr=err)
+
+
+def wait_for_run_dir(shared: Path, launcher: subprocess.Popen | None = None) -> Path:
+    """Wait for the first run directory (one with a run.json) to appear under ``shared``; fail at
+    once if ``launcher`` exits first."""
+    found = wait_for(lambda: next(shared.glob("*/run.json"), None) if shared.exists() else None,
+                     f"a run dir under {shared}", launcher=launcher)
+    return found.parent
+
+
 def processes_of_run(run_id: str) -> list[psutil.Process]:
     """Every live process whose environment names this run (tasks and anything they forked)."""
     found = []

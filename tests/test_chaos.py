@@ -6,13 +6,11 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, only_run_dir, processes_of_run, run_record, wait_for, write_spec
+from conftest import distlaunch, only_run_dir, processes_of_run, run_record, start_up, wait_for, wait_for_run_dir, write_spec
 
 pytestmark = pytest.mark.integration
 
@@ -48,13 +46,10 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
                  "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL)]},
         restart=ON_FAILURE,
     )
-    # Output to files: a pipe nobody reads would fill up and stall the launcher.
-    out_file, err_file = tmp / "stdout.txt", tmp / "stderr.txt"
-    with open(out_file, "w") as out, open(err_file, "w") as err:
-        launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp, stdout=out, stderr=err)
+    launcher = start_up(spec)
     kills = []
     try:
-        run_dir = wait_for(lambda: next((p.parent for p in (tmp / "runs").glob("*/run.json")), None) if (tmp / "runs").exists() else None, "the run dir")
+        run_dir = wait_for_run_dir(tmp / "runs")
         for round_ in (1, 2):
             # Kill once a checkpoint of this incarnation exists and training is past it.
             floor = latest_checkpoint_step(run_dir)
@@ -69,7 +64,7 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
         launcher.wait(timeout=300)
     finally:
         launcher.kill()
-        print(err_file.read_text()[-5000:])
+        print((tmp / "stderr.txt").read_text()[-5000:])
     assert launcher.returncode == 0
     rec = run_record(run_dir)
     assert rec["state"] == "succeeded"
@@ -146,12 +141,10 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
                  "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL), "--train-examples", "2000"]},
         restart=ON_FAILURE,
     )
-    out_file, err_file = tmp / "stdout.txt", tmp / "stderr.txt"
-    with open(out_file, "w") as out, open(err_file, "w") as err:
-        launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp, stdout=out, stderr=err)
+    launcher = start_up(spec)
     kills = []
     try:
-        run_dir = wait_for(lambda: next((p.parent for p in (tmp / "runs").glob("*/run.json")), None) if (tmp / "runs").exists() else None, "the run dir")
+        run_dir = wait_for_run_dir(tmp / "runs")
         for attempt, victim in enumerate(("worker-1", "ps-0", "chief-0"), start=1):
             floor = latest_checkpoint_step(run_dir)
             wait_for(lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint before killing {victim}")
@@ -162,7 +155,7 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
         launcher.wait(timeout=300)
     finally:
         launcher.kill()
-        print(err_file.read_text()[-5000:])
+        print((tmp / "stderr.txt").read_text()[-5000:])
     assert launcher.returncode == 0
     rec = run_record(run_dir)
     assert rec["state"] == "succeeded" and rec["attempt"] == 3

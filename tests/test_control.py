@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import distlaunch, processes_of_run, run_record, wait_for, write_spec
+from conftest import distlaunch, processes_of_run, run_record, start_up, wait_for, wait_for_run_dir, write_spec
 from test_chaos import events
 
 pytestmark = pytest.mark.integration
@@ -16,11 +16,10 @@ pytestmark = pytest.mark.integration
 
 def test_status_logs_restart_down_from_another_shell(tmp):
     spec = write_spec(tmp, program={"module": "distlaunch.worker.examples.mnist_mlp", "args": ["--epochs", "1000", "--steps-per-epoch", "100"]})
-    with open(tmp / "out.txt", "w") as out, open(tmp / "err.txt", "w") as err:
-        launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp, stdout=out, stderr=err)
+    launcher = start_up(spec)
     follower = None
     try:
-        run_dir = wait_for(lambda: next(iter((tmp / "runs").glob("*/run.json")), None) if (tmp / "runs").exists() else None, "the run").parent
+        run_dir = wait_for_run_dir(tmp / "runs")
         run_id = run_dir.name
         wait_for(lambda: all(t.get("state") == "running" for t in run_record(run_dir)["tasks"].values()) and len(run_record(run_dir)["tasks"]) == 2, "both joined")
 

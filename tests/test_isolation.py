@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, distlaunch, processes_of_run, run_record, wait_for, write_spec
+from conftest import REPO, distlaunch, processes_of_run, run_record, wait_for, wait_for_run_dir, write_spec
 from distlaunch.launcher import netns, ports, procs
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.spec import load_spec
@@ -341,9 +341,7 @@ def _start(spec: Path) -> tuple[subprocess.Popen, Path]:
         [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
         cwd=spec.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    shared = spec.parent / "runs"
-    run_json = wait_for(lambda: next(shared.glob("*/run.json"), None) if shared.is_dir() else None, "run.json", launcher=launcher)
-    return launcher, run_json.parent
+    return launcher, wait_for_run_dir(spec.parent / "runs", launcher)
 
 
 def _run_id(run_dir: Path) -> str:

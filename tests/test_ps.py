@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, processes_of_run, run_record, write_spec
+from conftest import distlaunch, only_run_dir, processes_of_run, run_record, write_spec
 from distlaunch.worker import contract, progress, runtime
 
 CNN = "distlaunch.worker.examples.cnn_mnist"
@@ -162,7 +162,7 @@ def test_tf_keras_fit_trains_under_pss(tmp: Path) -> None:
     result = distlaunch("up", str(spec), cwd=tmp)
 
     assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = [p.parent for p in (tmp / "runs").glob("*/run.json")]
+    run_dir = only_run_dir(tmp / "runs")
     metrics = _metrics(run_dir, "chief-0")
     # The step is tf_keras's optimizer.iterations: exact under PSS (a real assign_add).
     assert [m["step"] for m in metrics] == [10, 20]
@@ -179,7 +179,7 @@ def test_evaluator_evaluates_the_final_checkpoint_then_exits_by_itself(tmp: Path
     result = distlaunch("up", str(spec), cwd=tmp)
 
     assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = [p.parent for p in (tmp / "runs").glob("*/run.json")]
+    run_dir = only_run_dir(tmp / "runs")
     evaluations = _metrics(run_dir, "evaluator-0")
     final = evaluations[-1]
     assert final["step"] == 20 and final["checkpoint"] == str(contract.checkpoint_dir(run_dir) / "ckpt-20")

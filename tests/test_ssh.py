@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import sshhosts
-from conftest import distlaunch, only_run_dir, wait_for
+from conftest import distlaunch, only_run_dir, wait_for, wait_for_run_dir
 from distlaunch.launcher import ssh
 from distlaunch.launcher.spec import Host, load_spec
 
@@ -483,7 +483,7 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
     launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(path)], cwd=tmp,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        run_dir = wait_for(lambda: next((p.parent for p in (tmp / "runs").glob("*/run.json")), None), "the run dir")
+        run_dir = wait_for_run_dir(tmp / "runs")
         logs = run_dir / "logs" / "attempt-0"
         wait_for(lambda: all("up " in (logs / f"worker-{i}.log").read_text() for i in range(3))
                   if all((logs / f"worker-{i}.log").exists() for i in range(3)) else False, "every task up")
