@@ -358,3 +358,52 @@ def _leftovers(project: str) -> tuple[list[str], list[str]]:
     containers = docker("ps", "--all", "--quiet", "--filter", label).split()
     networks = docker("network", "ls", "--quiet", "--filter", label).split()
     return containers, networks
+
+
+# Writes what it received, as JSON, into the run dir (mounted from the host at the same path).
+ECHO_TO_RUN_DIR = """
+import json, os, sys
+record = {"argv": sys.argv, "file": __file__, "cwd": os.getcwd(), "env": dict(os.environ)}
+with open(os.path.join(os.environ["DISTLAUNCH_RUN_DIR"], "echo.json"), "w", encoding="utf-8") as f:
+    json.dump(record, f)
+"""
+
+
+@pytest.mark.integration
+def test_every_spec_string_reaches_the_container_unchanged(image, tmp, capsys):
+    """The injection suite of test_injection.py, through compose: YAML, compose's `$` interpolation
+    and the container runtime sit between the spec and the task here."""
+    from test_injection import NAME_PAYLOADS, PATH_PAYLOADS, PAYLOADS, chain
+
+    shared = tmp / "r" / Path(*PATH_PAYLOADS)
+    canary = shared / "canary"  # inside the mounted shared dir: a shell in a container would make it
+    workdir = chain(tmp / "w")
+    script = chain(tmp / "s") / "echo.py"
+    script.write_text(ECHO_TO_RUN_DIR)
+    env = {f"P{i}": p for i, p in enumerate(PAYLOADS)}
+    env.update({f"N{i}_{name}": name for i, name in enumerate(NAME_PAYLOADS)})
+    env["DL_CANARY"] = str(canary)
+    spec = write_spec(
+        tmp,
+        tasks={"worker": {"count": 1}},
+        shared_dir=str(shared.relative_to(tmp)),
+        program={"script": str(script.relative_to(tmp)), "args": PAYLOADS, "env": env,
+                 "workdir": str(workdir.relative_to(tmp))},
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec), "--backend", "compose", "--fresh"],
+        cwd=tmp, capture_output=True, text=True, timeout=600, env={**_env(), "DL_CANARY": "the launcher's, not the task's"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(shared)
+    got = json.loads((run_dir / "echo.json").read_text(encoding="utf-8"))
+    assert got["argv"] == [str(script), *PAYLOADS]
+    assert got["file"] == str(script)
+    assert got["cwd"] == str(workdir.resolve())
+    assert {k: got["env"].get(k) for k in env} == env
+    assert not canary.exists(), "a payload was run by a shell"
+    fields = {"program.args": len(PAYLOADS), "program.env values": len(PAYLOADS), "program.env names": len(NAME_PAYLOADS),
+              "program.workdir": len(PATH_PAYLOADS), "program.script": len(PATH_PAYLOADS), "shared_dir": len(PATH_PAYLOADS)}
+    with capsys.disabled():
+        print(f"\ninjection (compose): {len(fields)} fields x up to {len(PAYLOADS)} payloads = {sum(fields.values())} "
+              "values passed through the compose file into a container: all arrived unchanged, none ran")

@@ -58,7 +58,7 @@ def _rename(spec: Path, name: str) -> None:
     spec.write_text(json.dumps({**data, "name": name}))
 
 
-def _chain(root: Path) -> Path:
+def chain(root: Path) -> Path:
     """A directory whose path holds every payload, one per level, created."""
     path = root.joinpath(*PATH_PAYLOADS)
     path.mkdir(parents=True)
@@ -71,10 +71,10 @@ def test_every_spec_string_reaches_the_task_unchanged(tmp: Path, isolation: str,
     canary = tmp / "canary"
     out = tmp / "out"
     out.mkdir()
-    workdir = _chain(tmp / "w")
-    script = _chain(tmp / "s") / "echo.py"
+    workdir = chain(tmp / "w")
+    script = chain(tmp / "s") / "echo.py"
     script.write_text(ECHO.format(out=str(out)))
-    python = _chain(tmp / "py") / "python"
+    python = chain(tmp / "py") / "python"
     python.symlink_to(sys.executable)
     shared = tmp / "r" / Path(*PATH_PAYLOADS)
     env = {f"P{i}": p for i, p in enumerate(PAYLOADS)}

@@ -39,7 +39,7 @@ time.sleep(600)
 # Prints what it was given, as JSON: the test compares it with what the spec said.
 ECHO = """
 import json, os, sys
-print("GOT " + json.dumps({"argv": sys.argv[1:], "env": os.environ.get("ODD"), "cwd": os.getcwd()}), flush=True)
+print("GOT " + json.dumps({"argv": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}), flush=True)
 """
 # Chief + worker + ps with ParameterServerStrategy in plain TensorFlow (FINDINGS: the servers only
 # join; the coordinator schedules steps). The worker runtime's own PSS support is not needed.
@@ -363,18 +363,33 @@ def test_tasks_on_one_host_share_few_connections_which_are_closed_after(lab: ssh
 
 
 @pytest.mark.integration
-def test_spec_values_reach_the_remote_task_as_data(lab: sshhosts.HostLab, tmp: Path) -> None:
+def test_spec_values_reach_the_remote_task_as_data(lab: sshhosts.HostLab, tmp: Path, capsys: pytest.CaptureFixture) -> None:
+    """The injection suite of test_injection.py, through ssh and the remote login shell."""
+    from test_injection import NAME_PAYLOADS, PATH_PAYLOADS, PAYLOADS, chain
+
     canary = tmp / "canary"
-    odd = [f"$(touch {canary})", f"`touch {canary}`", f"; touch {canary}", "a b", "'\"", "&& |", "$HOME", "*"]
-    workdir = tmp / "wd $(id) `id` ;'\" *"
-    workdir.mkdir()
+    # The remote shell does not have the launcher's environment: the payloads name the canary.
+    payloads = [p.replace("$DL_CANARY", str(canary)) for p in PAYLOADS]
+    workdir = chain(tmp / "w")
     hosts = {h.name: lab.host_entry(h, workdir=str(workdir)) for h in lab.hosts}
-    program = {**_script(tmp, ECHO), "args": odd, "env": {"ODD": odd[0] + odd[4]}}
-    result = distlaunch("up", str(_spec(tmp, lab, program, {"worker": [{"host": "node1"}, {"host": "node2"}]}, hosts)), cwd=tmp)
+    env = {f"P{i}": p for i, p in enumerate(payloads)}
+    env.update({f"N{i} {name}": name for i, name in enumerate(NAME_PAYLOADS)})
+    program = {**_script(tmp, ECHO), "args": payloads, "env": env}
+    spec = _spec(tmp, lab, program, {"worker": [{"host": "node1"}, {"host": "node2"}]}, hosts)
+    result = distlaunch("up", str(spec), cwd=tmp)
     assert result.returncode == 0, result.stderr
     got = [json.loads(line.split("GOT ", 1)[1]) for line in result.stdout.splitlines() if "GOT " in line]
-    assert got == [{"argv": odd, "env": odd[0] + odd[4], "cwd": str(workdir)}] * 2
-    assert not canary.exists()
+    assert len(got) == 2
+    for one in got:
+        assert one["argv"] == payloads
+        assert {k: one["env"].get(k) for k in env} == env
+        assert one["cwd"] == str(workdir)
+    assert not canary.exists(), "a payload was run by a shell"
+    fields = {"program.args": len(payloads), "program.env values": len(payloads),
+              "program.env names": len(NAME_PAYLOADS), "hosts.*.workdir": len(PATH_PAYLOADS)}
+    with capsys.disabled():
+        print(f"\ninjection (ssh): {len(fields)} fields x up to {len(payloads)} payloads = {sum(fields.values())} "
+              "values passed through ssh and the remote shell: all arrived unchanged, none ran")
 
 
 # Holds its TF_CONFIG port like a TensorFlow server. Attempt 0: worker 1 fails, worker 0 would
