@@ -182,7 +182,8 @@ def _stop(daemon: subprocess.Popen | None) -> None:
 def image(engine, tmp_path_factory):
     """The project image, built on a local Debian base; both reused while unchanged."""
     folder = tmp_path_factory.mktemp("image")
-    if not docker("image", "inspect", BASE_IMAGE, check=False):
+    # `docker image inspect` prints "[]" for a missing image: ask for the id, empty when missing.
+    if not docker("image", "inspect", "--format", "{{.Id}}", BASE_IMAGE, check=False).strip():
         _build_base(folder / "rootfs")
     started = time.monotonic()
     built = ensure_image(ImageRequest(TEST_IMAGE, BASE_IMAGE), folder / "build.log", pip_ca_bundle())
