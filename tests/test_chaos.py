@@ -24,8 +24,12 @@ def events(run_dir: Path) -> list[dict]:
 
 
 def latest_checkpoint_step(run_dir: Path) -> int:
-    steps = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("ckpt-*.index") if (m := re.match(r"ckpt-(\d+)\.index", p.name))]
-    return max(steps, default=0)
+    # The `checkpoint` state file is the commit point: CheckpointManager rewrites it atomically
+    # after every file of ckpt-N is in place. A ckpt-N.index alone may belong to a save the kill
+    # interrupts, and then the restart rightly resumes from the one before.
+    state = run_dir / "checkpoints" / "checkpoint"
+    m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M) if state.exists() else None
+    return int(m.group(1)) if m else 0
 
 
 def reported_step(run_dir: Path, task: str) -> int:
@@ -49,7 +53,7 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
     launcher = start_up(spec)
     kills = []
     try:
-        run_dir = wait_for_run_dir(tmp / "runs")
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
         for round_ in (1, 2):
             # Kill once a checkpoint of this incarnation exists and training is past it.
             floor = latest_checkpoint_step(run_dir)
@@ -144,7 +148,7 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
     launcher = start_up(spec)
     kills = []
     try:
-        run_dir = wait_for_run_dir(tmp / "runs")
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
         for attempt, victim in enumerate(("worker-1", "ps-0", "chief-0"), start=1):
             floor = latest_checkpoint_step(run_dir)
             wait_for(lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint before killing {victim}")

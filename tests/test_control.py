@@ -19,7 +19,7 @@ def test_status_logs_restart_down_from_another_shell(tmp):
     launcher = start_up(spec)
     follower = None
     try:
-        run_dir = wait_for_run_dir(tmp / "runs")
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
         run_id = run_dir.name
         wait_for(lambda: all(t.get("state") == "running" for t in run_record(run_dir)["tasks"].values()) and len(run_record(run_dir)["tasks"]) == 2, "both joined")
 

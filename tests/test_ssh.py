@@ -498,7 +498,7 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
     launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(path)], cwd=tmp,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        run_dir = wait_for_run_dir(tmp / "runs")
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
         logs = run_dir / "logs" / "attempt-0"
         wait_for(lambda: all("up " in (logs / f"worker-{i}.log").read_text() for i in range(3))
                   if all((logs / f"worker-{i}.log").exists() for i in range(3)) else False, "every task up")
