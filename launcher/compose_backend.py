@@ -85,7 +85,7 @@ class ComposeTransport:
         """Start one task in a new container; its output goes to its log file."""
         name = compose.container_name(self.project, task.name)
         if task.name in self._started:
-            # A restart: the supervisor killed the previous `run` process, not its container.
+            # A restart: the previous container is stopped, but `run --rm` may not have removed it.
             docker("rm", "--force", name, check=False)
         self._started.add(task.name)
         # What differs from the file (a restart's attempt number and error file) is passed as
@@ -111,6 +111,11 @@ class ComposeTransport:
             except subprocess.TimeoutExpired:
                 pass
         procs.stop_groups([h.proc for h in handles], 0)
+
+    def kill(self, handles: Sequence[ComposeHandle]) -> None:
+        """Kill the tasks' containers now and reap their `run` processes."""
+        # `docker stop --time 0` sends SIGKILL right after SIGTERM.
+        self.stop(handles, 0)
 
     def down(self, grace_s: float) -> None:
         """Remove every container, network and volume of the project, then check that none is left."""

@@ -42,3 +42,7 @@ class LocalTransport:
     def stop(self, handles: Sequence[LocalHandle], grace_s: float) -> None:
         """Stop the tasks' process groups: SIGTERM, ``grace_s``, SIGKILL."""
         procs.stop_groups([h.proc for h in handles], grace_s)
+
+    def kill(self, handles: Sequence[LocalHandle]) -> None:
+        """SIGKILL the tasks' process groups now and reap their leaders."""
+        procs.kill_groups(h.proc for h in handles)

@@ -96,6 +96,11 @@ def stop_groups(procs: Iterable[subprocess.Popen], grace_s: float) -> None:
             proc.wait(timeout=max(remaining, 0))
         except subprocess.TimeoutExpired:
             pass
+    kill_groups(procs)
+
+
+def kill_groups(procs: Iterable[subprocess.Popen]) -> None:
+    """SIGKILL every task's group and reap its leader."""
     for proc in procs:
         # Also kills what the task forked, even when the leader has already exited.
         signal_group(proc.pid, signal.SIGKILL)

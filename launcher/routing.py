@@ -18,6 +18,9 @@ class Transport(Protocol):
     def stop(self, handles: Sequence[Any], grace_s: float) -> None:
         """Stop these tasks: SIGTERM, ``grace_s``, SIGKILL."""
 
+    def kill(self, handles: Sequence[Any]) -> None:
+        """Kill these tasks now, wherever they run, and reap their local processes."""
+
 
 class HostRouter:
     """Starts local tasks with ``local`` and SSH tasks with ``ssh``; stops both at once."""
@@ -48,6 +51,11 @@ class HostRouter:
             transport.stop(group, grace_s)
         for thread in threads:
             thread.join()
+
+    def kill(self, handles: Sequence[Any]) -> None:
+        """Kill every handle with its own transport."""
+        for handle in handles:
+            self._for(handle.task).kill([handle])
 
     def _for(self, task: TaskPlan) -> Transport:
         if task.transport != "ssh":

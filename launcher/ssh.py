@@ -28,7 +28,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -301,9 +300,11 @@ class SshTransport:
                 handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for handle in handles:
-            procs.signal_group(handle.pid, signal.SIGKILL)
-            handle.proc.wait()
+        self.kill(handles)
+
+    def kill(self, handles: Sequence[SshHandle]) -> None:
+        """Kill the tasks' local ssh clients: the helpers see EOF and SIGKILL their tasks at once."""
+        procs.kill_groups(h.proc for h in handles)
 
     def close(self) -> None:
         """Stop the heartbeat (the tasks must be stopped already)."""

@@ -15,11 +15,10 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import procs, rundir
+from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
 from distlaunch.launcher.local import LocalTransport
@@ -322,13 +321,14 @@ class Supervisor:
     def _alive(self, name: str) -> bool:
         return name in self.handles and name not in self.exited
 
-    def _kill(self, names: Iterable[str]) -> None:
-        """SIGKILL tasks' process groups now (for restarts: nothing of theirs is worth a grace)."""
-        for name in names:
-            handle = self.handles[name]
+    def _kill(self, names: list[str]) -> None:
+        """Kill tasks now, through their transport (for restarts: nothing of theirs is worth a grace)."""
+        handles = [self.handles[n] for n in names]
+        for handle in handles:
             self._unwatch(handle)
-            procs.signal_group(handle.pid, signal.SIGKILL)
-            code = handle.proc.wait()
+        self.transport.kill(handles)
+        for name in names:
+            code = self.handles[name].proc.returncode
             self.exited[name] = code
             self.followers[name].close()
             self._task_record(self.tasks[name], state="killed", exit_code=code, exit=exit_description(code), ended_at=time.time())

@@ -289,9 +289,12 @@ def test_a_restart_starts_new_containers_with_the_new_attempt(image, tmp):
         _, err = launcher.communicate(timeout=300)
     finally:
         launcher.kill()
-    # MWMS restarts the gang: worker-0's container, still running when its `run` process was
-    # killed, is replaced too, and both get the new attempt's environment.
+    # MWMS restarts the gang: worker-0's container is killed (the container itself, so its `run`
+    # process relays the container's 137, not a signal of its own), replaced too, and both get
+    # the new attempt's environment.
     assert launcher.returncode == 0, err[-3000:]
+    story = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [(e["task"], e["exit"]) for e in story if e["event"] == "killed"] == [("worker-0", "exit code 137")]
     for name in ("worker-0", "worker-1"):
         assert "joined in attempt 1" in (run_dir / "logs" / "attempt-1" / f"{name}.log").read_text()
     assert _leftovers(project) == ([], [])
