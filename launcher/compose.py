@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from distlaunch.launcher import rundir
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.netns import Isolation
 from distlaunch.launcher.plan import Plan, make_plan
@@ -66,9 +67,15 @@ def compose_file(loaded: LoadedSpec, plan: Plan, image: str, user: str) -> dict[
         {"type": "bind", "source": _literal(str(path)), "target": _literal(str(path)), "read_only": read_only}
         for path, read_only in mounts(loaded)
     ]
+    # A container does not inherit the launcher's umask: the image's python sets it, then execs
+    # the task's argv (as data). Not `sh -c 'umask ...; exec "$@"'`: a shell drops environment
+    # entries whose names are not shell identifiers, and a spec's env names are the user's.
+    entrypoint = ["python", "-c", f"import os, sys; os.umask(0o{rundir.PRIVATE_UMASK:03o}); os.execvp(sys.argv[1], sys.argv[1:])"]
+    private = loaded.spec.permissions == "private"
     services = {
         task.name: {
             "image": image,
+            **({"entrypoint": entrypoint} if private else {}),
             "command": [_literal(arg) for arg in task.argv],  # exec form: no shell in between
             "working_dir": _literal(task.cwd),
             "environment": {key: _literal(value) for key, value in task.env.items()},

@@ -23,6 +23,11 @@ EVENTS = "events.jsonl"
 RUNNING, STOPPING, SUCCEEDED, FAILED, INTERRUPTED = "running", "stopping", "succeeded", "failed", "interrupted"
 FINISHED = (SUCCEEDED, FAILED, INTERRUPTED)
 
+# With "permissions": "private", the launcher and every task it starts (they inherit it, or get
+# it from the SSH helper or the container's entrypoint) create owner-only files: checkpoints,
+# status and error files, and whatever the program itself writes.
+PRIVATE_UMASK = 0o077
+
 
 def new_run_id(name: str) -> str:
     """Return a fresh run id: the spec's name, the UTC time and a short random suffix."""

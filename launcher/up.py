@@ -28,9 +28,6 @@ EXPOSURE_NOTE = (
     "note: ports {ports} can be reached from other machines: TensorFlow's gRPC servers listen on every "
     "interface with no authentication, and {reason}. To prevent it, {remedy} (README: Security)"
 )
-# With "permissions": "private", the launcher and every task it starts (they inherit it) create
-# owner-only files: checkpoints, status and error files, and whatever the program itself writes.
-PRIVATE_UMASK = 0o077
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,7 @@ def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequ
         _up_compose(loaded, target, console, image or ImageRequest())
         return
     private = loaded.spec.permissions == "private"
-    umask = PRIVATE_UMASK if private else None
+    umask = rundir.PRIVATE_UMASK if private else None
     remote_hosts = {name: host for name, host in loaded.hosts.items() if host.transport == "ssh"}
     # The session's master connections outlive every task; they are closed last.
     with ssh.Session(remote_hosts) as session:
@@ -137,7 +134,7 @@ def _up_compose(loaded: LoadedSpec, target: RunTarget, console: Console, image: 
 
     private = loaded.spec.permissions == "private"
     plan = build_plan(loaded, target)
-    with _umask(PRIVATE_UMASK if private else None):
+    with _umask(rundir.PRIVATE_UMASK if private else None):
         rundir.make_dirs(target.run_dir, target.attempt, private)
         record = _new_record(loaded, plan, target)
         verb = "resuming" if target.previous else "starting"

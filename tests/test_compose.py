@@ -89,6 +89,13 @@ def test_each_task_is_a_service_on_an_internal_network_with_no_published_port(tm
             {"type": "bind", "source": str(tmp), "target": str(tmp), "read_only": True},
         ]
         assert service["user"] == "1000:1000"
+        # "permissions" is private by default: the entrypoint sets the umask, then execs the
+        # command it gets as its arguments (data, no shell in between).
+        assert service["entrypoint"][:2] == ["python", "-c"] and "os.umask(0o077)" in service["entrypoint"][2]
+
+    shared = load_spec(write_spec(tmp, program={"script": "task.py"}, permissions="shared"))
+    data = compose.compose_file(shared, compose.compose_plan(shared, "t-1", tmp / "runs" / "t-1"), "img:tag", "1000:1000")
+    assert all("entrypoint" not in service for service in data["services"].values())
 
 
 def test_ps_workers_restart_alone_where_the_spec_allows_it(tmp):
@@ -236,6 +243,8 @@ def test_two_mwms_workers_train_in_containers(image, tmp):
     losses = [re.findall(r"final loss (\S+)", (run_dir / "logs" / "attempt-0" / f"worker-{i}.log").read_text()) for i in (0, 1)]
     assert losses[0] and losses[0] == losses[1]
     assert (run_dir / "checkpoints" / "checkpoint").is_file()
+    # What the containers wrote (checkpoints, status files) is owner-only, like the launcher's files.
+    assert {str(p) for p in run_dir.rglob("*") if stat.S_IMODE(p.stat().st_mode) & 0o077} == set()
     assert _leftovers(record["compose"]["project"]) == ([], [])
 
 
