@@ -135,6 +135,19 @@ def test_budget_is_honored_and_backoff_grows(tmp):
     assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["attempt-0", "attempt-1", "attempt-2"]
 
 
+# Headroom beyond the three kills: a freshly restarted ClusterCoordinator now and then dies of a
+# TensorFlow-internal error on its first steps (seen once in CI: the chief serialized an op whose
+# device name was not valid UTF-8, the worker answered INTERNAL "Unable to parse request"). The
+# policy rightly restarts it again; the test checks that this is the only kind of extra restart.
+PSS_ON_FAILURE = {**ON_FAILURE, "max_restarts": 6}
+
+
+def attempt_started_after(story: list[dict], decision: dict, task: str) -> int:
+    """The attempt at which ``task`` was started again after the restart ``decision``."""
+    later = story[story.index(decision):]
+    return next(e["attempt"] for e in later if e["event"] == "restarted" and e["task"] == task)
+
+
 def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
     epochs, steps = 10, 30
     spec = write_spec(
@@ -143,40 +156,50 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
         tasks={"chief": {}, "worker": {"count": 2}, "ps": {}},
         program={"module": "distlaunch.worker.examples.cnn_mnist",
                  "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL), "--train-examples", "2000"]},
-        restart=ON_FAILURE,
+        restart=PSS_ON_FAILURE,
     )
     launcher = start_up(spec)
     kills = []
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        for attempt, victim in enumerate(("worker-1", "ps-0", "chief-0"), start=1):
+        for victim in ("worker-1", "ps-0", "chief-0"):
             floor = latest_checkpoint_step(run_dir)
             wait_for(lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint before killing {victim}")
-            pid = run_record(run_dir)["tasks"][victim]["pid"]
-            kills.append((victim, attempt, reported_step(run_dir, "chief-0"), latest_checkpoint_step(run_dir)))
-            os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: run_record(run_dir)["tasks"][victim].get("attempt") == attempt and all_running(run_dir), f"{victim} back")
+            task = run_record(run_dir)["tasks"][victim]
+            kills.append((victim, reported_step(run_dir, "chief-0"), latest_checkpoint_step(run_dir)))
+            os.kill(task["pid"], signal.SIGKILL)
+            wait_for(lambda: run_record(run_dir)["tasks"][victim].get("attempt", 0) > task.get("attempt", 0) and all_running(run_dir), f"{victim} back")
         launcher.wait(timeout=300)
     finally:
         launcher.kill()
         print((tmp / "stderr.txt").read_text()[-5000:])
     assert launcher.returncode == 0
     rec = run_record(run_dir)
-    assert rec["state"] == "succeeded" and rec["attempt"] == 3
+    story = events(run_dir)
+    decisions = [e for e in story if e.get("decision") == "restart"]
+    by_kill = [e for e in decisions if e["exit"] == "signal SIGKILL"]
+    on_its_own = [e for e in decisions if e not in by_kill]
+    for e in on_its_own:
+        print(f"chief-0 failed on its own at attempt {e['attempt']} ({e['exit']}) and was restarted: {e['reason']}")
+    # events.jsonl tells the story: each kill, the decision and why. Restarts other than the
+    # kills' can only be the chief's own failures (see PSS_ON_FAILURE), and the chief alone restarts.
+    assert [e["task"] for e in by_kill] == ["worker-1", "ps-0", "chief-0"]
+    assert "restarting worker-1 (restart" in by_kill[0]["reason"]
+    assert "restarting ps-0, chief-0 (restart" in by_kill[1]["reason"]
+    assert "restarting chief-0 (restart" in by_kill[2]["reason"]
+    assert all(e["task"] == "chief-0" and e["exit"].startswith("exit code") and "restarting chief-0 (restart" in e["reason"] for e in on_its_own)
+    assert rec["state"] == "succeeded" and rec["attempt"] == 3 + len(on_its_own)
     restarts = {name: t["restarts"] for name, t in rec["tasks"].items()}
-    assert restarts == {"chief-0": 2, "worker-0": 0, "worker-1": 1, "ps-0": 1}
+    assert restarts == {"chief-0": 2 + len(on_its_own), "worker-0": 0, "worker-1": 1, "ps-0": 1}
     # The worker came back alone and the chief carried on; after the ps and the chief died, the
     # chief restored from the checkpoint saved before the kill.
-    assert "resumed from" not in (run_dir / "logs" / "attempt-1" / "worker-1.log").read_text()
-    for victim, attempt, step_at_kill, saved in kills[1:]:
+    worker_attempt = attempt_started_after(story, by_kill[0], "worker-1")
+    assert "resumed from" not in (run_dir / "logs" / f"attempt-{worker_attempt}" / "worker-1.log").read_text()
+    for decision, (victim, step_at_kill, saved) in zip(by_kill[1:], kills[1:]):
+        attempt = attempt_started_after(story, decision, "chief-0")
         log = (run_dir / "logs" / f"attempt-{attempt}" / "chief-0.log").read_text()
         restored = int(re.search(r"resumed from \S+ at step (\d+)", log).group(1))
-        assert restored >= saved and step_at_kill - restored <= INTERVAL
+        assert restored >= saved and step_at_kill - restored <= INTERVAL, victim
     metrics = json.loads((run_dir / "metrics" / "chief-0.json").read_text())
     assert metrics[-1]["step"] == epochs * steps
-    story = [e for e in events(run_dir) if e.get("decision") == "restart"]
-    assert [e["task"] for e in story] == ["worker-1", "ps-0", "chief-0"]
-    assert "restarting worker-1 (restart 1 of 3)" in story[0]["reason"]
-    assert "restarting ps-0, chief-0 (restart 2 of 3)" in story[1]["reason"]
-    assert "restarting chief-0 (restart 3 of 3)" in story[2]["reason"]
     assert not processes_of_run(rec["run_id"])
