@@ -89,6 +89,12 @@ def run_record(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
 
 
+def events(run_dir: Path) -> list[dict]:
+    """The run's events.jsonl, one dict per line (none before the first event)."""
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def only_run_dir(shared: Path) -> Path:
     """The single run directory under ``shared``."""
     runs = [p for p in shared.iterdir() if (p / "run.json").is_file()]

@@ -10,17 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, only_run_dir, processes_of_run, run_record, start_up, wait_for, wait_for_run_dir, write_spec
+from conftest import distlaunch, events, only_run_dir, processes_of_run, run_record, start_up, wait_for, wait_for_run_dir, write_spec
 
 pytestmark = pytest.mark.integration
 
 INTERVAL = 5
 ON_FAILURE = {"policy": "on-failure", "max_restarts": 3, "backoff": {"initial_s": 0.2, "max_s": 1}}
-
-
-def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def latest_checkpoint_step(run_dir: Path) -> int:

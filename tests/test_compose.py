@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, only_run_dir, write_spec
+from conftest import REPO, events, only_run_dir, run_record, write_spec
 from distlaunch.launcher import compose
 from distlaunch.launcher.docker import DockerError, compose_command, docker, run
 from distlaunch.launcher.errors import SpecError
@@ -236,7 +236,7 @@ def test_two_mwms_workers_train_in_containers(image, tmp):
     result = _up(tmp, spec)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp / "runs")
-    record = json.loads((run_dir / "run.json").read_text())
+    record = run_record(run_dir)
     assert record["state"] == "succeeded"
     assert record["plan"]["tasks"][0]["tf_config"]["cluster"] == {"worker": ["worker-0:2222", "worker-1:2222"]}
     # Logs and checkpoints land on the host, in the run dir, at the paths run.json names.
@@ -257,7 +257,7 @@ def test_chief_two_workers_and_a_ps_train_in_containers(image, tmp):
     result = _up(tmp, spec)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp / "runs")
-    record = json.loads((run_dir / "run.json").read_text())
+    record = run_record(run_dir)
     assert record["state"] == "succeeded"
     assert re.search(r"final loss \S+", (run_dir / "logs" / "attempt-0" / "chief-0.log").read_text())
     assert (run_dir / "checkpoints" / "checkpoint").is_file()
@@ -274,13 +274,13 @@ def test_killing_a_worker_container_fails_the_run_and_names_it(image, tmp):
     launcher = _start_up(tmp, write_spec(tmp))
     try:
         run_dir = _all_joined(tmp, 2)
-        project = json.loads((run_dir / "run.json").read_text())["compose"]["project"]
+        project = run_record(run_dir)["compose"]["project"]
         docker("kill", compose.container_name(project, "worker-1"))
         _, err = launcher.communicate(timeout=300)
     finally:
         launcher.kill()
     assert launcher.returncode == 1, err[-3000:]
-    record = json.loads((run_dir / "run.json").read_text())
+    record = run_record(run_dir)
     assert record["failure"]["task"] == "worker-1"
     assert re.search(r"run \S+ failed: worker-1 exit code 137", err)
     assert _leftovers(project) == ([], [])
@@ -293,7 +293,7 @@ def test_a_restart_starts_new_containers_with_the_new_attempt(image, tmp):
     launcher = _start_up(tmp, spec)
     try:
         run_dir = _all_joined(tmp, 2)
-        project = json.loads((run_dir / "run.json").read_text())["compose"]["project"]
+        project = run_record(run_dir)["compose"]["project"]
         docker("kill", compose.container_name(project, "worker-1"))
         _, err = launcher.communicate(timeout=300)
     finally:
@@ -302,8 +302,7 @@ def test_a_restart_starts_new_containers_with_the_new_attempt(image, tmp):
     # process relays the container's 137, not a signal of its own), replaced too, and both get
     # the new attempt's environment.
     assert launcher.returncode == 0, err[-3000:]
-    story = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert [(e["task"], e["exit"]) for e in story if e["event"] == "killed"] == [("worker-0", "exit code 137")]
+    assert [(e["task"], e["exit"]) for e in events(run_dir) if e["event"] == "killed"] == [("worker-0", "exit code 137")]
     for name in ("worker-0", "worker-1"):
         assert "joined in attempt 1" in (run_dir / "logs" / "attempt-1" / f"{name}.log").read_text()
     assert _leftovers(project) == ([], [])
@@ -315,7 +314,7 @@ def test_ctrl_c_removes_every_container_and_network(image, tmp):
     launcher = _start_up(tmp, write_spec(tmp))
     try:
         run_dir = _all_joined(tmp, 2)
-        project = json.loads((run_dir / "run.json").read_text())["compose"]["project"]
+        project = run_record(run_dir)["compose"]["project"]
         # While it runs: nothing published, and the network has no way out.
         containers, networks = _leftovers(project)
         assert len(containers) == 2 and len(networks) == 1
@@ -327,7 +326,7 @@ def test_ctrl_c_removes_every_container_and_network(image, tmp):
     finally:
         launcher.kill()
     assert launcher.returncode == 130, err[-3000:]
-    assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
+    assert run_record(run_dir)["state"] == "interrupted"
     assert _leftovers(project) == ([], [])
 
 

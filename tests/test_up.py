@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, only_run_dir, processes_of_run, run_record, wait_for, write_spec
+from conftest import distlaunch, events, only_run_dir, processes_of_run, run_record, wait_for, write_spec
 
 pytestmark = pytest.mark.integration
 
@@ -53,8 +53,7 @@ def test_two_workers_train_to_completion(tmp):
     assert (run_dir / "checkpoints" / "checkpoint").is_file()
     metrics = json.loads((run_dir / "metrics" / "worker-0.json").read_text())
     assert metrics[-1]["loss"] < metrics[0]["loss"]
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events].count("joined") == 2
+    assert [e["event"] for e in events(run_dir)].count("joined") == 2
     assert not processes_of_run(record["run_id"])
 
 
