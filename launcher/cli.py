@@ -168,6 +168,43 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
     )
 
 
+@cli.command("k8s")
+@SPEC
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the manifests here (default: standard output).")
+@click.option("--image", help="Image of every task (default: the spec's kubernetes.image, else distlaunch:local).")
+@click.option("--namespace", help="Namespace of every object (default: the spec's kubernetes.namespace, else kubectl's).")
+@click.option("--jobset", is_flag=True, help="Emit one JobSet (restarts the whole set on a failure) instead of plain Jobs.")
+@click.option("--run-id", help="The run's id: its run dir on the shared volume, and its objects' names (default: a new one).")
+def k8s_manifests(spec: str, output: Path | None, image: str | None, namespace: str | None, jobset: bool, run_id: str | None) -> None:
+    """Write Kubernetes manifests that run SPEC: one Indexed Job per role, or one JobSet.
+
+    A headless Service names the pods (<job>-<index>.<service>), a NetworkPolicy admits the task
+    port from the run's own pods only, and each pod builds its TF_CONFIG from its index. Apply
+    them with `kubectl apply -f FILE`.
+    """
+    from distlaunch.launcher import k8s
+    from distlaunch.launcher.rundir import new_run_id
+
+    loaded = load_spec(spec)
+    settings = loaded.spec.kubernetes
+    image = k8s.check_image(image) if image else settings.image or DEFAULT_TAG
+    namespace = k8s.check_namespace(namespace) if namespace else settings.namespace
+    made = k8s.manifests(loaded, run_id or new_run_id(loaded.spec.name), image, namespace, jobset)
+    text = k8s.to_yaml(made.objects)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        # Owner-only: the program's env is in it.
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    console = Console()
+    kinds = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in made.objects)
+    console.say(f"run dir {made.run_dir} on the shared volume; objects: {kinds}")
+    for note in made.notes:
+        console.say(f"note: {note}")
+
 def _offer_resume(loaded, console: Console) -> bool:
     """When this spec's last run did not finish, ask (on a terminal) whether to resume it."""
     unfinished = rundir.latest_unfinished(loaded.shared_dir, loaded.spec.name)

@@ -300,6 +300,33 @@ class Restart(_Model):
     )
 
 
+# Kubernetes names: a namespace is a DNS label, a PersistentVolumeClaim a DNS subdomain.
+K8S_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+K8S_SUBDOMAIN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$"
+# An image reference (registry/name:tag@digest): no space, quote or shell character in it.
+IMAGE_REF = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
+# A Kubernetes quantity such as "500m", "2" or "8Gi".
+K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+
+
+class Kubernetes(_Model):
+    """What `distlaunch k8s` writes into the manifests beyond the tasks themselves."""
+
+    namespace: str | None = Field(None, pattern=K8S_LABEL, description="Namespace of every object (default: kubectl's).")
+    image: str | None = Field(
+        None, pattern=IMAGE_REF, max_length=512,
+        description="Image every task runs; it must hold distlaunch and the program (default: distlaunch:local).",
+    )
+    pvc: str | None = Field(
+        None, pattern=K8S_SUBDOMAIN, max_length=253,
+        description="PersistentVolumeClaim (ReadWriteMany) mounted as the shared dir; none: a per-pod emptyDir, "
+        "lost with the pod.",
+    )
+    ttl_s: int = Field(86400, ge=0, description="ttlSecondsAfterFinished: finished Jobs and their pods go after this.")
+    cpu: str | None = Field(None, pattern=K8S_QUANTITY, description='CPU of every task (requests and limits), e.g. "2".')
+    memory: str | None = Field(None, pattern=K8S_QUANTITY, description='Memory of every task, e.g. "8Gi".')
+
+
 class Spec(_Model):
     """A whole cluster spec as the user wrote it (paths still relative)."""
 
@@ -340,6 +367,10 @@ class Spec(_Model):
         "(worker-0:2222), the shared dir is mounted at the same path, and the image's python runs "
         "the program (program.python, task ports and isolation do not apply). "
         "`distlaunch up --backend` overrides it.",
+    )
+
+    kubernetes: Kubernetes = Field(
+        default_factory=Kubernetes, description="Settings of `distlaunch k8s` (the other backends ignore them)."
     )
 
     @model_validator(mode="after")

@@ -23,6 +23,11 @@ STATUS_FILE = "DISTLAUNCH_STATUS_FILE"
 CHECKPOINT_DIR = "DISTLAUNCH_CHECKPOINT_DIR"
 METRICS_FILE = "DISTLAUNCH_METRICS_FILE"
 
+# Kubernetes: the training cluster of a task's role (TF_CONFIG's "cluster", JSON), from which
+# distlaunch.worker.k8s_entry builds TF_CONFIG with the index Kubernetes gives the pod.
+CLUSTER = "DISTLAUNCH_CLUSTER"
+JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"  # set by Kubernetes in every pod of an Indexed Job
+
 # Values of STRATEGY and KERAS.
 MWMS = "multi_worker_mirrored"
 PSS = "parameter_server"
