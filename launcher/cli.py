@@ -189,7 +189,8 @@ def k8s_manifests(spec: str, output: Path | None, image: str | None, namespace: 
     settings = loaded.spec.kubernetes
     image = k8s.check_image(image) if image else settings.image or DEFAULT_TAG
     namespace = k8s.check_namespace(namespace) if namespace else settings.namespace
-    made = k8s.manifests(loaded, run_id or new_run_id(loaded.spec.name), image, namespace, jobset)
+    run_id = k8s.check_run_id(run_id) if run_id else new_run_id(loaded.spec.name)
+    made = k8s.manifests(loaded, run_id, image, namespace, jobset)
     text = k8s.to_yaml(made.objects)
     if output is None:
         click.echo(text, nl=False)

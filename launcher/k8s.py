@@ -92,6 +92,15 @@ def check_image(image: str) -> str:
     return image
 
 
+def check_run_id(run_id: str) -> str:
+    """``run_id`` when it can name a run dir under the mount (no "/", no ".."); UsageError otherwise."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", run_id):
+        raise UsageError(
+            f"--run-id: expected letters, digits, '.', '-', '_' (starting with a letter or digit), got {run_id!r}"
+        )
+    return run_id
+
+
 def check_namespace(namespace: str) -> str:
     """``namespace`` when it is a namespace name; UsageError otherwise (for --namespace)."""
     if not re.fullmatch(K8S_LABEL, namespace):

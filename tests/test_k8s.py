@@ -28,7 +28,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-
 from conftest import distlaunch, write_spec
 from distlaunch.launcher import k8s
 from distlaunch.launcher.docker import docker
@@ -421,7 +420,11 @@ def test_the_command_writes_a_private_file_and_bad_flags_exit_2(tmp):
         "kubectl -n ml delete job -l 'distlaunch.io/run=r1,distlaunch.io/role in (ps,worker)'"
         in done.stderr
     )
-    for flag in (["--namespace", "Bad_NS"], ["--image", 'x; touch "$DL_CANARY"']):
+    for flag in (
+        ["--namespace", "Bad_NS"],
+        ["--image", 'x; touch "$DL_CANARY"'],
+        ["--run-id", "../x"],
+    ):
         bad = distlaunch("k8s", str(spec), *flag, cwd=tmp)
         assert (
             bad.returncode == 2
@@ -490,6 +493,7 @@ def test_the_entrypoint_execs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp)
         env=environ,
         capture_output=True,
         text=True,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert (
@@ -505,6 +509,7 @@ def test_the_entrypoint_execs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp)
         env={**environ, contract.JOB_COMPLETION_INDEX: "5"},
         capture_output=True,
         text=True,
+        check=False,
     )
     assert (
         bad.returncode == 2
@@ -526,7 +531,7 @@ def docker_lock():
 
 
 @pytest.fixture
-def pods_on_docker(docker_lock, image, tmp):
+def pods_on_docker(docker_lock, image, tmp):  # noqa: F811  (the fixture)
     """Runs a manifest's Jobs as containers; removes every container and the network afterwards."""
     runner = PodRunner(tmp / "pvc")
     yield runner
@@ -597,7 +602,7 @@ class PodRunner:
 
     def logs(self, container: str) -> str:
         done = subprocess.run(
-            ["docker", "logs", container], capture_output=True, text=True
+            ["docker", "logs", container], capture_output=True, text=True, check=False
         )
         return done.stdout + done.stderr
 
@@ -633,7 +638,7 @@ def _manifests(tmp: Path, **fields: Any) -> tuple[list[dict], str]:
 
 
 def _tf_config(log: str) -> dict:
-    found = re.search(r"^distlaunch: \S+: TF_CONFIG (\{.*\})$", log, re.M)
+    found = re.search(r"^distlaunch: \S+: TF_CONFIG (\{.*\})$", log, re.MULTILINE)
     assert found, log[-3000:]
     return json.loads(found.group(1))
 
