@@ -644,7 +644,7 @@ def _tf_config(log: str) -> dict:
 
 
 @pytest.mark.integration
-def test_two_mwms_worker_pods_form_a_cluster_and_train(pods_on_docker, tmp):
+def test_two_mwms_worker_pods_form_a_cluster_and_train(pods_on_docker, tmp, capsys):
     objects, run_id = _manifests(tmp)
     pods = pods_on_docker.start(objects, "dl-test")
     assert list(pods) == [f"{run_id}-worker-0", f"{run_id}-worker-1"]
@@ -658,6 +658,10 @@ def test_two_mwms_worker_pods_form_a_cluster_and_train(pods_on_docker, tmp):
         }
     losses = [re.findall(r"final loss (\S+)", logs[host]) for host in pods]
     assert losses[0] and losses[0] == losses[1]
+    with capsys.disabled():
+        print(
+            f"\nk8s pods on docker (MWMS): {', '.join(pods)} exited 0, final loss {losses[0][-1]} on both"
+        )
     run_dir = pods_on_docker.pvc / run_id
     assert (run_dir / "checkpoints" / "checkpoint").is_file()
     assert {p.name for p in (run_dir / "metrics").iterdir()} == {
@@ -667,7 +671,7 @@ def test_two_mwms_worker_pods_form_a_cluster_and_train(pods_on_docker, tmp):
 
 
 @pytest.mark.integration
-def test_pss_pods_train_and_the_chief_decides(pods_on_docker, tmp):
+def test_pss_pods_train_and_the_chief_decides(pods_on_docker, tmp, capsys):
     objects, run_id = _manifests(
         tmp,
         strategy="parameter_server",
@@ -678,7 +682,8 @@ def test_pss_pods_train_and_the_chief_decides(pods_on_docker, tmp):
     code = pods_on_docker.wait(chief)
     log = pods_on_docker.logs(chief)
     assert code == 0, log[-3000:]
-    assert re.search(r"final loss \S+", log)
+    final = re.findall(r"final loss \S+", log)
+    assert final
     assert _tf_config(log)["cluster"] == {
         "chief": [f"{run_id}-chief-0.{run_id}:2222"],
         "worker": [f"{run_id}-worker-{i}.{run_id}:2222" for i in (0, 1)],
@@ -688,3 +693,8 @@ def test_pss_pods_train_and_the_chief_decides(pods_on_docker, tmp):
     # The servers never end on their own: that is why the README's cleanup deletes their Jobs.
     servers = [c for host, c in pods.items() if host != f"{run_id}-chief-0"]
     assert all(pods_on_docker.running(c) for c in servers)
+    with capsys.disabled():
+        print(
+            f"\nk8s pods on docker (PSS): chief exited 0 ({final[-1]}); "
+            f"{len(servers)} server pods still running until their Jobs are deleted"
+        )
