@@ -62,6 +62,9 @@ def plan(spec: str, as_json: bool) -> None:
         return
     click.echo(f"run {data['run_id']}: {data['strategy']}, {len(data['tasks'])} tasks, run dir {data['run_dir']}")
     click.echo(f"isolation: {data['isolation']['mode']} ({data['isolation']['reason']})")
+    click.echo(f"keras: {data['program']['keras']} ({data['program']['keras_reason']})")
+    if data["program"]["serve_reason"]:
+        click.echo(f"roles: {data['program']['serve_reason']}")
     # Every value a spec controls is printed shell-quoted: one line per item, copy-pasteable.
     for task in data["tasks"]:
         over = f" (SSH host {task['host_name']})" if task.get("transport") == "ssh" else ""

@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from distlaunch.launcher import tfconfig
+from distlaunch.launcher import program_scan, tfconfig
 from distlaunch.launcher.netns import HOST_NETWORK, Isolation
+from distlaunch.launcher.program_scan import ProgramChoice
 from distlaunch.launcher.spec import LoadedSpec, TaskEntry
 from distlaunch.worker import contract
 
@@ -63,6 +64,7 @@ class Plan:
     attempt: int
     tasks: tuple[TaskPlan, ...] = field(default_factory=tuple)
     isolation: Isolation = HOST_NETWORK
+    program: ProgramChoice = ProgramChoice(contract.KERAS3, "")
 
     def task(self, name: str) -> TaskPlan:
         """Return the task called ``name`` (``worker-1`` or ``worker:1``); KeyError if none."""
@@ -80,6 +82,7 @@ class Plan:
             "strategy": self.strategy,
             "attempt": self.attempt,
             "isolation": self.isolation.to_json(),
+            "program": self.program.to_json(),
             "tasks": [
                 {
                     "name": t.name,
@@ -138,6 +141,8 @@ def make_plan(
     the image's python, and cwd and the run dir keep their paths (the containers mount them).
     """
     spec = loaded.spec
+    # The one read of the program's source: which Keras, and who serves under PSS.
+    program = program_scan.choose(loaded)
     roles = spec.tasks.by_role()
     addresses = {
         role: [f"{_address(loaded, e, role, i, containers)}:{ports[(role, i)]}" for i, e in enumerate(entries)]
@@ -151,14 +156,15 @@ def make_plan(
             config = tfconfig.tf_config(addresses, role, index)
             # The launcher's CUDA_VISIBLE_DEVICES says nothing about another machine's GPUs.
             visible = None if remote else visible_gpus
-            env = _task_env(loaded, role, index, attempt, run_id, run_dir, config, gpus[(role, index)], visible)
+            env = _task_env(loaded, role, index, attempt, run_id, run_dir, config, gpus[(role, index)], visible, program.keras)
+            serves = program.serve_ps_workers and role in (contract.PS, contract.WORKER)
             tasks.append(
                 TaskPlan(
                     role=role,
                     index=index,
                     host=_address(loaded, entry, role, index, containers),
                     port=ports[(role, index)],
-                    argv=_argv(loaded, IMAGE_PYTHON if containers else remote.python if remote else None),
+                    argv=_argv(loaded, IMAGE_PYTHON if containers else remote.python if remote else None, serves),
                     env=env,
                     # An SSH task without a workdir starts where ssh logs in ("": the login dir).
                     cwd=(remote.workdir or "") if remote else str(loaded.workdir),
@@ -171,7 +177,7 @@ def make_plan(
             )
     return Plan(
         run_id=run_id, run_dir=str(run_dir), strategy=spec.strategy, attempt=attempt,
-        tasks=tuple(tasks), isolation=isolation,
+        tasks=tuple(tasks), isolation=isolation, program=program,
     )
 
 
@@ -180,11 +186,13 @@ def _address(loaded: LoadedSpec, entry: TaskEntry, role: str, index: int, contai
     return contract.task_name(role, index) if containers else loaded.address_of(entry.host)
 
 
-def _argv(loaded: LoadedSpec, remote_python: str | None) -> tuple[str, ...]:
+def _argv(loaded: LoadedSpec, remote_python: str | None, serves: bool = False) -> tuple[str, ...]:
     """The task's command; on an SSH host it runs that host's python (the script path must exist there),
-    in a container the image's."""
+    in a container the image's. ``serves``: a PSS ps or worker task that only runs a server."""
     program = loaded.spec.program
     python = remote_python or program.python or sys.executable
+    if serves:
+        return (python, "-m", program_scan.SERVE_MODULE)
     if loaded.script is not None:
         return (python, str(loaded.script), *program.args)
     return (python, "-m", program.module or "", *program.args)
@@ -226,13 +234,14 @@ def _task_env(
     config: Mapping,
     gpus: tuple[int, ...],
     visible_gpus: str | None,
+    keras: str,
 ) -> dict[str, str]:
     spec = loaded.spec
     # Defaults the spec's env may override: live logs, and TensorFlow's C++ INFO chatter (one
     # line per gRPC server, CUDA probe, ...) hidden while its warnings and errors still show.
     env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
     env.update(spec.program.env)
-    if spec.program.keras == contract.TF_KERAS:
+    if keras == contract.TF_KERAS:
         env["TF_USE_LEGACY_KERAS"] = "1"
     if spec.strategy == contract.PSS:
         # The PSS tutorial: without it a worker's failure can hang the coordinator's RPCs.
@@ -247,7 +256,7 @@ def _task_env(
             contract.INDEX: str(index),
             contract.ATTEMPT: str(attempt),
             contract.STRATEGY: spec.strategy,
-            contract.KERAS: spec.program.keras,
+            contract.KERAS: keras,
             contract.ERROR_FILE: str(contract.error_path(run_dir, attempt, role, index)),
             contract.STATUS_FILE: str(contract.status_path(run_dir, role, index)),
             contract.CHECKPOINT_DIR: str(contract.checkpoint_dir(run_dir)),

@@ -175,8 +175,10 @@ class Program(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(None, description="Working dir (default: the spec's folder).")
     python: str | None = Field(None, description="Interpreter (default: the launcher's).")
-    keras: Literal["keras3", "tf_keras"] = Field(
-        "keras3", description="tf_keras sets TF_USE_LEGACY_KERAS=1 for tf.keras model.fit."
+    keras: Literal["auto", "keras3", "tf_keras"] = Field(
+        "auto",
+        description="tf_keras sets TF_USE_LEGACY_KERAS=1 for tf.keras model.fit; auto picks it for a "
+        "program whose source uses tf.keras and never imports keras, else keras3.",
     )
 
     @model_validator(mode="after")

@@ -6,9 +6,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from distlaunch.launcher import evidence, hints
 from distlaunch.launcher.rundir import read_json
 
 TAIL_LINES = 20
+# How far back from a log's end a traceback is looked for (tail() reads at most its last 64 KiB).
+LOG_SCAN_LINES = 400
 
 
 @dataclass(frozen=True)
@@ -24,28 +27,38 @@ class Failure:
 
 
 def headline(run_id: str, failure: Failure) -> str:
-    """The one line that explains the failure."""
-    error = read_json(Path(failure.error_file))
-    cause = ""
-    if isinstance(error, dict) and error.get("type"):
-        cause = f": {error['type']}: {error.get('message', '')}".rstrip(": ")
+    """The one line that explains the failure: the task, how it ended, its exception's first line."""
+    found = evidence_of(failure)
+    cause = f": {found.first_line()}" if found else ""
     note = f" ({failure.note})" if failure.note else ""
     return f"run {run_id} failed: {failure.task} {failure.how} after {failure.elapsed_s:.1f} s{cause}{note}"
 
 
 def details(failure: Failure) -> str:
-    """The evidence under the headline: the error file's traceback, else the log's last lines."""
-    error = read_json(Path(failure.error_file))
-    if isinstance(error, dict) and error.get("traceback"):
-        body = error["traceback"].rstrip("\n")
-        source = failure.error_file
-    else:
-        body = tail(failure.log_file, TAIL_LINES)
-        source = failure.log_file
+    """The evidence under the headline: a known failure's hint, then the exception condensed
+    (first frame, last frame, first and last lines of the message), else the log's last lines."""
+    found = evidence_of(failure)
+    hint = hints.find(found)
+    out = [f"  hint: {hint.text}"] if hint else []
+    has_error_file = evidence.from_error_file(read_json(Path(failure.error_file))) is not None
+    source = failure.error_file if has_error_file else failure.log_file
+    if found is not None:
+        full = f" (full text in {failure.log_file})" if has_error_file else " (full text there)"
+        out.append(f"  from {source}{full}:")
+        out += [f"  | {line}" for line in found.condensed()]
+        return "\n".join(out)
+    body = tail(failure.log_file, TAIL_LINES)
     if not body:
-        return f"  ({source} is empty)"
-    lines = "\n".join(f"  | {line}" for line in body.splitlines())
-    return f"  from {source}:\n{lines}"
+        return "\n".join([*out, f"  ({source} is empty)"])
+    out.append(f"  from {source}:")
+    out += [f"  | {evidence.clip(line)}" for line in body.splitlines()]
+    return "\n".join(out)
+
+
+def evidence_of(failure: Failure) -> evidence.Evidence | None:
+    """The task's exception: from its error file, else from the traceback at the end of its log."""
+    found = evidence.from_error_file(read_json(Path(failure.error_file)))
+    return found or evidence.from_log(tail(failure.log_file, LOG_SCAN_LINES))
 
 
 def tail(path: str, lines: int) -> str:

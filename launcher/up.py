@@ -106,6 +106,7 @@ def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequ
             verb = "resuming" if target.previous else "starting"
             console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks, {plan.strategy}; run dir {plan.run_dir}")
             console.say(_network_note(plan))
+            _say_program(console, plan)
             if reports and not loaded.spec.shared_dir_is_shared:
                 console.say(f"SSH hosts keep their run files on their own disks; `distlaunch collect {plan.run_id}` copies them here")
             # The sandbox closes only after the supervisor has stopped every task in it.
@@ -139,10 +140,20 @@ def _up_compose(loaded: LoadedSpec, target: RunTarget, console: Console, image: 
         record = _new_record(loaded, plan, target)
         verb = "resuming" if target.previous else "starting"
         console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks in containers, {plan.strategy}; run dir {plan.run_dir}")
+        _say_program(console, plan)
         with open_transport(loaded, plan, image, console) as transport:
             record["compose"] = transport.describe()
             console.say(f"compose project {transport.project}: {compose.ISOLATION.reason}")
             _supervise(Supervisor(plan, record, console, loaded.spec.timeouts, transport, loaded.spec.restart), target, console)
+
+
+def _say_program(console: Console, plan: Plan) -> None:
+    """Say how the program runs when distlaunch chose it (`"keras": "auto"`, PSS servers)."""
+    note = plan.program.start_note(plan.strategy)
+    if note:
+        console.say(note)
+    if plan.program.serve_ps_workers:
+        console.say(plan.program.serve_reason)
 
 
 def _network_note(plan: Plan) -> str:
