@@ -18,8 +18,11 @@ from dataclasses import dataclass
 # A summary line longer than this is clipped (the full line stays in the log).
 MAX_LINE = 160
 TRACEBACK_START = "Traceback (most recent call last):"
-# `ValueError: ...`, `tensorflow.python.framework.errors_impl.UnknownError: ...`, `KeyboardInterrupt`
-_EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning))(?::\s?(?P<message>.*))?$")
+# `ValueError: ...`, `tensorflow.python.framework.errors_impl.UnknownError: ...`, `Exception`
+_EXCEPTION_LINE = re.compile(
+    r"^(?P<type>(?:[A-Za-z_][\w.]*)?(?:Error|Exception|Exit|Interrupt|Warning))"
+    r"(?::\s?(?P<message>.*))?$"
+)
 # numpy's reprs: `array([[0.1, 0.2], ...])` and tensors' `numpy=...` payloads
 _ARRAY = re.compile(r"array\(\[.*?(\]\)|$)")
 _NUMBERS = re.compile(r"\[[-+0-9.eE, \[\]]{24,}\]?")
@@ -31,7 +34,9 @@ class Evidence:
 
     type: str  # the exception's class name as printed, e.g. ValueError
     message: str  # the full message, possibly many lines
-    frames: tuple[tuple[str, str], ...] = ()  # (`File "...", line N, in f`, its code line)
+    frames: tuple[
+        tuple[str, str], ...
+    ] = ()  # (`File "...", line N, in f`, its code line)
 
     @property
     def short_type(self) -> str:
@@ -48,7 +53,7 @@ class Evidence:
         and the message's first and last lines (with how many lines were left out)."""
         out: list[str] = []
         shown = list(self.frames[:1])
-        inner = self.frames[1:][-(frames - 1):] if frames > 1 else []
+        inner = self.frames[1:][-(frames - 1) :] if frames > 1 else []
         skipped = len(self.frames) - len(shown) - len(inner)
         for where, code in shown:
             out += [clip(where), *([clip("  " + code)] if code else [])]
@@ -95,7 +100,11 @@ def from_traceback(text: str) -> Evidence | None:
     i = 1
     while i < len(lines) and lines[i].startswith("  "):
         if lines[i].lstrip().startswith('File "'):
-            code = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") else ""
+            code = (
+                lines[i + 1].strip()
+                if i + 1 < len(lines) and lines[i + 1].startswith("    ")
+                else ""
+            )
             frames.append((lines[i].strip(), code))
         i += 1
     rest = lines[i:]

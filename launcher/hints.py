@@ -19,7 +19,7 @@ from distlaunch.launcher.evidence import Evidence
 
 @dataclass(frozen=True)
 class Hint:
-    """A known failure: which exceptions it is (``types``: class names, empty for any) and the fix."""
+    """A known failure: its exception classes (``types``; empty: any) and the fix."""
 
     name: str
     types: tuple[str, ...]
@@ -30,7 +30,9 @@ class Hint:
         """Whether ``evidence`` is this failure."""
         if self.types and evidence.short_type not in self.types:
             return False
-        haystack = "\n".join([evidence.message, *(f"{w}\n{c}" for w, c in evidence.frames)])
+        haystack = "\n".join(
+            [evidence.message, *(f"{w}\n{c}" for w, c in evidence.frames)]
+        )
         return re.search(self.pattern, haystack) is not None
 
 
@@ -93,7 +95,8 @@ CATALOG: tuple[Hint, ...] = (
         ("ValueError",),
         r"Invalid filepath extension for saving",
         "Keras 3 saves only .keras and .h5 files: tf.keras code that saves a SavedModel folder "
-        'needs tf_keras ("keras": "tf_keras" or "auto"), or save to "model.keras" / use model.export()',
+        'needs tf_keras ("keras": "tf_keras" or "auto"), or save to "model.keras" / use '
+        "model.export()",
     ),
     Hint(
         "model-not-compiled",

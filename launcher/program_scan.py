@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import sys
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 from distlaunch.launcher.spec import LoadedSpec
@@ -43,7 +44,9 @@ class Facts:
 
     tf_keras_line: int | None = None  # first use of tf.keras / tensorflow.keras
     keras3_line: int | None = None  # first `import keras` / `from keras ... import`
-    imports_distlaunch: bool = False  # imports distlaunch.worker (dw.strategy() serves on ps/worker)
+    imports_distlaunch: bool = (
+        False  # imports distlaunch.worker (dw.strategy() serves on ps/worker)
+    )
     server_line: int | None = None  # creates a tf.distribute.Server itself
 
 
@@ -54,7 +57,9 @@ class ProgramChoice:
     keras: str  # contract.KERAS3 or contract.TF_KERAS
     keras_reason: str
     keras_auto: bool = False  # auto picked tf_keras: `up` says so at start
-    serve_ps_workers: bool = False  # PSS ps/worker tasks run SERVE_MODULE, not the program
+    serve_ps_workers: bool = (
+        False  # PSS ps/worker tasks run SERVE_MODULE, not the program
+    )
     serve_reason: str = ""
 
     def start_note(self, strategy: str) -> str | None:
@@ -77,7 +82,8 @@ class ProgramChoice:
 
 
 def choose(loaded: LoadedSpec) -> ProgramChoice:
-    """Decide the Keras flavour and the PSS role split of ``loaded``'s program (reads its source)."""
+    """Decide the Keras flavour and the PSS role split of ``loaded``'s program (reads its
+    source)."""
     program = loaded.spec.program
     source, where = program_source(loaded)
     facts = None
@@ -130,24 +136,30 @@ def module_file(name: str, workdir: Path) -> Path | None:
     return Path(spec.origin)
 
 
-def _find(fullname: str, path: list[str]):  # noqa: ANN202 - a ModuleSpec or None
+def _find(fullname: str, path: list[str]) -> ModuleSpec | None:
     for finder in sys.meta_path:
         find = getattr(finder, "find_spec", None)
         if find is None:
             continue
         try:
             spec = find(fullname, path, None)
-        except Exception:  # noqa: BLE001 - a third-party finder's failure means "not found here"
-            continue
+        except (
+            ImportError,
+            ValueError,
+            OSError,
+        ):  # this finder cannot say: ask the next one
+            spec = None
         if spec is not None:
             return spec
     return None
 
 
 def scan(source: str, filename: str = "<program>") -> Facts:
-    """Return what ``source`` shows about Keras and serving (raises SyntaxError if it does not parse)."""
+    """Return what ``source`` shows about Keras and serving (SyntaxError if it does not parse)."""
     tree = ast.parse(source, filename)
-    tf_names = {"tensorflow"}  # names bound to the tensorflow module: `import tensorflow as tf`
+    tf_names = {
+        "tensorflow"
+    }  # names bound to the tensorflow module: `import tensorflow as tf`
     tf_keras: list[int] = []
     keras3: list[int] = []
     server: list[int] = []
@@ -166,12 +178,18 @@ def scan(source: str, filename: str = "<program>") -> Facts:
             names = {alias.name for alias in node.names}
             if _is_module(node.module, "keras"):
                 keras3.append(node.lineno)
-            if _is_module(node.module, "tensorflow.keras") or (node.module == "tensorflow" and "keras" in names):
+            if _is_module(node.module, "tensorflow.keras") or (
+                node.module == "tensorflow" and "keras" in names
+            ):
                 tf_keras.append(node.lineno)
             imports_distlaunch |= _is_module(node.module, "distlaunch")
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
-            if node.attr == "keras" and isinstance(node.value, ast.Name) and node.value.id in tf_names:
+            if (
+                node.attr == "keras"
+                and isinstance(node.value, ast.Name)
+                and node.value.id in tf_names
+            ):
                 tf_keras.append(node.lineno)
             if node.attr == "Server":
                 server.append(node.lineno)
@@ -191,19 +209,29 @@ def _is_module(name: str, module: str) -> bool:
 
 def _why_tf_keras(strategy: str) -> str:
     what, issue = UPSTREAM.get(strategy, UPSTREAM[contract.MWMS])
-    return f"tf.keras code is Keras 2 code and Keras 3's model.fit cannot run under {what} ({issue})"
+    cannot = f"Keras 3's model.fit cannot run under {what} ({issue})"
+    return f"tf.keras code is Keras 2 code and {cannot}"
 
 
-def _keras(setting: str, facts: Facts | None, where: str, strategy: str) -> tuple[str, str, bool]:
+def _keras(
+    setting: str, facts: Facts | None, where: str, strategy: str
+) -> tuple[str, str, bool]:
     """(flavour, reason, whether auto picked tf_keras)."""
     if setting != AUTO:
         return setting, 'set by "keras" in the spec', False
     if facts is None:
         return contract.KERAS3, f"auto: Keras 3, TensorFlow's default ({where})", False
     if facts.keras3_line is not None:
-        return contract.KERAS3, f"auto: {where}:{facts.keras3_line} imports Keras 3 directly", False
+        return (
+            contract.KERAS3,
+            f"auto: {where}:{facts.keras3_line} imports Keras 3 directly",
+            False,
+        )
     if facts.tf_keras_line is not None:
-        reason = f"auto: {where}:{facts.tf_keras_line} uses tf.keras and nothing imports keras; {_why_tf_keras(strategy)}"
+        reason = (
+            f"auto: {where}:{facts.tf_keras_line} uses tf.keras and nothing imports keras; "
+            f"{_why_tf_keras(strategy)}"
+        )
         return contract.TF_KERAS, reason, True
     return contract.KERAS3, f"auto: {where} does not use tf.keras", False
 
@@ -215,10 +243,20 @@ def _serving(facts: Facts | None, where: str, strategy: str) -> tuple[bool, str]
     if facts is None:
         return False, f"every task runs the program ({where})"
     if facts.imports_distlaunch:
-        return False, "every task runs the program: it imports distlaunch.worker, whose strategy() serves on ps and worker tasks"
+        return (
+            False,
+            (
+                "every task runs the program: it imports distlaunch.worker, whose strategy() "
+                "serves on ps and worker tasks"
+            ),
+        )
     if facts.server_line is not None:
-        return False, f"every task runs the program: it starts its own server ({where}:{facts.server_line})"
+        return (
+            False,
+            f"every task runs the program: it starts its own server ({where}:{facts.server_line})",
+        )
     return True, (
-        f"ps and worker tasks run `python -m {SERVE_MODULE}` (a TensorFlow server) and the chief runs "
+        f"ps and worker tasks run `python -m {SERVE_MODULE}` (a TensorFlow server) and the "
+        "chief runs "
         f"the program: {where} never creates a tf.distribute.Server"
     )
