@@ -48,19 +48,22 @@ class Evidence:
         lines = self.message.splitlines()
         return clip(f"{self.type}: {lines[0]}" if lines and lines[0] else self.type)
 
-    def condensed(self, frames: int = 2) -> list[str]:
-        """The traceback in a few clipped lines: the outermost frame, the innermost ``frames - 1``,
-        and the message's first and last lines (with how many lines were left out)."""
+    def condensed(self) -> list[str]:
+        """The traceback in a few clipped lines: the outermost frame (where the program called
+        in), the innermost (where it was raised), and the message's first and last lines, each
+        with how much was left out."""
         out: list[str] = []
-        shown = list(self.frames[:1])
-        inner = self.frames[1:][-(frames - 1) :] if frames > 1 else []
-        skipped = len(self.frames) - len(shown) - len(inner)
+        shown = [*self.frames[:1], *self.frames[1:][-1:]]
+        if shown:
+            skipped = len(self.frames) - len(shown)
+            left_out = (
+                f"; {skipped} frame{'s' if skipped != 1 else ''} between left out"
+                if skipped
+                else ""
+            )
+            out.append(f"{TRACEBACK_START[:-2]}{left_out}):")
         for where, code in shown:
-            out += [clip(where), *([clip("  " + code)] if code else [])]
-        if skipped > 0:
-            out.append(f"  ... ({skipped} more frame{'s' if skipped != 1 else ''})")
-        for where, code in inner:
-            out += [clip(where), *([clip("  " + code)] if code else [])]
+            out += ["  " + clip(where), *(["    " + clip(code)] if code else [])]
         lines = self.message.splitlines() or [""]
         out.append(self.first_line())
         if len(lines) > 2:
