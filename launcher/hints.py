@@ -55,7 +55,8 @@ CATALOG: tuple[Hint, ...] = (
         "keras3-fit-pss",
         ("ValueError",),
         r"you need to pass this dataset to\s+`?ClusterCoordinator.create_per_worker_dataset",
-        "Keras 3 model.fit cannot run under ParameterServerStrategy (keras-team/keras#18624). "
+        "Keras 3 model.fit cannot run under ParameterServerStrategy (keras-team/keras#18624); a "
+        "custom loop must pass its dataset through coordinator.create_per_worker_dataset. "
         f"Fix: {_TF_KERAS_FIX}",
     ),
     Hint(
