@@ -131,7 +131,8 @@ def _payload_spec(tmp: Path, strategy: str, tasks: dict, restart: str) -> Path:
     """A spec with the injection payloads in every free string field that reaches a manifest."""
     workdir = chain(tmp / "w")
     script = chain(tmp / "s") / "task.py"
-    script.write_text("")
+    # A program that serves by itself (distlaunch.worker does): every role runs it, PSS included.
+    script.write_text("import distlaunch.worker\n")
     env = {f"P{i}": p for i, p in enumerate(PAYLOADS)}
     env.update({f"N{i} {name}": name for i, name in enumerate(K8S_NAMES)})
     return write_spec(
