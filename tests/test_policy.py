@@ -79,3 +79,10 @@ def test_manual_restart_uses_the_same_sets_and_no_budget():
 def test_hang_counts_as_failure():
     d = RestartPolicy(MWMS, ON_FAILURE).decide(TaskEvent("worker-1", "worker", None), {}, [], 0.0)
     assert d.action is Action.RESTART and "stopped making progress" in d.reason
+
+
+def test_backoff_stays_at_its_cap_after_thousands_of_restarts():
+    # 2 ** 1024 does not fit a float: the delay must stay max_s, not raise OverflowError.
+    rules = RestartRules(policy="on-failure", max_restarts=5000, initial_backoff_s=1.0, max_backoff_s=30.0)
+    d = decide(MWMS, rules, "worker-1", 1, restarts=[99.0] * 2000)
+    assert d.action is Action.RESTART and d.delay_s == 30
