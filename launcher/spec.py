@@ -8,7 +8,9 @@ path and what was expected, so the CLI can print one line and exit 2.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,11 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1")
 _HOST_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 # ssh options distlaunch sets itself: a spec that changed them would break connection sharing,
 # the host-key policy or the launcher's hold on the remote task.
+# At most this many tasks in one spec: TF_CONFIG lists every task in every task's environment,
+# so a plan grows with the square of the count (50,000 tasks took 24 GB).
+MAX_TASKS = 4096
+# At most this many GPUs per task: a count is expanded into indices one by one.
+MAX_GPUS = 1024
 OWNED_SSH_OPTIONS = (
     "BatchMode", "ConnectTimeout", "ControlMaster", "ControlPath", "ControlPersist", "ForkAfterAuthentication",
     "RemoteCommand", "RequestTTY", "SessionType", "StdinNull", "StrictHostKeyChecking",
@@ -47,22 +54,22 @@ def _port(value: Any) -> int | str:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
         return value
-    raise ValueError(f'expected "auto" or a port number 1-65535, got {json.dumps(value)}')
+    raise ValueError(f'expected "auto" or a port number 1-65535, got {_shown(value)}')
 
 
 def _gpus(value: Any) -> int | tuple[int, ...] | None:
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPUS:
         return value
     if isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_GPUS for v in value
     ):
         if len(set(value)) != len(value):
-            raise ValueError(f"expected distinct GPU indices, got {json.dumps(value)}")
+            raise ValueError(f"expected distinct GPU indices, got {_shown(value)}")
         return tuple(value)
     raise ValueError(
-        f"expected a GPU count (integer >= 0) or a list of GPU indices, got {json.dumps(value)}"
+        f"expected a GPU count (integer 0-{MAX_GPUS}) or a list of GPU indices, got {_shown(value)}"
     )
 
 
@@ -98,8 +105,9 @@ class _PathError(ValueError):
 
 
 class _Model(BaseModel):
-    # strict: a spec that says "2" where a number belongs is wrong, not coerced.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # strict: a spec that says "2" where a number belongs is wrong, not coerced. No float is
+    # infinite or NaN: a grace period of Infinity would wait forever.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class TaskEntry(_Model):
@@ -135,7 +143,9 @@ class RoleTasks(_Model):
                 )
             count = data.get("count", 1)
             if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-                raise _PathError(("count",), f"expected an integer >= 1, got {json.dumps(count)}")
+                raise _PathError(("count",), f"expected an integer >= 1, got {_shown(count)}")
+            if count > MAX_TASKS:
+                raise _PathError(("count",), f"expected at most {MAX_TASKS} tasks, got {_shown(count)}")
             if count > 1 and isinstance(data.get("port"), int):
                 raise _PathError(
                     ("port",), "a fixed port needs one task; list the tasks to give each its own port"
@@ -393,6 +403,9 @@ class Spec(_Model):
     @model_validator(mode="after")
     def _roles_fit_strategy(self) -> Spec:
         roles = self.tasks.by_role()
+        total = sum(len(entries) for entries in roles.values())
+        if total > MAX_TASKS:
+            raise _PathError(("tasks",), f"expected at most {MAX_TASKS} tasks in all, got {total}")
         if self.strategy == "multi_worker_mirrored":
             if "worker" not in roles and "chief" not in roles:
                 raise _PathError(("tasks",), "expected at least one worker (or a chief)")
@@ -453,20 +466,41 @@ def load_spec(path: str | Path) -> LoadedSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(shown, "$", f"cannot read: {exc}") from None
     try:
-        raw = json.loads(text, object_pairs_hook=_DupCheckingDict.from_pairs)
+        raw = json.loads(text, object_pairs_hook=_DupCheckingDict.from_pairs, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise SpecError(shown, "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    dup = _find_duplicate_key(raw, ())
-    if dup is not None:
-        loc, key = dup
-        raise SpecError(shown, _json_path(loc + (key,)), f"key {key!r} appears twice; expected it once")
-    if not isinstance(raw, dict):
-        raise SpecError(shown, "$", "expected a JSON object")
+    except RecursionError:
+        raise SpecError(shown, "$", "invalid JSON: nested too deeply") from None
     try:
-        spec = Spec.model_validate(raw)
-    except ValidationError as exc:
-        raise _first_error(shown, exc) from None
+        dup = _find_duplicate_key(raw, ())
+        if dup is not None:
+            loc, key = dup
+            raise SpecError(shown, _json_path(loc + (key,)), f"key {key!r} appears twice; expected it once")
+        if not isinstance(raw, dict):
+            raise SpecError(shown, "$", "expected a JSON object")
+        try:
+            spec = Spec.model_validate(raw)
+        except ValidationError as exc:
+            raise _first_error(shown, exc) from None
+    except RecursionError:
+        # json's own limit let it through, but walking it is still too deep: no spec is.
+        raise SpecError(shown, "$", "nested too deeply; expected a cluster spec") from None
     return _resolve(spec, file, shown, raw)
+
+
+# An integer literal longer than this is no number a spec needs (and Python refuses to convert
+# one over 4300 digits); it stays a string so that validation names its JSON path.
+_MAX_INT_DIGITS = 100
+
+
+def _parse_int(text: str) -> int | str:
+    return int(text) if len(text) <= _MAX_INT_DIGITS else f"{text[:12]}... ({len(text)} digits)"
+
+
+def _shown(value: Any) -> str:
+    """``value`` as JSON for an error message, cut short: a message is one readable line."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedSpec:
@@ -486,10 +520,35 @@ def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedS
     _check_task_hosts(spec, shown, raw)
     _check_unique_ports(spec, shown, raw)
     _check_gpus(spec, shown, raw)
+    _check_python(spec, workdir, shown)
+    shared_dir = (base / spec.shared_dir).resolve()
+    _check_shared_dir(shared_dir, shown)
     return LoadedSpec(
-        spec=spec, file=file, raw=raw, shared_dir=(base / spec.shared_dir).resolve(),
+        spec=spec, file=file, raw=raw, shared_dir=shared_dir,
         workdir=workdir, script=script, hosts=hosts,
     )
+
+
+def _check_python(spec: Spec, workdir: Path, shown: str) -> None:
+    """program.python must be an executable here when a task runs here: else every start fails
+    with exit 127 (which a restart policy would retry)."""
+    python = spec.program.python
+    local = any(not _is_ssh(spec, e.host) for entries in spec.tasks.by_role().values() for e in entries)
+    if python is None or spec.backend == "compose" or not local:
+        return
+    # A path with a slash is relative to the task's working dir (where it is executed from).
+    found = str(workdir / python) if "/" in python else shutil.which(python)
+    if found is None or not (os.path.isfile(found) and os.access(found, os.X_OK)):
+        raise SpecError(shown, "$.program.python", f"expected an executable interpreter, got {python!r}")
+
+
+def _check_shared_dir(shared_dir: Path, shown: str) -> None:
+    """The shared dir must be a folder, or creatable: its nearest existing ancestor a folder."""
+    for path in (shared_dir, *shared_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise SpecError(shown, "$.shared_dir", f"expected a directory, but {str(path)!r} is a file")
+            return
 
 
 def _resolve_hosts(spec: Spec, base: Path, shown: str) -> dict[str, Host]:
@@ -636,7 +695,7 @@ def _first_error(shown: str, exc: ValidationError) -> SpecError:
     elif kind == "value_error":
         msg = str(ctx_error) if ctx_error else err["msg"]
     else:
-        msg = f"{_lower_first(err['msg'])}, got {json.dumps(err.get('input'), default=str)}"
+        msg = f"{_lower_first(err['msg'])}, got {_shown(err.get('input'))}"
     return SpecError(shown, _json_path(loc), msg)
 
 
