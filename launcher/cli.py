@@ -128,7 +128,10 @@ def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | 
     console = Console()
     if not (resume or fresh or run_id):
         resume = _offer_resume(loaded, console)
-    run_up(loaded, choose_run(loaded, run_id, resume), console, ImageRequest(image, base_image))
+    target = choose_run(loaded, run_id, resume)
+    # One launcher per run dir, for this launcher's whole life.
+    with rundir.claim(target.run_dir, target.previous, loaded.spec.permissions == "private"):
+        run_up(loaded, target, console, ImageRequest(image, base_image))
 
 
 def _with_backend(loaded: LoadedSpec, backend: str) -> LoadedSpec:

@@ -6,11 +6,16 @@ here; files are replaced atomically so a reader never sees half a JSON document.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import secrets
+import shutil
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,11 @@ from distlaunch.launcher.errors import UsageError
 
 RUN_JSON = "run.json"
 EVENTS = "events.jsonl"
+# The file a launcher holds an exclusive flock on for its whole life: one launcher per run dir.
+LOCK = "launcher.lock"
+# A run id names a folder in the shared dir: spelled like a spec's name, so that it can never be
+# "", "..", a path or an option.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # Run states written to run.json; only `running` and `stopping` runs have live processes.
 RUNNING, STOPPING, SUCCEEDED, FAILED, INTERRUPTED = "running", "stopping", "succeeded", "failed", "interrupted"
 FINISHED = (SUCCEEDED, FAILED, INTERRUPTED)
@@ -33,6 +43,63 @@ def new_run_id(name: str) -> str:
     """Return a fresh run id: the spec's name, the UTC time and a short random suffix."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+def check_run_id(run_id: str) -> None:
+    """Refuse a run id that is not a plain folder name (UsageError)."""
+    if not RUN_ID.fullmatch(run_id):
+        raise UsageError(
+            f"--run-id {run_id!r}: expected 1-128 letters, digits, '.', '-' or '_', starting with a letter or digit"
+        )
+
+
+def check_existing(run_dir: Path, private: bool) -> None:
+    """Refuse to resume a run dir someone else could have planted or can change: a symbolic
+    link, not a folder, not the user's own, or (for a private run) open to others."""
+    info = os.lstat(run_dir)
+    if stat.S_ISLNK(info.st_mode):
+        raise UsageError(f"run dir {run_dir} is a symbolic link; a run dir is never used through one")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"run dir {run_dir} is not a directory")
+    if info.st_uid != os.getuid():
+        raise UsageError(f"run dir {run_dir} belongs to uid {info.st_uid}, not to you (uid {os.getuid()})")
+    mode = stat.S_IMODE(info.st_mode)
+    if private and mode & 0o077:
+        raise UsageError(f"run dir {run_dir} has mode {mode:04o}; a private run's dir must be 0700 (chmod 700 it)")
+
+
+@contextmanager
+def claim(run_dir: Path, previous: dict | None, private: bool) -> Iterator[None]:
+    """Own ``run_dir`` for the block: create it (a new run, ``previous`` None) or check that its
+    run.json is still at ``previous``'s attempt (a resumed run), under an exclusive lock that a second
+    launcher of the same run cannot take (UsageError). The kernel drops the lock when this
+    process ends, however it ends. A new run dir that never got a run.json is removed again.
+    """
+    created = previous is None
+    if created:
+        try:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            # Exclusive: an existing folder (or a link planted in its place) is never reused.
+            run_dir.mkdir(mode=0o700 if private else 0o777)
+        except FileExistsError:
+            raise UsageError(f"run dir {run_dir} already exists; pick another --run-id") from None
+        except OSError as exc:
+            raise UsageError(f"cannot create run dir {run_dir}: {exc.strerror}") from None
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode(run_dir))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"run {run_dir.name} is in use by another launcher; `distlaunch down {run_dir.name}` stops it") from None
+        if previous is not None:
+            record = read_json(run_dir / RUN_JSON) or {}
+            if record.get("attempt") != previous.get("attempt"):
+                raise UsageError(f"run {run_dir.name} changed while this launcher started; run the command again")
+        yield
+    finally:
+        os.close(fd)
+        if created and not (run_dir / RUN_JSON).exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def make_dirs(run_dir: Path, attempt: int, private: bool = True) -> None:

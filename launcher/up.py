@@ -43,6 +43,8 @@ class RunTarget:
 def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarget:
     """Pick a fresh run, or the run to resume (``run_id``, or with ``resume`` the latest unfinished one)."""
     shared = loaded.shared_dir
+    if run_id is not None:
+        rundir.check_run_id(run_id)
     if resume and run_id is None:
         found = rundir.latest_unfinished(shared, loaded.spec.name)
         if found is None:
@@ -52,11 +54,16 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
         run_id = rundir.new_run_id(loaded.spec.name)
         return RunTarget(run_id, shared / run_id, 0, None)
     run_dir = shared / run_id
-    previous = rundir.read_json(run_dir / rundir.RUN_JSON)
-    if previous is None:
+    if not os.path.lexists(run_dir):
         if resume:
             raise UsageError(f"--resume: no run {run_id!r} under {shared}")
         return RunTarget(run_id, run_dir, 0, None)
+    if not run_dir.is_symlink() and not (run_dir / rundir.RUN_JSON).is_file():
+        raise UsageError(f"run dir {run_dir} already exists and holds no run; pick another --run-id")
+    rundir.check_existing(run_dir, loaded.spec.permissions == "private")
+    previous = rundir.read_json(run_dir / rundir.RUN_JSON)
+    if not isinstance(previous, dict):
+        raise UsageError(f"{run_dir / rundir.RUN_JSON} is not a run record")
     if previous.get("state") in (rundir.RUNNING, rundir.STOPPING) and procs.pid_alive(previous.get("launcher_pid")):
         raise UsageError(f"run {run_id} is still running (launcher pid {previous['launcher_pid']}); `distlaunch down {run_id}` first")
     return RunTarget(run_id, run_dir, int(previous.get("attempt", 0)) + 1, previous)

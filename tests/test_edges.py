@@ -4,11 +4,14 @@ run that finishes whatever its terminal, its neighbours or a second launcher do.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, write_spec
+from conftest import distlaunch, run_record, wait_for, wait_for_run_dir, write_spec
 
 TASK = "print('hi')\n"
 
@@ -72,3 +75,70 @@ def test_a_shared_dir_under_a_regular_file_is_a_spec_error(tmp):
     spec = _spec(tmp, shared_dir="blocker/runs")
     for command in ("validate", "up"):
         _assert_one_line_exit_2(distlaunch(command, str(spec), cwd=tmp), "$.shared_dir", "blocker")
+
+
+# ---------------------------------------------------------------- item 10: run ids and run dirs
+
+
+@pytest.mark.parametrize("run_id", ["../escaped", "", ".", "a/b", "-x"])
+def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp, run_id):
+    spec = _spec(tmp)
+    _assert_one_line_exit_2(distlaunch("up", str(spec), "--run-id", run_id, cwd=tmp), "--run-id")
+    assert not (tmp / "escaped").exists() and not (tmp / "runs" / "run.json").exists()
+
+
+def test_an_existing_folder_is_never_reused_as_a_new_run_dir(tmp):
+    spec = _spec(tmp)
+    (tmp / "runs" / "mine").mkdir(parents=True, mode=0o755)
+    _assert_one_line_exit_2(distlaunch("up", str(spec), "--run-id", "mine", cwd=tmp), "already exists")
+    assert list((tmp / "runs" / "mine").iterdir()) == []
+
+
+def _finished_run(run_dir: Path, mode: int = 0o700) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_dir.name, "name": "t", "state": "failed", "attempt": 0}))
+    run_dir.chmod(mode)
+
+
+def test_resume_refuses_a_symlinked_or_open_run_dir(tmp):
+    spec = _spec(tmp)
+    _finished_run(tmp / "elsewhere" / "real")
+    (tmp / "runs").mkdir()
+    (tmp / "runs" / "link").symlink_to(tmp / "elsewhere" / "real")
+    _assert_one_line_exit_2(distlaunch("up", str(spec), "--run-id", "link", cwd=tmp), "symbolic link")
+    _finished_run(tmp / "runs" / "open", 0o755)
+    _assert_one_line_exit_2(distlaunch("up", str(spec), "--run-id", "open", cwd=tmp), "0755")
+    assert not (tmp / "elsewhere" / "real" / "logs").exists() and not (tmp / "runs" / "open" / "logs").exists()
+
+
+# ---------------------------------------------------------------- item 4: one launcher per run dir
+
+SLEEPER = "import time\ntime.sleep(600)\n"
+
+
+def _up(spec: Path, *args: str, out: str = "a") -> subprocess.Popen:
+    folder = spec.parent
+    with open(folder / f"{out}.out", "w") as stdout, open(folder / f"{out}.err", "w") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec), *args],
+                                cwd=folder, stdout=stdout, stderr=stderr)
+
+
+def test_a_second_launcher_of_the_same_run_gets_one_line_and_exit_2(tmp):
+    (tmp / "task.py").write_text(SLEEPER)
+    spec = write_spec(tmp, tasks={"worker": {"count": 1}}, timeouts={"grace_s": 1, "startup_s": 600})
+    first = _up(spec, "--run-id", "same")
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", first)
+        wait_for(lambda: run_record(run_dir).get("tasks", {}).get("worker-0", {}).get("pid"), "worker-0 started", launcher=first)
+        # What run.json says while the first launcher has not written its own record yet (SSH
+        # preflight, an image build): the previous attempt, ended. A second launcher must still
+        # see that the run dir is taken.
+        record = run_record(run_dir)
+        (run_dir / "run.json").write_text(json.dumps({**record, "state": "failed"}))
+        second = distlaunch("up", str(spec), "--run-id", "same", cwd=tmp, timeout=120)
+        _assert_one_line_exit_2(second, "in use by another launcher")
+        assert not (run_dir / "logs" / "attempt-1").exists()
+        assert first.poll() is None
+    finally:
+        distlaunch("down", "same", "--shared-dir", str(tmp / "runs"), "--grace", "1")
+        first.wait(timeout=60)
