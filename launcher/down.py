@@ -1,10 +1,13 @@
 """`distlaunch down`: stop whatever is left of a run, also one whose launcher was killed outright.
 
 A launcher that is alive is asked to stop (SIGTERM: it tears its tasks down and records the run
-as interrupted). What a dead launcher leaves behind is found by the run id every task, everything
-a task forks and the namespace holder carry in their environment (DISTLAUNCH_RUN_ID), plus the
-rest of the recorded task process groups those processes are in. Matching on the run id, never on
-a bare pid, means a pid or group id reused by someone else's process is never signalled.
+as interrupted). What a dead launcher leaves behind is found by what every task and everything a
+task forks carry in their environment: the run id and the run dir's path (DISTLAUNCH_RUN_ID and
+DISTLAUNCH_RUN_DIR), plus the rest of the recorded task process groups those processes are in.
+The run id alone is not enough: two projects may both use `--run-id nightly` in their own shared
+dirs. Processes that carry only the run id (the namespace holder, an SSH task's local client) are
+matched by their recorded pid as well. Never matching on a bare pid means a pid or group id reused
+by someone else's process is never signalled.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
     if launcher is not None:
         _stop([launcher], grace_s + LAUNCHER_SLACK_S)
         record = _read(run_dir)  # the launcher recorded its own ending
-    leftovers = _processes_of(record)
+    leftovers = _processes_of(record, run_dir)
     _stop(leftovers, grace_s)
     if record.get("compose"):
         # A compose run's containers outlive a SIGKILLed launcher: remove the whole project.
@@ -81,10 +84,9 @@ def _live_launcher(record: dict) -> psutil.Process | None:
         return None
 
 
-def _processes_of(record: dict) -> list[psutil.Process]:
+def _processes_of(record: dict, run_dir: Path) -> list[psutil.Process]:
     """Every live process of the run: those whose environment names it, plus the other members of
     the recorded task process groups they are in (a forked helper may have cleared its env)."""
-    run_id = record["run_id"]
     recorded = {t.get("pgid") for t in (record.get("tasks") or {}).values()}
     named, others, groups = [], [], set()
     for proc in psutil.process_iter():
@@ -92,7 +94,7 @@ def _processes_of(record: dict) -> list[psutil.Process]:
             if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             pgid = os.getpgid(proc.pid)
-            if proc.environ().get(contract.RUN_ID) == run_id:
+            if _names_run(proc, record, run_dir):
                 named.append(proc)
                 if pgid in recorded:
                     groups.add(pgid)
@@ -101,6 +103,18 @@ def _processes_of(record: dict) -> list[psutil.Process]:
         except (psutil.Error, ProcessLookupError):
             continue
     return named + [proc for proc, pgid in others if pgid in groups]
+
+
+def _names_run(proc: psutil.Process, record: dict, run_dir: Path) -> bool:
+    """Whether ``proc``'s environment names this run: its id and its run dir, or its id alone for
+    a process the record names by pid (the namespace holder, SSH clients: they carry no run dir)."""
+    env = proc.environ()
+    if env.get(contract.RUN_ID) != record["run_id"]:
+        return False
+    if contract.RUN_DIR in env:
+        return os.path.realpath(env[contract.RUN_DIR]) == os.path.realpath(run_dir)
+    pids = {t.get("pid") for t in (record.get("tasks") or {}).values()} | {record.get("netns_holder_pid")}
+    return proc.pid in pids
 
 
 def _stop(procs: list[psutil.Process], grace_s: float) -> None:

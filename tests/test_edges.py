@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import distlaunch, run_record, wait_for, wait_for_run_dir, write_spec
@@ -142,3 +143,31 @@ def test_a_second_launcher_of_the_same_run_gets_one_line_and_exit_2(tmp):
     finally:
         distlaunch("down", "same", "--shared-dir", str(tmp / "runs"), "--grace", "1")
         first.wait(timeout=60)
+
+
+# ---------------------------------------------------------------- item 5: down stops its own run only
+
+
+def test_down_leaves_another_projects_run_with_the_same_id_alone(tmp):
+    launchers, run_dirs = [], []
+    try:
+        for project in ("a", "b"):
+            (tmp / project).mkdir()
+            (tmp / project / "task.py").write_text(SLEEPER)
+            spec = write_spec(tmp / project, tasks={"worker": {"count": 1}}, timeouts={"grace_s": 1, "startup_s": 600})
+            launcher = _up(spec, "--run-id", "same")
+            launchers.append(launcher)
+            run_dir = wait_for_run_dir(tmp / project / "runs", launcher)
+            run_dirs.append(run_dir)
+            wait_for(lambda: run_record(run_dir).get("tasks", {}).get("worker-0", {}).get("pid"), "worker-0 started", launcher=launcher)
+        other_task = psutil.Process(run_record(run_dirs[1])["tasks"]["worker-0"]["pid"])
+        done = distlaunch("down", "same", "--shared-dir", str(tmp / "a" / "runs"), "--grace", "1")
+        assert done.returncode == 0, done.stderr
+        launchers[0].wait(timeout=60)
+        assert run_record(run_dirs[0])["state"] == "interrupted"
+        assert launchers[1].poll() is None and other_task.is_running(), "down stopped the other project's run"
+        assert run_record(run_dirs[1])["state"] == "running"
+    finally:
+        for project, launcher in zip(("a", "b"), launchers):
+            distlaunch("down", "same", "--shared-dir", str(tmp / project / "runs"), "--grace", "1")
+            launcher.wait(timeout=60)
