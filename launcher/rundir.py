@@ -73,9 +73,12 @@ def claim(run_dir: Path, previous: dict | None, private: bool) -> Iterator[None]
     """Own ``run_dir`` for the block: create it (a new run, ``previous`` None) or check that its
     run.json is still at ``previous``'s attempt (a resumed run), under an exclusive lock that a second
     launcher of the same run cannot take (UsageError). The kernel drops the lock when this
-    process ends, however it ends. A new run dir that never got a run.json is removed again.
+    process ends, however it ends. A new run dir that never got a run.json is removed again,
+    with the folders above it that were made for it: a run that did not start leaves nothing.
     """
     created = previous is None
+    # The run dir and the missing folders above it, deepest first.
+    made = [p for p in (run_dir, *run_dir.parents) if not os.path.lexists(p)]
     if created:
         try:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +103,11 @@ def claim(run_dir: Path, previous: dict | None, private: bool) -> Iterator[None]
         os.close(fd)
         if created and not (run_dir / RUN_JSON).exists():
             shutil.rmtree(run_dir, ignore_errors=True)
+            for folder in made[1:]:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
 
 
 def make_dirs(run_dir: Path, attempt: int, private: bool = True) -> None:
