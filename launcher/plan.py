@@ -19,8 +19,11 @@ from distlaunch.launcher.program_scan import ProgramChoice
 from distlaunch.launcher.spec import LoadedSpec, TaskEntry
 from distlaunch.worker import contract
 
-# Env names whose values `plan` and summaries mask: they usually carry credentials.
-SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASSWORD|PASSWD|KEY|CREDENTIAL)", re.IGNORECASE)
+# Env names whose values `plan` and summaries mask: they usually carry credentials
+# (PASS: DB_PASS, PASSWORD, PASSWD; PWD: MYSQL_PWD; AUTH: AUTH_TOKEN, X_AUTH_HEADER).
+SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASS|PWD|AUTH|KEY|CREDENTIAL)", re.IGNORECASE)
+# The password of a URL's user:password@ (HTTPS_PROXY, DATABASE_URL), whatever the variable's name.
+URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
 # The interpreter of a task in a container of the distlaunch image: docker/Dockerfile puts the
 # image's venv first on PATH. The launcher's own interpreter path means nothing in there.
 IMAGE_PYTHON = "python"
@@ -105,8 +108,9 @@ class Plan:
 
 
 def masked_env(env: Mapping[str, str]) -> dict[str, str]:
-    """Return ``env`` with the values of secret-looking names replaced by ``***``."""
-    return {k: ("***" if SECRET_ENV.search(k) else v) for k, v in env.items()}
+    """Return ``env`` with the values of secret-looking names replaced by ``***``, and the
+    password of every ``scheme://user:password@`` in the others too."""
+    return {k: ("***" if SECRET_ENV.search(k) else URL_PASSWORD.sub(r"\1:***@", v)) for k, v in env.items()}
 
 
 def masked_spec(raw: Mapping) -> dict:

@@ -687,6 +687,10 @@ def _first_error(shown: str, exc: ValidationError) -> SpecError:
     if isinstance(ctx_error, _PathError):
         return SpecError(shown, _json_path(loc + ctx_error.loc), ctx_error.message)
     kind = err["type"]
+    if loc[:2] == ("program", "env") and kind != "extra_forbidden":
+        # Environment values are often secrets: the message says what was expected, never the value.
+        what = "an object of names and string values" if len(loc) == 2 else "a string"
+        return SpecError(shown, _json_path(loc), f"expected {what} (the value is not shown: it may be a secret)")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         msg = f"unknown key {loc[-1]!r}; expected one of: {', '.join(allowed)}"
