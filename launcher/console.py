@@ -3,24 +3,161 @@
 Tasks write straight into their log files (the launcher is never in their write path, so a slow
 terminal cannot slow training and every line reaches the log even if the launcher dies). The
 launcher follows the files in large reads and prefixes whole chunks at once.
+
+The terminal never holds the launcher either: what is echoed goes through a `Terminal`, a bounded
+queue that one background thread writes out. A stdout nobody reads (`| less` paused, Ctrl-S) only
+makes the echo lossy (a note says how much was not shown; the log files have everything), and a
+closed one (`| head -3`) is ignored, while supervision goes on.
 """
 
 from __future__ import annotations
 
+import atexit
+import collections
 import os
 import sys
+import threading
+import time
 from typing import BinaryIO
 
 _COLORS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
 _READ = 1 << 20
+# At most this much echo waits for a slow terminal; more is dropped (the logs keep it).
+MAX_PENDING = 4 * _READ
+# At exit, how long the echo may go without progress before the rest is given up.
+CLOSE_WAIT_S = 2.0
+
+
+class Terminal:
+    """A write-only stream the launcher never waits on: writes are queued (up to MAX_PENDING
+    bytes; the rest is dropped, with a note) and a daemon thread writes them to the fd.
+
+    The thread writes with os.write, never through the stream's buffer object: a daemon thread
+    blocked inside a BufferedWriter would make the interpreter abort at exit.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self._fd = stream.fileno()
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._dropped = 0
+        self._broken = False  # the reader is gone (EPIPE): everything is discarded
+        self._writing = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        atexit.register(self.close)
+
+    def isatty(self) -> bool:
+        """Whether the stream is a terminal."""
+        return os.isatty(self._fd)
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; drop it (and count it) when MAX_PENDING bytes already wait."""
+        with self._cond:
+            if self._broken or not data:
+                return
+            if self._size + len(data) > MAX_PENDING:
+                self._dropped += len(data)
+                return
+            self._note_dropped()
+            self._push(data)
+
+    def _note_dropped(self) -> None:
+        if self._dropped:
+            note = f"[distlaunch: {self._dropped} bytes of output were not shown here (the terminal did not keep up); the log files have everything]\n"
+            self._dropped = 0
+            self._push(note.encode())
+
+    def room(self) -> int:
+        """How many bytes may be written before writes are dropped (a reader that is gone takes
+        everything: it is discarded at once)."""
+        with self._cond:
+            return MAX_PENDING if self._broken else max(0, MAX_PENDING - self._size)
+
+    def flush(self) -> None:
+        """Nothing to do: the writer thread writes as soon as the fd takes it."""
+
+    def close(self) -> None:
+        """Give the queue time to drain while it makes progress (at most CLOSE_WAIT_S without)."""
+        with self._cond:
+            if not self._broken:
+                self._note_dropped()
+            last, seen = time.monotonic(), self._size
+            while (self._queue or self._writing) and not self._broken:
+                if self._size != seen:
+                    last, seen = time.monotonic(), self._size
+                left = CLOSE_WAIT_S - (time.monotonic() - last)
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, 0.1))
+
+    def _push(self, data: bytes) -> None:
+        self._queue.append(data)
+        self._size += len(data)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="terminal", daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._writing = False
+                    self._cond.notify_all()
+                    self._cond.wait()
+                data = b"".join(self._queue)
+                self._queue.clear()
+                self._writing = True
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(self._fd, view)
+                    view = view[written:]
+                    with self._cond:
+                        self._size -= written
+                        self._cond.notify_all()
+            except OSError:  # EPIPE and friends: nobody will read this stream again
+                with self._cond:
+                    self._broken = True
+                    self._queue.clear()
+                    self._size = 0
+                    self._writing = False
+                    self._cond.notify_all()
+                return
+
+
+def _terminal(stream: BinaryIO) -> Terminal | BinaryIO:
+    """``stream`` as a Terminal when it has a file descriptor (a real stdout or stderr)."""
+    if isinstance(stream, Terminal):
+        return stream
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return stream
+    return Terminal(stream)
+
+
+def _same_file(a: BinaryIO, b: BinaryIO) -> bool:
+    """Whether two streams write to one file (a terminal's stdout and stderr): one queue then
+    keeps their lines in order."""
+    try:
+        sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 class Console:
     """Where prefixed task output and the launcher's own messages go."""
 
-    def __init__(self, out: BinaryIO | None = None, err: BinaryIO | None = None, color: bool | None = None) -> None:
-        self.out = out or sys.stdout.buffer
-        self.err = err or sys.stderr.buffer
+    def __init__(self, out: BinaryIO | Terminal | None = None, err: BinaryIO | Terminal | None = None,
+                 color: bool | None = None) -> None:
+        out = out or sys.stdout.buffer
+        err = err or sys.stderr.buffer
+        self.out = _terminal(out)
+        self.err = self.out if out is err or _same_file(out, err) else _terminal(err)
         self.color = self.out.isatty() if color is None else color
 
     def prefix(self, name: str, number: int, width: int) -> bytes:
@@ -32,9 +169,7 @@ class Console:
 
     def say(self, message: str) -> None:
         """Print a launcher message (to stderr, so task output on stdout stays clean to pipe)."""
-        self.out.flush()
         self.err.write(f"distlaunch: {message}\n".encode())
-        self.err.flush()
 
 
 class LogFollower:
@@ -56,8 +191,9 @@ class LogFollower:
             return
         os.lseek(self._fd, 0, os.SEEK_END)
 
-    def pump(self, budget: int = 8 * _READ) -> bool:
-        """Echo what was appended since the last call, up to ``budget`` bytes; True if more may wait."""
+    def pump(self, budget: int = 8 * _READ, force: bool = False) -> bool:
+        """Echo what was appended since the last call, up to ``budget`` bytes; True if more may
+        wait now. Unless ``force``d, no more than the terminal has room for is read."""
         if self._closed:
             return False
         if self._fd is None:
@@ -65,14 +201,21 @@ class LogFollower:
                 self._fd = os.open(self.path, os.O_RDONLY)
             except FileNotFoundError:
                 return False
+        # A terminal that does not keep up is not fed: the rest waits in the log file (no loss,
+        # no memory) until it takes more. Only close() pushes past it.
+        room = getattr(self.console.out, "room", None)
+        limited = False
+        if room is not None and not force and room() < budget:
+            budget, limited = room(), True
         read = 0
         while read < budget:
-            chunk = os.read(self._fd, _READ)
+            chunk = os.read(self._fd, min(_READ, budget - read))
             if not chunk:
                 return False
             read += len(chunk)
             self._emit(chunk)
-        return True
+        # Held back by the terminal: the caller waits its usual interval instead of spinning.
+        return not limited
 
     def _emit(self, chunk: bytes) -> None:
         data = self._partial + chunk
@@ -85,7 +228,7 @@ class LogFollower:
 
     def close(self) -> None:
         """Echo everything left, including a last line without a newline, and close the file."""
-        while self.pump():
+        while self.pump(force=True):
             pass
         self._closed = True
         if self._partial:

@@ -216,3 +216,45 @@ def test_a_spec_error_in_env_never_echoes_the_value(tmp, env):
     spec = _spec(tmp, program={"script": "task.py", "env": env})
     line = _assert_one_line_exit_2(distlaunch("validate", str(spec), cwd=tmp), "$.program.env")
     assert "987654321" not in line
+
+
+# ---------------------------------------------------------------- item 6: a stdout nobody reads
+
+# 2 MB of numbered lines (far more than a pipe holds), then: attempt 0 fails, attempt 1 succeeds.
+NOISY = """
+import os, sys
+out = sys.stdout
+for i in range(20000):
+    out.write(f"line {i:05d} " + "x" * 88 + "\\n")
+out.flush()
+sys.exit(1 if os.environ["DISTLAUNCH_ATTEMPT"] == "0" else 0)
+"""
+
+
+@pytest.mark.parametrize("reader", ["never reads", "closed"])
+def test_a_stdout_nobody_reads_never_holds_the_run(tmp, reader):
+    (tmp / "task.py").write_text(NOISY)
+    spec = write_spec(tmp, tasks={"worker": {"count": 1}},
+                      restart={"policy": "on-failure", "max_restarts": 1, "backoff": {"initial_s": 0}})
+    read_end, write_end = os.pipe()
+    if reader == "closed":
+        os.close(read_end)  # `| head -3` that has exited: every write fails with EPIPE
+    with open(tmp / "stderr.txt", "w") as err:
+        launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
+                                    cwd=tmp, stdout=write_end, stderr=err)
+    os.close(write_end)
+    try:
+        # Not a timing assertion: a launcher stuck on its stdout would never exit.
+        code = launcher.wait(timeout=300)
+    finally:
+        launcher.kill()
+        if reader != "closed":
+            os.close(read_end)
+    stderr = (tmp / "stderr.txt").read_text()
+    assert code == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    run_dir = next((tmp / "runs").iterdir())
+    assert run_record(run_dir)["state"] == "succeeded"
+    for attempt in (0, 1):
+        lines = (run_dir / "logs" / f"attempt-{attempt}" / "worker-0.log").read_text().splitlines()
+        assert [line[5:10] for line in lines] == [f"{i:05d}" for i in range(20000)]  # the logs are complete
