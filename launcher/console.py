@@ -24,6 +24,9 @@ _COLORS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
 _READ = 1 << 20
 # At most this much echo waits for a slow terminal; more is dropped (the logs keep it).
 MAX_PENDING = 4 * _READ
+# A line longer than this is echoed in pieces of this size, so the echo holds no more than this
+# of a task's unfinished line.
+MAX_LINE = 64 * 1024
 # At exit, how long the echo may go without progress before the rest is given up.
 CLOSE_WAIT_S = 2.0
 
@@ -181,6 +184,7 @@ class LogFollower:
         self.console = console
         self._fd: int | None = None
         self._partial = b""
+        self._progress = b""  # the progress state echoed last
         self._closed = False
 
     def skip_to_end(self) -> None:
@@ -220,21 +224,51 @@ class LogFollower:
     def _emit(self, chunk: bytes) -> None:
         data = self._partial + chunk
         cut = data.rfind(b"\n") + 1
-        self._partial = data[cut:]
+        rest = data[cut:]
         if cut:
             body = data[:cut]
+            if b"\r" in body:  # a line that a progress bar rewrote: only its final state shows
+                body = b"\n".join(_latest(line) for line in body[:-1].split(b"\n")) + b"\n"
+            if len(body) > MAX_LINE:
+                lines = body[:-1].split(b"\n")
+                if max(map(len, lines)) > MAX_LINE:  # rare: only then a Python loop per line
+                    body = b"".join(_pieces(line) for line in lines)
             # One C-level replace per chunk instead of a Python loop per line.
             self.console.out.write(self.prefix + body[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n")
+            self._progress = b""
+        # A carriage return ends one state of a progress bar (tqdm): echo the latest complete
+        # state as a line, once, and keep only the state being written.
+        ret = rest.rfind(b"\r")
+        if ret >= 0:
+            state = _latest(rest[:ret])
+            if state.strip() and state != self._progress:
+                self.console.out.write(self.prefix + state[:MAX_LINE] + b"\n")
+                self._progress = state
+            rest = rest[ret + 1:]
+        while len(rest) > MAX_LINE:
+            self.console.out.write(self.prefix + rest[:MAX_LINE] + b"\n")
+            rest = rest[MAX_LINE:]
+        self._partial = rest
 
     def close(self) -> None:
         """Echo everything left, including a last line without a newline, and close the file."""
         while self.pump(force=True):
             pass
         self._closed = True
-        if self._partial:
-            self.console.out.write(self.prefix + self._partial + b"\n")
-            self._partial = b""
+        if self._partial.strip():
+            self.console.out.write(self.prefix + _latest(self._partial) + b"\n")
+        self._partial = b""
         self.console.out.flush()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _latest(line: bytes) -> bytes:
+    """What a terminal would show of ``line``: the text after its last carriage return."""
+    return line.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+
+
+def _pieces(line: bytes) -> bytes:
+    """``line`` and its newline, cut into lines of at most MAX_LINE bytes."""
+    return b"".join(line[i:i + MAX_LINE] + b"\n" for i in range(0, max(len(line), 1), MAX_LINE))
