@@ -94,10 +94,7 @@ def check_image(image: str) -> str:
 
 def check_run_id(run_id: str) -> str:
     """``run_id`` when it can name a run dir under the mount (no "/", no ".."); UsageError otherwise."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", run_id):
-        raise UsageError(
-            f"--run-id: expected letters, digits, '.', '-', '_' (starting with a letter or digit), got {run_id!r}"
-        )
+    rundir.check_run_id(run_id)  # the rule every command's --run-id follows
     return run_id
 
 
