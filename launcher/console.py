@@ -68,7 +68,10 @@ class Terminal:
 
     def _note_dropped(self) -> None:
         if self._dropped:
-            note = f"[distlaunch: {self._dropped} bytes of output were not shown here (the terminal did not keep up); the log files have everything]\n"
+            note = (
+                f"[distlaunch: {self._dropped} bytes of output were not shown here (the terminal "
+                "did not keep up); the log files have everything]\n"
+            )
             self._dropped = 0
             self._push(note.encode())
 
@@ -155,8 +158,10 @@ def _same_file(a: BinaryIO, b: BinaryIO) -> bool:
 class Console:
     """Where prefixed task output and the launcher's own messages go."""
 
-    def __init__(self, out: BinaryIO | Terminal | None = None, err: BinaryIO | Terminal | None = None,
-                 color: bool | None = None) -> None:
+    def __init__(
+        self, out: BinaryIO | Terminal | None = None, err: BinaryIO | Terminal | None = None,
+        color: bool | None = None,
+    ) -> None:
         out = out or sys.stdout.buffer
         err = err or sys.stderr.buffer
         self.out = _terminal(out)

@@ -113,7 +113,8 @@ def _names_run(proc: psutil.Process, record: dict, run_dir: Path) -> bool:
         return False
     if contract.RUN_DIR in env:
         return os.path.realpath(env[contract.RUN_DIR]) == os.path.realpath(run_dir)
-    pids = {t.get("pid") for t in (record.get("tasks") or {}).values()} | {record.get("netns_holder_pid")}
+    pids = {t.get("pid") for t in (record.get("tasks") or {}).values()}
+    pids.add(record.get("netns_holder_pid"))
     return proc.pid in pids
 
 

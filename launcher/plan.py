@@ -110,7 +110,11 @@ class Plan:
 def masked_env(env: Mapping[str, str]) -> dict[str, str]:
     """Return ``env`` with the values of secret-looking names replaced by ``***``, and the
     password of every ``scheme://user:password@`` in the others too."""
-    return {k: ("***" if SECRET_ENV.search(k) else URL_PASSWORD.sub(r"\1:***@", v)) for k, v in env.items()}
+    return {k: "***" if SECRET_ENV.search(k) else _mask_url(v) for k, v in env.items()}
+
+
+def _mask_url(value: str) -> str:
+    return URL_PASSWORD.sub(r"\1:***@", value)
 
 
 def masked_spec(raw: Mapping) -> dict:

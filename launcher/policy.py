@@ -123,7 +123,8 @@ class RestartPolicy:
             window = f" within {self.rules.window_s:g} s" if self.rules.window_s is not None else ""
             return Decision(Action.FAIL, f"{event.name} {what}; restart budget exhausted ({len(recent)} of {self.rules.max_restarts} restarts used{window})")
         # The exponent is capped: 2 ** 1024 does not fit a float, and 2 ** 64 exceeds any max_s.
-        delay = min(self.rules.initial_backoff_s * 2.0 ** min(len(recent), 64), self.rules.max_backoff_s)
+        exponent = min(len(recent), 64)
+        delay = min(self.rules.initial_backoff_s * 2.0**exponent, self.rules.max_backoff_s)
         return Decision(
             Action.RESTART,
             f"{event.name} {what}: restarting {', '.join(restart)} (restart {len(recent) + 1} of {self.rules.max_restarts})",

@@ -49,7 +49,8 @@ def check_run_id(run_id: str) -> None:
     """Refuse a run id that is not a plain folder name (UsageError)."""
     if not RUN_ID.fullmatch(run_id):
         raise UsageError(
-            f"--run-id {run_id!r}: expected 1-128 letters, digits, '.', '-' or '_', starting with a letter or digit"
+            f"--run-id {run_id!r}: expected 1-128 letters, digits, '.', '-' or '_', "
+            "starting with a letter or digit"
         )
 
 
@@ -58,21 +59,25 @@ def check_existing(run_dir: Path, private: bool) -> None:
     link, not a folder, not the user's own, or (for a private run) open to others."""
     info = os.lstat(run_dir)
     if stat.S_ISLNK(info.st_mode):
-        raise UsageError(f"run dir {run_dir} is a symbolic link; a run dir is never used through one")
+        raise UsageError(f"run dir {run_dir} is a symbolic link; a run dir is never followed")
     if not stat.S_ISDIR(info.st_mode):
         raise UsageError(f"run dir {run_dir} is not a directory")
     if info.st_uid != os.getuid():
-        raise UsageError(f"run dir {run_dir} belongs to uid {info.st_uid}, not to you (uid {os.getuid()})")
+        raise UsageError(
+            f"run dir {run_dir} belongs to uid {info.st_uid}, not to you (uid {os.getuid()})"
+        )
     mode = stat.S_IMODE(info.st_mode)
     if private and mode & 0o077:
-        raise UsageError(f"run dir {run_dir} has mode {mode:04o}; a private run's dir must be 0700 (chmod 700 it)")
+        raise UsageError(
+            f"run dir {run_dir} has mode {mode:04o}; a private run's dir must be 0700"
+        )
 
 
 @contextmanager
 def claim(run_dir: Path, previous: dict | None, private: bool) -> Iterator[None]:
     """Own ``run_dir`` for the block: create it (a new run, ``previous`` None) or check that its
-    run.json is still at ``previous``'s attempt (a resumed run), under an exclusive lock that a second
-    launcher of the same run cannot take (UsageError). The kernel drops the lock when this
+    run.json is still at ``previous``'s attempt (a resumed run), under an exclusive lock that a
+    second launcher of the same run cannot take (UsageError). The kernel drops the lock when this
     process ends, however it ends. A new run dir that never got a run.json is removed again,
     with the folders above it that were made for it: a run that did not start leaves nothing.
     """
@@ -88,16 +93,22 @@ def claim(run_dir: Path, previous: dict | None, private: bool) -> Iterator[None]
             raise UsageError(f"run dir {run_dir} already exists; pick another --run-id") from None
         except OSError as exc:
             raise UsageError(f"cannot create run dir {run_dir}: {exc.strerror}") from None
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode(run_dir))
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(run_dir / LOCK, flags, file_mode(run_dir))
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UsageError(f"run {run_dir.name} is in use by another launcher; `distlaunch down {run_dir.name}` stops it") from None
+            raise UsageError(
+                f"run {run_dir.name} is in use by another launcher; "
+                f"`distlaunch down {run_dir.name}` stops it"
+            ) from None
         if previous is not None:
             record = read_json(run_dir / RUN_JSON) or {}
             if record.get("attempt") != previous.get("attempt"):
-                raise UsageError(f"run {run_dir.name} changed while this launcher started; run the command again")
+                raise UsageError(
+                    f"run {run_dir.name} changed while this launcher started; run the command again"
+                )
         yield
     finally:
         os.close(fd)

@@ -145,7 +145,9 @@ class RoleTasks(_Model):
             if not isinstance(count, int) or isinstance(count, bool) or count < 1:
                 raise _PathError(("count",), f"expected an integer >= 1, got {_shown(count)}")
             if count > MAX_TASKS:
-                raise _PathError(("count",), f"expected at most {MAX_TASKS} tasks, got {_shown(count)}")
+                raise _PathError(
+                    ("count",), f"expected at most {MAX_TASKS} tasks, got {_shown(count)}"
+                )
             if count > 1 and isinstance(data.get("port"), int):
                 raise _PathError(
                     ("port",), "a fixed port needs one task; list the tasks to give each its own port"
@@ -475,7 +477,8 @@ def load_spec(path: str | Path) -> LoadedSpec:
         dup = _find_duplicate_key(raw, ())
         if dup is not None:
             loc, key = dup
-            raise SpecError(shown, _json_path(loc + (key,)), f"key {key!r} appears twice; expected it once")
+            where = _json_path(loc + (key,))
+            raise SpecError(shown, where, f"key {key!r} appears twice; expected it once")
         if not isinstance(raw, dict):
             raise SpecError(shown, "$", "expected a JSON object")
         try:
@@ -533,13 +536,16 @@ def _check_python(spec: Spec, workdir: Path, shown: str) -> None:
     """program.python must be an executable here when a task runs here: else every start fails
     with exit 127 (which a restart policy would retry)."""
     python = spec.program.python
-    local = any(not _is_ssh(spec, e.host) for entries in spec.tasks.by_role().values() for e in entries)
+    hosts = [e.host for entries in spec.tasks.by_role().values() for e in entries]
+    local = any(not _is_ssh(spec, host) for host in hosts)
     if python is None or spec.backend == "compose" or not local:
         return
     # A path with a slash is relative to the task's working dir (where it is executed from).
     found = str(workdir / python) if "/" in python else shutil.which(python)
     if found is None or not (os.path.isfile(found) and os.access(found, os.X_OK)):
-        raise SpecError(shown, "$.program.python", f"expected an executable interpreter, got {python!r}")
+        raise SpecError(
+            shown, "$.program.python", f"expected an executable interpreter, got {python!r}"
+        )
 
 
 def _check_shared_dir(shared_dir: Path, shown: str) -> None:
@@ -547,7 +553,8 @@ def _check_shared_dir(shared_dir: Path, shown: str) -> None:
     for path in (shared_dir, *shared_dir.parents):
         if path.exists():
             if not path.is_dir():
-                raise SpecError(shown, "$.shared_dir", f"expected a directory, but {str(path)!r} is a file")
+                what = f"expected a directory, but {str(path)!r} is a file"
+                raise SpecError(shown, "$.shared_dir", what)
             return
 
 
@@ -690,7 +697,8 @@ def _first_error(shown: str, exc: ValidationError) -> SpecError:
     if loc[:2] == ("program", "env") and kind != "extra_forbidden":
         # Environment values are often secrets: the message says what was expected, never the value.
         what = "an object of names and string values" if len(loc) == 2 else "a string"
-        return SpecError(shown, _json_path(loc), f"expected {what} (the value is not shown: it may be a secret)")
+        message = f"expected {what} (the value is not shown: it may be a secret)"
+        return SpecError(shown, _json_path(loc), message)
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
         msg = f"unknown key {loc[-1]!r}; expected one of: {', '.join(allowed)}"

@@ -59,7 +59,9 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
             raise UsageError(f"--resume: no run {run_id!r} under {shared}")
         return RunTarget(run_id, run_dir, 0, None)
     if not run_dir.is_symlink() and not (run_dir / rundir.RUN_JSON).is_file():
-        raise UsageError(f"run dir {run_dir} already exists and holds no run; pick another --run-id")
+        raise UsageError(
+            f"run dir {run_dir} already exists and holds no run; pick another --run-id"
+        )
     rundir.check_existing(run_dir, loaded.spec.permissions == "private")
     previous = rundir.read_json(run_dir / rundir.RUN_JSON)
     if not isinstance(previous, dict):
