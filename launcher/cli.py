@@ -52,11 +52,14 @@ def plan(spec: str, as_json: bool) -> None:
 
     `auto` ports are picked as `up` would pick them; `up` picks again when it starts.
     """
+    from distlaunch.launcher import firewall
     from distlaunch.launcher.up import build_plan, choose_run
 
     loaded = load_spec(spec)
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
     data = the_plan.to_json()
+    rules = firewall.plan_rules(the_plan)
+    data["network"] = firewall.plan_json(loaded.spec.network.protect, the_plan.run_id, rules)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -65,6 +68,10 @@ def plan(spec: str, as_json: bool) -> None:
     click.echo(f"keras: {data['program']['keras']} ({data['program']['keras_reason']})")
     if data["program"]["serve_reason"]:
         click.echo(f"roles: {data['program']['serve_reason']}")
+    if rules:
+        click.echo(f"firewall of the SSH hosts (\"protect\": \"{loaded.spec.network.protect}\"):")
+        for line in [r.describe(the_plan.run_id) for r in rules.values()] if data["network"]["hosts"] else ["none"]:
+            click.echo(f"  {line}")
     # Every value a spec controls is printed shell-quoted: one line per item, copy-pasteable.
     for task in data["tasks"]:
         over = f" (SSH host {task['host_name']})" if task.get("transport") == "ssh" else ""
@@ -229,18 +236,21 @@ def _offer_resume(loaded, console: Console) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
 def status(run: str | None, shared_dir: str, as_json: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
-    from distlaunch.launcher.control import status_rows
+    from distlaunch.launcher import firewall
+    from distlaunch.launcher.control import launcher_alive, status_rows
 
     path = rundir.resolve_run(run, Path(shared_dir))
     record = rundir.read_json(path / rundir.RUN_JSON) or {}
     rows = status_rows(record)
     if as_json:
-        keys = ("run_id", "state", "attempt", "exit_code", "failure")
+        keys = ("run_id", "state", "attempt", "exit_code", "failure", "network")
         click.echo(json.dumps({**{k: record.get(k) for k in keys}, "run_dir": str(path), "tasks": rows}, indent=2))
         return
     click.echo(f"run {record.get('run_id')}: {record.get('state')} (attempt {record.get('attempt')}) in {path}")
     if record.get("failure"):
         click.echo(f"  {record['failure']['summary']}")
+    for line in firewall.status_lines(record.get("network"), launcher_alive(record)):
+        click.echo(f"  {line}")
     click.echo(f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT")
     for row in rows:
         uptime = f"{row['uptime_s']:.0f}s" if row["uptime_s"] is not None else "-"

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import compose, netns, ports, preflight, procs, rundir, ssh
+from distlaunch.launcher import compose, firewall, netns, ports, preflight, procs, rundir, ssh
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
 from distlaunch.launcher.image import ImageRequest
@@ -19,6 +19,7 @@ from distlaunch.launcher.routing import HostRouter
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
+from distlaunch.worker import contract
 
 ISOLATED_NOTE = (
     "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
@@ -104,7 +105,9 @@ def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequ
         for report in reports:
             console.say(f"host {session.target(report.name)}: {report.summary()}")
         plan = build_plan(loaded, target, preflight.picked_ports(reports))
-        with _umask(umask), netns.sandbox(plan.isolation, plan.run_id) as sandbox, \
+        # The hosts' firewalls are up before any task starts and go after every task has stopped.
+        with _protect(loaded, plan, session) as protection, _umask(umask), \
+                netns.sandbox(plan.isolation, plan.run_id) as sandbox, \
                 ssh.SshTransport(session, loaded.spec.timeouts.grace_s, umask) as remote:
             rundir.make_dirs(target.run_dir, target.attempt, private)
             record = _new_record(loaded, plan, target)
@@ -112,9 +115,12 @@ def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequ
                 record["netns_holder_pid"] = sandbox.pid
             if reports:
                 record["ssh"] = ssh.record(loaded, [r.name for r in reports])
+                record["network"] = protection.to_json()
             verb = "resuming" if target.previous else "starting"
             console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks, {plan.strategy}; run dir {plan.run_dir}")
-            console.say(_network_note(plan))
+            for note in [_network_note(plan), *protection.notes()]:
+                if note:
+                    console.say(note)
             _say_program(console, plan)
             if reports and not loaded.spec.shared_dir_is_shared:
                 console.say(f"SSH hosts keep their run files on their own disks; `distlaunch collect {plan.run_id}` copies them here")
@@ -165,12 +171,25 @@ def _say_program(console: Console, plan: Plan) -> None:
         console.say(plan.program.serve_reason)
 
 
-def _network_note(plan: Plan) -> str:
-    """The one line `up` prints about who can reach the tasks' ports."""
+def _network_note(plan: Plan) -> str | None:
+    """The line `up` prints about who can reach the local tasks' ports (the firewall's notes
+    speak for the SSH hosts')."""
     if plan.isolation.private:
         return ISOLATED_NOTE
-    ports = ", ".join(str(t.port) for t in plan.tasks)
-    return EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy)
+    ports = ", ".join(str(t.port) for t in plan.tasks if t.transport == "local")
+    return EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy) if ports else None
+
+
+def _protect(loaded: LoadedSpec, plan: Plan, session: ssh.Session):
+    """The firewall of the run's SSH hosts (a context manager): one guard per host, over ssh."""
+
+    def guard_argv(name: str) -> list[str]:
+        python = ssh.remote_python(session.hosts[name].python)
+        return session.argv(name, f"exec {python} -m {firewall.GUARD_MODULE}")
+
+    # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
+    env = {contract.RUN_ID: plan.run_id}
+    return firewall.protect(loaded.spec.network.protect, plan.run_id, firewall.plan_rules(plan), guard_argv, env)
 
 
 @contextmanager
