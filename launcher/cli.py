@@ -68,10 +68,14 @@ def plan(spec: str, as_json: bool) -> None:
     click.echo(f"keras: {data['program']['keras']} ({data['program']['keras_reason']})")
     if data["program"]["serve_reason"]:
         click.echo(f"roles: {data['program']['serve_reason']}")
-    if rules:
-        click.echo(f"firewall of the SSH hosts (\"protect\": \"{loaded.spec.network.protect}\"):")
-        for line in [r.describe(the_plan.run_id) for r in rules.values()] if data["network"]["hosts"] else ["none"]:
-            click.echo(f"  {line}")
+    if data["network"]["hosts"]:
+        click.echo("firewall of the SSH hosts, added before any task starts and removed at the end:")
+        for rule in rules.values():
+            click.echo(f"  {rule.describe(the_plan.run_id)}")
+    elif rules:
+        click.echo('firewall: off ("network": {"protect": "off"}): the SSH hosts\' task ports stay open')
+    else:
+        click.echo("firewall: none needed (no task on an SSH host; local tasks: see isolation)")
     # Every value a spec controls is printed shell-quoted: one line per item, copy-pasteable.
     for task in data["tasks"]:
         over = f" (SSH host {task['host_name']})" if task.get("transport") == "ssh" else ""

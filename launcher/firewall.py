@@ -74,13 +74,16 @@ class HostRules:
         )
 
 
-def plan_rules(plan: Plan, remote: Collection[str] = ("ssh",)) -> dict[str, HostRules]:
+def plan_rules(
+    plan: Plan, remote: Collection[str] = ("ssh",), also_allow: Collection[str] = ()
+) -> dict[str, HostRules]:
     """The rules of every host whose tasks run over a ``remote`` transport (pure).
 
     Every host of the run may reach every task port: TensorFlow's tasks dial each other (MWMS
     all-reduce, PSS workers to ps), and an evaluator or a local task is a peer like any other.
+    ``also_allow`` adds addresses, e.g. the launcher's where no SSH session tells the guard (srun).
     """
-    allow = tuple(sorted({t.host for t in plan.tasks}))
+    allow = tuple(sorted({t.host for t in plan.tasks} | set(also_allow)))
     ports: dict[str, set[int]] = {}
     for task in plan.tasks:
         if task.transport in remote:
