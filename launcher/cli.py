@@ -69,11 +69,11 @@ def plan(spec: str, as_json: bool) -> None:
     if data["program"]["serve_reason"]:
         click.echo(f"roles: {data['program']['serve_reason']}")
     if data["network"]["hosts"]:
-        click.echo("firewall of the SSH hosts, added before any task starts and removed at the end:")
+        click.echo("firewall of the SSH hosts (added before any task starts, removed at the end):")
         for rule in rules.values():
             click.echo(f"  {rule.describe(the_plan.run_id)}")
     elif rules:
-        click.echo('firewall: off ("network": {"protect": "off"}): the SSH hosts\' task ports stay open')
+        click.echo('firewall: off ("network": {"protect": "off"}): SSH task ports stay open')
     else:
         click.echo("firewall: none needed (no task on an SSH host; local tasks: see isolation)")
     # Every value a spec controls is printed shell-quoted: one line per item, copy-pasteable.

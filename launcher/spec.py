@@ -346,11 +346,11 @@ class Network(_Model):
 
     protect: Literal["auto", "off", "required"] = Field(
         "auto",
-        description="auto: for the run's lifetime each remote host admits connections to the run's "
-        "task ports only from the run's own hosts and loopback (an nftables table per run, held by a "
-        "guard on the host; needs root or CAP_NET_ADMIN there), and `up` names the hosts whose ports "
-        "stay open where it cannot. required: such a host stops the run before anything starts. "
-        "off: no firewall.",
+        description="auto: for the run's lifetime each remote host admits connections to the "
+        "run's task ports only from the run's own hosts and loopback (an nftables table per run, "
+        "held by a guard on the host; needs root or CAP_NET_ADMIN there), and `up` names the hosts "
+        "whose ports stay open where it cannot. required: such a host stops the run before "
+        "anything starts. off: no firewall.",
     )
 
 
@@ -396,7 +396,7 @@ class Spec(_Model):
         "`distlaunch up --backend` overrides it.",
     )
 
-    network: Network = Field(default_factory=Network, description="The firewall of SSH hosts for the run.")
+    network: Network = Field(default_factory=Network, description="The SSH hosts' firewall.")
     kubernetes: Kubernetes = Field(
         default_factory=Kubernetes, description="Settings of `distlaunch k8s` (the other backends ignore them)."
     )

@@ -177,7 +177,9 @@ def _network_note(plan: Plan) -> str | None:
     if plan.isolation.private:
         return ISOLATED_NOTE
     ports = ", ".join(str(t.port) for t in plan.tasks if t.transport == "local")
-    return EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy) if ports else None
+    if not ports:
+        return None
+    return EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy)
 
 
 def _protect(loaded: LoadedSpec, plan: Plan, session: ssh.Session):
@@ -189,7 +191,8 @@ def _protect(loaded: LoadedSpec, plan: Plan, session: ssh.Session):
 
     # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
     env = {contract.RUN_ID: plan.run_id}
-    return firewall.protect(loaded.spec.network.protect, plan.run_id, firewall.plan_rules(plan), guard_argv, env)
+    rules = firewall.plan_rules(plan)
+    return firewall.protect(loaded.spec.network.protect, plan.run_id, rules, guard_argv, env)
 
 
 @contextmanager

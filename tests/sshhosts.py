@@ -5,7 +5,7 @@ Layout (N is picked at random so parallel sessions do not collide)::
     root namespace (the launcher)          switch namespace              host namespaces
     dlsN-r 10.77.N.1  <-- veth -->  dlsN-rs --+                     +-- dlsN-h1 10.77.N.2  (sshd)
                                               +--- bridge dlsN-br --+-- dlsN-h2 10.77.N.3  (sshd)
-                                                                    +-- dlsN-o  10.77.N.4  (outsider)
+                                                                    +-- dlsN-o  10.77.N.4 (outsider)
 
 The outsider is a machine on the same network that is no part of any cluster: firewall tests
 check that it cannot reach a run's task ports.
@@ -130,16 +130,18 @@ class HostLab:
     def connects(self, host: TestHost, address: str, port: int) -> bool:
         """Whether a TCP connection from inside ``host``'s namespace to ``address:port`` is accepted
         within a second (a dropped SYN counts as no)."""
-        probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)"
-        done = subprocess.run(["ip", "netns", "exec", host.netns, sys.executable, "-c", probe, address, str(port)],
-                              capture_output=True, timeout=60)
+        probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)"
+        argv = [sys.executable, "-c", probe, address, str(port)]
+        done = subprocess.run(["ip", "netns", "exec", host.netns, *argv], capture_output=True,
+                              timeout=60)
         return done.returncode == 0
 
     def nft_tables(self, host: TestHost) -> list[str]:
         """The nftables tables of ``host``'s namespace, as ``family name``."""
         done = subprocess.run(["ip", "netns", "exec", host.netns, "nft", "list", "tables"],
                               capture_output=True, text=True, check=True)
-        return [line.removeprefix("table ").strip() for line in done.stdout.splitlines() if line.strip()]
+        lines = done.stdout.splitlines()
+        return [line.removeprefix("table ").strip() for line in lines if line.strip()]
 
     def close(self) -> None:
         """Stop every sshd and delete every namespace (their veths and the bridge go with them)."""

@@ -11,8 +11,11 @@ that cannot be firewalled (a login without CAP_NET_ADMIN).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -152,6 +155,89 @@ def test_a_bad_protect_value_is_one_line_and_plan_shows_the_rules(tmp: Path) -> 
     )
     local = distlaunch("plan", "--json", str(write_spec(tmp)))
     assert json.loads(local.stdout)["network"] == {"protect": "auto", "hosts": {}}
+
+
+# ---- the guard on its own, in a throwaway network namespace ------------------------------------
+
+
+@pytest.fixture
+def netns_name():
+    """A fresh network namespace (deleted afterwards) whose firewall a guard may change."""
+    reason = sshhosts.unavailable_reason()
+    if reason is None and shutil.which("nft") is None:
+        reason = "nft is not installed (apt-get install nftables)"
+    if reason is not None:
+        pytest.skip(reason)
+    name = f"dlfw-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def _ns_tables(name: str) -> list[str]:
+    listed = subprocess.run(
+        ["ip", "netns", "exec", name, "nft", "list", "tables"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return [line for line in listed.stdout.splitlines() if guard.TABLE_PREFIX in line]
+
+
+@pytest.mark.parametrize("how", ["eof", "silence", "sigterm"])
+def test_the_guard_removes_its_table_however_it_is_ended(
+    netns_name: str, how: str
+) -> None:
+    """EOF is what a SIGKILLed launcher or a dropped connection looks like from the host."""
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        netns_name,
+        sys.executable,
+        "-m",
+        "distlaunch.worker.guard",
+    ]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    request = {
+        "run_id": f"g-{how}",
+        "ports": [4000],
+        "allow": ["10.9.9.9"],
+        "heartbeat_s": 1,
+    }
+    proc.stdin.write(json.dumps(request).encode() + b"\n")
+    proc.stdin.flush()
+    answer = json.loads(proc.stdout.readline())
+    assert answer == {
+        "protected": True,
+        "how": "nftables",
+        "table": "distlaunch_g_" + how,
+        "allowed": ["10.9.9.9"],
+    }
+    assert _ns_tables(netns_name) == [f"table inet distlaunch_g_{how}"]
+    if how == "eof":
+        proc.stdin.close()
+    elif how == "sigterm":
+        proc.send_signal(
+            signal.SIGTERM
+        )  # `ip netns exec` execs: this is the guard itself
+    # "silence": stdin stays open, and no heartbeat comes.
+    proc.wait(timeout=60)
+    err = proc.stderr.read()
+    if not proc.stdin.closed:
+        proc.stdin.close()
+    assert proc.returncode == 0, err
+    says = {
+        "eof": b"connection closed",
+        "silence": b"no word from the launcher for 1 s",
+        "sigterm": b"SIGTERM",
+    }
+    assert says[how] in err
+    assert _ns_tables(netns_name) == []
 
 
 # ---- real hosts -------------------------------------------------------------------------------
