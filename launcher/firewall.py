@@ -6,10 +6,10 @@ must keep them open to its peers, so each remote host gets a firewall for the ru
 task ports admit the run's own hosts and loopback only (`plan_rules`, pure, what `plan` shows).
 
 The host owns its rules, not the launcher: a guard (`distlaunch.worker.guard`) per host installs
-one nftables table named after the run and deletes it when its stdin closes, its heartbeats stop
-or it is signalled. So the rules go with the run however it ends: an orderly teardown closes the
-guards after the tasks have stopped; a launcher that is SIGKILLed, or a connection that drops,
-closes their stdin too. `protect` starts the guards through any remote transport: it only needs
+one nftables table named after the run (an iptables chain where nft is missing) and deletes it
+when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
+however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
+that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` starts the guards through any remote transport: it only needs
 the command line of a local process whose stdin and stdout reach ``python -m
 distlaunch.worker.guard`` on the host (``ssh HOST 'exec PYTHON -m ...'``; ``srun -w NODE ...``).
 
@@ -70,7 +70,8 @@ class HostRules:
         ports = ", ".join(str(p) for p in self.ports)
         return (
             f"{self.host}: nftables table inet {guard.table_name(run_id)}: tcp ports {ports} admit "
-            f"{', '.join(self.allow)}, the launcher's SSH address and loopback; drop all others"
+            f"{', '.join(self.allow)}, the launcher's SSH address and loopback; drop all others "
+            f"(iptables chain {guard.chain_name(run_id)} where nft is missing)"
         )
 
 
@@ -117,16 +118,23 @@ class HostState:
     ports: tuple[int, ...]
     protected: bool
     why: str = ""  # why not, when not protected
-    table: str = ""
+    how: str = "nftables"  # or "iptables", where nft is missing
+    table: str = ""  # the nftables table, or the iptables chain
     allowed: tuple[
         str, ...
     ] = ()  # the addresses the guard admits, as the host resolved them
+
+    @property
+    def rules(self) -> str:
+        """Where the host's rules are, e.g. ``nftables table inet distlaunch_...``."""
+        kind = "iptables chain" if self.how == "iptables" else "nftables table inet"
+        return f"{kind} {self.table}"
 
     def to_json(self) -> dict:
         """The host's entry in run.json's ``network.hosts``."""
         data: dict = {"protected": self.protected, "ports": list(self.ports)}
         if self.protected:
-            data.update(how="nftables", table=self.table, allowed=list(self.allowed))
+            data.update(how=self.how, table=self.table, allowed=list(self.allowed))
         else:
             data["why"] = self.why
         return data
@@ -157,7 +165,8 @@ class Protection:
         if guarded:
             lines.append(
                 f"firewall: on {', '.join(h.host for h in guarded)} the run's task ports admit only the "
-                f"run's hosts and loopback (nftables table inet {guarded[0].table}, removed when the run ends)"
+                f"run's hosts and loopback ({', '.join(sorted({h.rules for h in guarded}))}, removed when "
+                "the run ends)"
             )
         if self.mode == OFF and self.hosts:
             lines.append(
@@ -196,7 +205,7 @@ def status_lines(network: Mapping | None, running: bool) -> list[str]:
             lines.append(f"firewall: {state.host} OPEN (ports {ports}): {state.why}")
         elif running:
             lines.append(
-                f"firewall: {state.host} protected (ports {ports}, nftables table inet {state.table})"
+                f"firewall: {state.host} protected (ports {ports}, {state.rules})"
             )
         else:
             lines.append(
@@ -212,7 +221,8 @@ def _states(network: Mapping) -> list[HostState]:
             tuple(h.get("ports", ())),
             bool(h.get("protected")),
             h.get("why", ""),
-            h.get("table", ""),
+            how=h.get("how", "nftables"),
+            table=h.get("table", ""),
         )
         for name, h in network["hosts"].items()
     ]
@@ -358,7 +368,8 @@ class Guards:
                 name,
                 ports,
                 True,
-                table=answer.get("table", ""),
+                how=str(answer.get("how", "nftables")),
+                table=str(answer.get("table", "")),
                 allowed=tuple(answer.get("allowed", ())),
             )
         if answer is not None:

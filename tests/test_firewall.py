@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -128,6 +129,16 @@ def test_the_nft_script_drops_all_but_the_run_and_a_hostile_run_id_stays_a_name(
     )
     with pytest.raises(ValueError):
         guard.nft_ruleset("distlaunch_r", (4000,), ["10.0.0.1; flush ruleset"])
+    chain = guard.chain_name('x"; -F INPUT')
+    assert (
+        len(chain) <= 28 and chain[3:].isalnum()
+    )  # iptables' limit; nothing but a digest
+    add, remove = guard.iptables_scripts(
+        chain, tuple(range(4000, 4016)), ["10.0.0.1", "fd00::1"], 4
+    )
+    assert f"-A {chain} -s 10.0.0.1 -j RETURN" in add and "fd00::1" not in add
+    assert add.count("-I INPUT -p tcp -m multiport") == 2  # at most 15 ports per rule
+    assert remove.count("-D INPUT") == 2 and f"-X {chain}" in remove
     for bad in (
         b'{"run_id": "r", "ports": ["22; x"]}',
         b'{"run_id": "r", "ports": [70000]}',
@@ -176,19 +187,51 @@ def netns_name():
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
-def _ns_tables(name: str) -> list[str]:
-    listed = subprocess.run(
-        ["ip", "netns", "exec", name, "nft", "list", "tables"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return [line for line in listed.stdout.splitlines() if guard.TABLE_PREFIX in line]
+def _rules_left(netns: str) -> list[str]:
+    """The run tables (nftables) and run chains (iptables, IPv4 and IPv6) in namespace ``netns``."""
+    found = []
+    for argv, mark in (
+        (["nft", "list", "tables"], guard.TABLE_PREFIX),
+        (["iptables-save"], ":DL-"),
+        (["ip6tables-save"], ":DL-"),
+    ):
+        listed = subprocess.run(
+            ["ip", "netns", "exec", netns, *argv],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        found += [line for line in listed.stdout.splitlines() if mark in line]
+    return found
 
 
-@pytest.mark.parametrize("how", ["eof", "silence", "sigterm"])
-def test_the_guard_removes_its_table_however_it_is_ended(
-    netns_name: str, how: str
+def _hiding_nft(argv: list[str]) -> list[str]:
+    """``argv`` run where nft cannot be found (/dev/null mounted over it in a private mount
+    namespace): a host without nftables, where the guard falls back to iptables."""
+    nft = os.path.realpath(shutil.which("nft"))
+    return [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        'mount --bind /dev/null "$0" && exec "$@"',
+        nft,
+        *argv,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("backend", "how"),
+    [
+        ("nftables", "eof"),
+        ("nftables", "silence"),
+        ("nftables", "sigterm"),
+        ("iptables", "eof"),
+        ("iptables", "sigterm"),
+    ],
+)
+def test_the_guard_removes_its_rules_however_it_is_ended(
+    netns_name: str, backend: str, how: str
 ) -> None:
     """EOF is what a SIGKILLed launcher or a dropped connection looks like from the host."""
     argv = [
@@ -200,6 +243,10 @@ def test_the_guard_removes_its_table_however_it_is_ended(
         "-m",
         "distlaunch.worker.guard",
     ]
+    if backend == "iptables":
+        argv = _hiding_nft(
+            argv
+        )  # every program execs the next: the pid stays the guard's
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -212,13 +259,20 @@ def test_the_guard_removes_its_table_however_it_is_ended(
     proc.stdin.write(json.dumps(request).encode() + b"\n")
     proc.stdin.flush()
     answer = json.loads(proc.stdout.readline())
+    name = (
+        guard.table_name(request["run_id"])
+        if backend == "nftables"
+        else guard.chain_name(request["run_id"])
+    )
     assert answer == {
         "protected": True,
-        "how": "nftables",
-        "table": "distlaunch_g_" + how,
+        "how": backend,
+        "table": name,
         "allowed": ["10.9.9.9"],
     }
-    assert _ns_tables(netns_name) == [f"table inet distlaunch_g_{how}"]
+    assert _rules_left(netns_name) and all(
+        name in line for line in _rules_left(netns_name)
+    )
     if how == "eof":
         proc.stdin.close()
     elif how == "sigterm":
@@ -237,7 +291,7 @@ def test_the_guard_removes_its_table_however_it_is_ended(
         "sigterm": b"SIGTERM",
     }
     assert says[how] in err
-    assert _ns_tables(netns_name) == []
+    assert _rules_left(netns_name) == []
 
 
 # ---- real hosts -------------------------------------------------------------------------------
@@ -260,11 +314,8 @@ def fw_lab():
 
 
 def _tables(lab: sshhosts.HostLab) -> dict[str, list[str]]:
-    """The run tables on each test host."""
-    return {
-        h.name: [t for t in lab.nft_tables(h) if guard.TABLE_PREFIX in t]
-        for h in lab.hosts
-    }
+    """The run's rules on each test host: nftables tables and iptables chains."""
+    return {h.name: _rules_left(h.netns) for h in lab.hosts}
 
 
 def _hold(lab: sshhosts.HostLab, tmp: Path, spec: Path, holders: list[str]) -> tuple:
@@ -379,16 +430,31 @@ def test_outsider_is_shut_out_while_pss_trains_across_hosts(
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("backend", ["nftables", "iptables"])
 def test_no_rule_is_left_after_kill_9_of_the_launcher(
-    fw_lab: sshhosts.HostLab, tmp: Path
+    fw_lab: sshhosts.HostLab, tmp: Path, backend: str
 ) -> None:
+    hosts = None
+    if backend == "iptables":  # hosts without nftables: their python cannot find nft
+        wrapper = tmp / "python-without-nft"
+        wrapper.write_text(
+            f'#!/bin/sh\nexec {shlex.join(_hiding_nft([sys.executable]))} "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        hosts = {
+            h.name: fw_lab.host_entry(h, python=str(wrapper)) for h in fw_lab.hosts
+        }
     tasks = {"worker": [{"host": "node1"}, {"host": "node2"}, {"host": "node2"}]}
-    spec = _spec(tmp, fw_lab, _script(tmp, LISTENER), tasks)
+    spec = _spec(tmp, fw_lab, _script(tmp, LISTENER), tasks, hosts)
     launcher, run_dir, planned = _hold(
         fw_lab, tmp, spec, ["worker-0", "worker-1", "worker-2"]
     )
     try:
-        assert all(len(t) == 1 for t in _tables(fw_lab).values())
+        assert all(
+            h["how"] == backend
+            for h in run_record(run_dir)["network"]["hosts"].values()
+        )
+        assert all(_tables(fw_lab).values())
         assert not any(
             fw_lab.connects(fw_lab.outsider, address, port)
             for _, _, address, port in planned

@@ -11,17 +11,20 @@ over stdin, as to `distlaunch.worker.remote`:
   or IPv6 addresses, or names this host resolves); ``allow_client`` adds the address the SSH
   session comes from (``SSH_CONNECTION``), the launcher's, which checks that tasks have joined.
 - it answers one JSON line on stdout: ``{"protected": true, "how": "nftables", "table": "...",
-  "allowed": [...]}``, or ``{"protected": false, "why": "..."}`` and exits (no CAP_NET_ADMIN,
-  no ``nft``): nothing was changed on the host.
+  "allowed": [...]}`` (``how`` is ``iptables`` and ``table`` a chain where nft is missing), or
+  ``{"protected": false, "why": "..."}`` and exits (no CAP_NET_ADMIN, no nft nor iptables):
+  nothing was changed on the host.
 - every later line is a heartbeat. The rules stay until stdin reaches EOF (the launcher closed
   it, died, or its connection dropped), no line arrives for ``heartbeat_s``, or SIGTERM, SIGHUP or
   SIGINT arrives. The guard then waits (at most LINGER_S) until no socket listens on the ports any
-  more, so the tasks it protects are gone first, and deletes its table.
+  more, so the tasks it protects are gone first, and deletes its rules.
 
 The rules are one nftables table per run (``inet distlaunch_<run id>``) with its own input chain:
 nothing else of the host's firewall is read or changed, and deleting the table removes every rule
-of the run at once. A guard that is SIGKILLed cannot clean up: that is the one way to leave a table
-behind (`nft delete table inet distlaunch_...` removes it by hand).
+of the run at once. Where nft is missing, iptables does the same with a chain of the run
+(``DL-<digest of the run id>``, IPv4 and IPv6) that INPUT jumps to for the task ports. A guard
+that is SIGKILLed cannot clean up: that is the one way to leave its rules behind
+(`nft delete table inet distlaunch_...` removes them by hand).
 
 Request values are data: ports must be integers, addresses go through `ipaddress`, the run id is
 reduced to ``[A-Za-z0-9_]`` before it names the table. Imports only the standard library, never
@@ -30,6 +33,7 @@ launcher code.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -42,6 +46,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 TABLE_PREFIX = "distlaunch_"
@@ -49,7 +54,7 @@ TABLE_PREFIX = "distlaunch_"
 CHAIN_PRIORITY = -10
 # How long the guard keeps its rules after its end was asked for while a task port still listens.
 LINGER_S = 10.0
-NFT_TIMEOUT_S = 20.0
+TOOL_TIMEOUT_S = 20.0
 # A login user's PATH often lacks the sbin folders where nft lives.
 _SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -160,50 +165,124 @@ def resolve(request: Request) -> list[str]:
     return sorted(found)
 
 
-def nft_path() -> str | None:
-    """The nft program, looked up on PATH and in the sbin folders."""
-    path = os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])
-    return shutil.which("nft", path=path)
+def program(name: str) -> str | None:
+    """A firewall program, looked up on PATH and in the sbin folders."""
+    return shutil.which(
+        name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])
+    )
 
 
-def install(request: Request, allowed: list[str]) -> str:
-    """Create the run's table; return the nft program used. Raise Unprotected when it cannot."""
-    nft = nft_path()
-    if nft is None:
-        raise Unprotected("nftables is not installed here (apt-get install nftables)")
-    done = _nft(nft, nft_ruleset(request.table, request.ports, allowed))
-    if done.returncode != 0:
-        message = (
-            done.stderr.strip().splitlines()[-1]
-            if done.stderr.strip()
-            else f"exit code {done.returncode}"
+def chain_name(run_id: str) -> str:
+    """The iptables chain of the run: iptables allows 28 characters, so a digest of the run id."""
+    return "DL-" + hashlib.sha256(run_id.encode()).hexdigest()[:24]
+
+
+def iptables_scripts(
+    chain: str, ports: tuple[int, ...], allowed: list[str], version: int
+) -> tuple[str, str]:
+    """The `iptables-restore --noflush` scripts (IP ``version`` 4 or 6) that add and remove the run's
+    chain: INPUT jumps to it for the task ports, it returns for loopback and ``allowed`` and drops
+    the rest. Pure, like `nft_ruleset`; each script is applied atomically."""
+    addresses = sorted(
+        {str(a) for a in map(ipaddress.ip_address, allowed) if a.version == version}
+    )
+    # multiport takes at most 15 ports per rule.
+    jumps = [
+        f"-p tcp -m multiport --dports {','.join(str(p) for p in ports[i : i + 15])} -j {chain}"
+        for i in range(0, len(ports), 15)
+    ]
+    add = [
+        "*filter",
+        f":{chain} - [0:0]",
+        f"-A {chain} -i lo -j RETURN",
+        *[f"-A {chain} -s {a} -j RETURN" for a in addresses],
+        f"-A {chain} -j DROP",
+        *[f"-I INPUT {jump}" for jump in jumps],
+        "COMMIT",
+    ]
+    remove = [
+        "*filter",
+        *[f"-D INPUT {jump}" for jump in jumps],
+        f"-F {chain}",
+        f"-X {chain}",
+        "COMMIT",
+    ]
+    return "\n".join(add) + "\n", "\n".join(remove) + "\n"
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Rules a guard added: how, under which name, and the commands that take them away."""
+
+    how: str  # "nftables" or "iptables"
+    name: str  # the nftables table or the iptables chain
+    undo: tuple[tuple[tuple[str, ...], str], ...]  # (argv, stdin) of each removal
+
+    def remove(self) -> None:
+        """Take the rules away (what is already gone is no error)."""
+        for argv, script in self.undo:
+            _apply(argv, script)
+
+
+def install(request: Request, allowed: list[str]) -> Installed:
+    """Add the run's rules: an nftables table, or iptables chains where nft is missing. Raise
+    Unprotected when neither can be done."""
+    nft = program("nft")
+    if nft is not None:
+        _check(
+            _apply(
+                (nft, "-f", "-"), nft_ruleset(request.table, request.ports, allowed)
+            ),
+            "nft",
         )
-        if (
-            "Operation not permitted" in done.stderr
-            or "Permission denied" in done.stderr
-        ):
-            raise Unprotected(
-                f"user {_user()} may not change the firewall here: it needs root or "
-                f"CAP_NET_ADMIN (nft: {message})"
-            )
-        raise Unprotected(f"nft refused the rules: {message}")
-    return nft
+        return Installed(
+            "nftables",
+            request.table,
+            (((nft, "-f", "-"), f"delete table inet {request.table}\n"),),
+        )
+    tools = [program("iptables-restore"), program("ip6tables-restore")]
+    if None in tools:
+        raise Unprotected(
+            "neither nft nor iptables-restore and ip6tables-restore are installed here (apt-get install nftables)"
+        )
+    chain = chain_name(request.run_id)
+    undo: list[tuple[tuple[str, ...], str]] = []
+    try:
+        for tool, version in zip(tools, (4, 6), strict=True):
+            argv = (str(tool), "--noflush", "-w", "10")
+            add, remove = iptables_scripts(chain, request.ports, allowed, version)
+            _check(_apply(argv, add), Path(str(tool)).name)
+            undo.append((argv, remove))
+    except Unprotected:
+        Installed("iptables", chain, tuple(undo)).remove()
+        raise
+    return Installed("iptables", chain, tuple(undo))
 
 
-def remove(nft: str, table: str) -> bool:
-    """Delete the run's table; False when it was already gone or nft failed."""
-    return _nft(nft, f"delete table inet {table}\n").returncode == 0
-
-
-def _nft(nft: str, script: str) -> subprocess.CompletedProcess:
+def _apply(argv: tuple[str, ...], script: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [nft, "-f", "-"],
+        list(argv),
         check=False,
         input=script,
         capture_output=True,
         text=True,
-        timeout=NFT_TIMEOUT_S,
+        timeout=TOOL_TIMEOUT_S,
     )
+
+
+def _check(done: subprocess.CompletedProcess, tool: str) -> None:
+    if done.returncode == 0:
+        return
+    lines = done.stderr.strip().splitlines()
+    message = lines[-1] if lines else f"exit code {done.returncode}"
+    if any(
+        word in done.stderr
+        for word in ("Operation not permitted", "Permission denied", "must be root")
+    ):
+        raise Unprotected(
+            f"user {_user()} may not change the firewall here: it needs root or CAP_NET_ADMIN ({tool}: {message})"
+        )
+    raise Unprotected(f"{tool} refused the rules: {message}")
 
 
 def listening(ports: tuple[int, ...]) -> bool:
@@ -273,7 +352,7 @@ def main() -> int:
     stopped, wake_r = trap_signals()
     allowed = resolve(request)
     try:
-        nft = install(request, allowed)
+        installed = install(request, allowed)
     except Unprotected as exc:
         _answer({"protected": False, "why": str(exc)})
         return 0
@@ -281,8 +360,8 @@ def main() -> int:
         _answer(
             {
                 "protected": True,
-                "how": "nftables",
-                "table": request.table,
+                "how": installed.how,
+                "table": installed.name,
                 "allowed": allowed,
             }
         )
@@ -290,9 +369,9 @@ def main() -> int:
         deadline = time.monotonic() + LINGER_S
         while listening(request.ports) and time.monotonic() < deadline:
             time.sleep(0.1)
-        _say(f"{why}: removing table inet {request.table}")
+        _say(f"{why}: removing the {installed.how} rules {installed.name}")
     finally:
-        remove(nft, request.table)
+        installed.remove()
     return 0
 
 
