@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,8 +182,10 @@ def _network_note(plan: Plan) -> str | None:
     return EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy)
 
 
-def _protect(loaded: LoadedSpec, plan: Plan, session: ssh.Session):
-    """The firewall of the run's SSH hosts (a context manager): one guard per host, over ssh."""
+def _protect(
+    loaded: LoadedSpec, plan: Plan, session: ssh.Session
+) -> AbstractContextManager[firewall.Protection]:
+    """The firewall of the run's SSH hosts: one guard per host, over ssh."""
 
     def guard_argv(name: str) -> list[str]:
         python = ssh.remote_python(session.hosts[name].python)

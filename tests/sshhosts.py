@@ -136,13 +136,6 @@ class HostLab:
                               timeout=60)
         return done.returncode == 0
 
-    def nft_tables(self, host: TestHost) -> list[str]:
-        """The nftables tables of ``host``'s namespace, as ``family name``."""
-        done = subprocess.run(["ip", "netns", "exec", host.netns, "nft", "list", "tables"],
-                              capture_output=True, text=True, check=True)
-        lines = done.stdout.splitlines()
-        return [line.removeprefix("table ").strip() for line in lines if line.strip()]
-
     def close(self) -> None:
         """Stop every sshd and delete every namespace (their veths and the bridge go with them)."""
         for proc in self._sshd:
