@@ -568,3 +568,12 @@ def test_a_host_without_cap_net_admin_is_named_open_or_refused(
         lambda: not any(fw_lab.processes(h) for h in fw_lab.hosts),
         "the guards to be gone from the hosts",
     )
+
+
+def test_the_guard_imports_neither_launcher_nor_tensorflow() -> None:
+    code = (
+        "import sys, distlaunch.worker.guard; "
+        "bad = [m for m in sys.modules if m.startswith(('distlaunch.launcher', 'tensorflow'))]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
