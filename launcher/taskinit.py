@@ -164,13 +164,15 @@ def _subreaper(argv: list[str], tree_fd: int) -> None:
     _, status = os.waitpid(task, 0)
     while True:  # orphans of the task are our children now; kill until none is left
         children = _children(os.getpid())
+        if not children:
+            break
         for pid in children:
             _try_kill(pid)
-        try:
-            while os.waitpid(-1, 0 if children else os.WNOHANG)[0]:
+        for pid in children:  # one by one: waiting for any would also wait for a new orphan
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
                 pass
-        except ChildProcessError:
-            break
     _exit_like(status)
 
 
