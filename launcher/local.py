@@ -45,8 +45,10 @@ class LocalTransport:
         if self.sandbox is not None and not self.sandbox.alive():
             raise SandboxError(self.sandbox.dead_message())
         previous = self._last.get(task.name)
-        if previous is not None and previous.tree_fd is not None:
-            previous.wait_tree()
+        if previous is not None:
+            # Waits until the last attempt's processes are all gone, then frees its descriptors
+            # (a run with 200 restarts must not hold 400 of them).
+            previous.close()
         # Created here so that its mode follows the run dir's (the spec's `permissions`).
         rundir.create_file(task.log_file)
         namespaces = self.sandbox.namespaces() if self.sandbox is not None else None

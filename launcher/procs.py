@@ -211,9 +211,11 @@ class TaskProcess:
             wait_tree(self.tree_fd)
 
     def close(self) -> None:
-        """Wait for the task's last processes to be gone, then release the descriptors."""
+        """Wait for the task's last processes to be gone, then release the descriptors (once)."""
         self.wait_tree()
-        os.close(self.exit_fd)
+        if self.exit_fd >= 0:
+            os.close(self.exit_fd)
+            self.exit_fd = -1
         if self.tree_fd is not None:
             os.close(self.tree_fd)
             self.tree_fd = None

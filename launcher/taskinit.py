@@ -20,8 +20,8 @@ can deadlock between fork and exec.
    exits only after the init, so once the launcher has reaped the keeper, and the write end of
    the ``--tree`` pipe (held by the init alone) is closed, not one process of the task is left.
    A new mount namespace gets its own ``/proc``, so ``os.getpid()`` and ``/proc/<pid>`` agree.
-   Where the kernel refuses a PID namespace (an unprivileged user without user namespaces) the
-   keeper is a child subreaper instead: it kills what is left when the task exits, but not when
+   An unprivileged user gets the PID namespace inside a user namespace of its own (its uid and gid
+   mapped to themselves). Where the kernel refuses both, the keeper is a child subreaper instead: it kills what is left when the task exits, but not when
    it is itself SIGKILLed.
 
 Signals: the keeper is alone in its process group, so the launcher's ``killpg`` reaches only it;
@@ -78,7 +78,7 @@ def main(args: list[str]) -> None:
     signal.pthread_sigmask(
         signal.SIG_BLOCK, FORWARDED
     )  # until the child to forward to exists
-    if _try_call("unshare", _CLONE_NEWPID) == 0:
+    if _try_call("unshare", _CLONE_NEWPID) == 0 or _own_user_namespace():
         _keeper(argv, options["tree"])
     _subreaper(argv, options["tree"])
 
@@ -94,6 +94,27 @@ def _parse(args: list[str]) -> tuple[dict[str, int], list[str]]:
             "usage: taskinit.py --parent PID [--tree FD] [--user FD] [--net FD] -- ARGV..."
         )
     return options, argv
+
+
+def _own_user_namespace() -> bool:
+    """A PID namespace inside a new user namespace, for a user who may not make one otherwise.
+
+    The user's own uid and gid map to themselves, so the task sees the ids it always had.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    if _try_call("unshare", _CLONE_NEWUSER | _CLONE_NEWPID) != 0:
+        return False
+    try:
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{uid} {uid} 1"),
+            ("gid_map", f"{gid} {gid} 1"),
+        ):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    except OSError:
+        pass  # unmapped ids then read as the overflow id; the containment still holds
+    return True
 
 
 def _keeper(argv: list[str], tree_fd: int) -> None:
@@ -168,7 +189,8 @@ def _subreaper(argv: list[str], tree_fd: int) -> None:
             break
         for pid in children:
             _try_kill(pid)
-        for pid in children:  # one by one: waiting for any would also wait for a new orphan
+        # One by one: waiting for any child would also wait for an orphan adopted meanwhile.
+        for pid in children:
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
