@@ -96,9 +96,7 @@ def main() -> int:
 def _soak(
     launcher: subprocess.Popen, shared: Path, restarts: int, rng: random.Random
 ) -> dict[str, int]:
-    run_dir = _wait(
-        lambda: next((p.parent for p in shared.glob("*/run.json")), None), launcher
-    )
+    run_dir = _wait(lambda: next((p.parent for p in shared.glob("*/run.json")), None), launcher)
     record = _wait(lambda: _running(run_dir), launcher)
     run_id, ports = record["run_id"], [t["port"] for t in record["tasks"].values()]
     fds_up = len(os.listdir(f"/proc/{launcher.pid}/fd"))
@@ -125,7 +123,8 @@ def _soak(
     launcher.send_signal(signal.SIGTERM)
     launcher.wait(timeout=120)
     print(
-        f"{_restarts(run_dir)} restarts from {kills} SIGKILLs in {elapsed:.1f} s; launcher exit {launcher.returncode}"
+        f"{_restarts(run_dir)} restarts from {kills} SIGKILLs in {elapsed:.1f} s;"
+        f" launcher exit {launcher.returncode}"
     )
     return {
         "processes": len(_of_run(run_id)),
@@ -142,9 +141,7 @@ def _wait(predicate, launcher: subprocess.Popen, limit_s: float = 120):
         if value:
             return value
         if launcher.poll() is not None:
-            sys.exit(
-                f"the launcher exited with {launcher.returncode}: {launcher.stderr.read()}"
-            )
+            sys.exit(f"the launcher exited with {launcher.returncode}: {launcher.stderr.read()}")
         time.sleep(0.01)
     sys.exit(f"gave up after {limit_s} s")
 
@@ -169,9 +166,7 @@ def _running(run_dir: Path) -> dict | None:
 def _restarts(run_dir: Path) -> int:
     path = run_dir / "events.jsonl"
     text = path.read_text() if path.exists() else ""
-    return sum(
-        json.loads(line).get("decision") == "restart" for line in text.splitlines()
-    )
+    return sum(json.loads(line).get("decision") == "restart" for line in text.splitlines())
 
 
 def _alive(pid: int) -> bool:
@@ -211,9 +206,7 @@ def _inits(record: dict) -> set[tuple[int, float]]:
     found = set()
     for task in record["tasks"].values():
         try:
-            found |= {
-                (p.pid, p.create_time()) for p in psutil.Process(task["pid"]).children()
-            }
+            found |= {(p.pid, p.create_time()) for p in psutil.Process(task["pid"]).children()}
         except psutil.NoSuchProcess:
             continue
     return found

@@ -13,7 +13,9 @@ from distlaunch.launcher.plan import TaskPlan
 class LocalHandle(procs.TaskProcess):
     """One running local task: the task's own process."""
 
-    def __init__(self, task: TaskPlan, proc: subprocess.Popen, tree_fd: int, sandbox: Sandbox | None = None) -> None:
+    def __init__(
+        self, task: TaskPlan, proc: subprocess.Popen, tree_fd: int, sandbox: Sandbox | None = None
+    ) -> None:
         super().__init__(task, proc, tree_fd)
         # Any process in the task's network namespace shows its sockets; the sandbox's holder is
         # in it from the start, while the task itself is only once taskinit has entered it.
@@ -52,7 +54,9 @@ class LocalTransport:
         # Created here so that its mode follows the run dir's (the spec's `permissions`).
         rundir.create_file(task.log_file)
         namespaces = self.sandbox.namespaces() if self.sandbox is not None else None
-        proc, tree_fd = procs.spawn_contained(task.argv, task.env, task.cwd, task.log_file, namespaces)
+        proc, tree_fd = procs.spawn_contained(
+            task.argv, task.env, task.cwd, task.log_file, namespaces
+        )
         handle = LocalHandle(task, proc, tree_fd, self.sandbox)
         self._last[task.name] = handle
         return handle

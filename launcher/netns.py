@@ -198,7 +198,10 @@ class Sandbox:
         # Entering the user namespace first is what grants the right to enter its network one.
         kinds = ("user", "net") if self.mode == USERNS else ("net",)
         try:
-            self._fds = {kind: os.open(f"/proc/{self.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC) for kind in kinds}
+            self._fds = {
+                kind: os.open(f"/proc/{self.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+                for kind in kinds
+            }
         except OSError:
             pass
         # Alive after the opens: the files were the holder's, not a later process's with its pid.
@@ -211,7 +214,10 @@ class Sandbox:
 
     def dead_message(self) -> str:
         """What failed, when the holder is gone."""
-        return f"the holder of the run's private network namespace (pid {self.pid}) has died: the run cannot go on isolated"
+        return (
+            f"the holder of the run's private network namespace (pid {self.pid}) has died: "
+            "the run cannot go on isolated"
+        )
 
     def namespaces(self) -> dict[str, int]:
         """Descriptors of the namespaces a task enters, in order (``user`` first, then ``net``)."""

@@ -46,7 +46,11 @@ def spawn(
 
 
 def spawn_contained(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str, log_file: str, namespaces: Mapping[str, int] | None = None
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    log_file: str,
+    namespaces: Mapping[str, int] | None = None,
 ) -> tuple[subprocess.Popen, int]:
     """`spawn` ``argv`` in a PID namespace of its own, so that every process it starts dies with it.
 
@@ -56,7 +60,8 @@ def spawn_contained(
     """
     tree_r, tree_w = os.pipe2(os.O_CLOEXEC)
     fds = [tree_w, *(namespaces or {}).values()]
-    flags = ["--tree", str(tree_w)] + [a for kind, fd in (namespaces or {}).items() for a in (f"--{kind}", str(fd))]
+    flags = ["--tree", str(tree_w)]
+    flags += [a for kind, fd in (namespaces or {}).items() for a in (f"--{kind}", str(fd))]
     try:
         return _start(argv, env, cwd, log_file, subprocess.DEVNULL, flags, fds), tree_r
     except BaseException:
@@ -74,7 +79,8 @@ def _start(
     try:
         # No preexec_fn: taskinit sets the parent-death signal itself, after exec.
         return subprocess.Popen(
-            [sys.executable, "-I", "-S", TASKINIT, "--parent", str(os.getpid()), *flags, "--", *argv],
+            [sys.executable, "-I", "-S", TASKINIT, "--parent", str(os.getpid()), *flags, "--",
+             *argv],
             stdin=stdin,
             stdout=fd,
             stderr=subprocess.STDOUT,

@@ -45,7 +45,8 @@ def details(failure: Failure) -> str:
     if found is not None:
         # The log relative to the folder it shares with the error file (the run dir): two full
         # run-dir paths made this line hundreds of columns wide.
-        log = os.path.relpath(failure.log_file, os.path.commonpath([failure.error_file, failure.log_file]))
+        run_dir = os.path.commonpath([failure.error_file, failure.log_file])
+        log = os.path.relpath(failure.log_file, run_dir)
         full = f" (full text in {log})" if has_error_file else " (full text there)"
         out.append(f"  from {source}{full}:")
         out += [f"  | {line}" for line in found.condensed()]

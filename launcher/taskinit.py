@@ -21,8 +21,8 @@ can deadlock between fork and exec.
    the ``--tree`` pipe (held by the init alone) is closed, not one process of the task is left.
    A new mount namespace gets its own ``/proc``, so ``os.getpid()`` and ``/proc/<pid>`` agree.
    An unprivileged user gets the PID namespace inside a user namespace of its own (its uid and gid
-   mapped to themselves). Where the kernel refuses both, the keeper is a child subreaper instead: it kills what is left when the task exits, but not when
-   it is itself SIGKILLed.
+   mapped to themselves). Where the kernel refuses both, the keeper is a child subreaper
+   instead: it kills what is left when the task exits, but not when it is itself SIGKILLed.
 
 Signals: the keeper is alone in its process group, so the launcher's ``killpg`` reaches only it;
 it forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the init, which forwards them
@@ -66,18 +66,14 @@ def main(args: list[str]) -> None:
     options, argv = _parse(args)
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != options["parent"]:
-        os._exit(
-            1
-        )  # the launcher died before the line above: nobody would ever kill us
+        os._exit(1)  # the launcher died before the line above: nobody would ever kill us
     for flag, kind in (("user", _CLONE_NEWUSER), ("net", _CLONE_NEWNET)):
         if flag in options:
             _call("setns", options[flag], kind)
             os.close(options[flag])
     if "tree" not in options:
         _exec(argv)
-    signal.pthread_sigmask(
-        signal.SIG_BLOCK, FORWARDED
-    )  # until the child to forward to exists
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the child to forward to exists
     if _try_call("unshare", _CLONE_NEWPID) == 0 or _own_user_namespace():
         _keeper(argv, options["tree"])
     _subreaper(argv, options["tree"])
@@ -86,13 +82,9 @@ def main(args: list[str]) -> None:
 def _parse(args: list[str]) -> tuple[dict[str, int], list[str]]:
     split = args.index("--")
     flags, argv = args[:split], args[split + 1 :]
-    options = {
-        flags[i].removeprefix("--"): int(flags[i + 1]) for i in range(0, len(flags), 2)
-    }
+    options = {flags[i].removeprefix("--"): int(flags[i + 1]) for i in range(0, len(flags), 2)}
     if "parent" not in options or not argv:
-        sys.exit(
-            "usage: taskinit.py --parent PID [--tree FD] [--user FD] [--net FD] -- ARGV..."
-        )
+        sys.exit("usage: taskinit.py --parent PID [--tree FD] [--user FD] [--net FD] -- ARGV...")
     return options, argv
 
 
@@ -140,9 +132,7 @@ def _keeper(argv: list[str], tree_fd: int) -> None:
     _exit_like(int(reported) if reported else status)
 
 
-def _init(
-    argv: list[str], tree_fd: int, alive_r: int, status_w: int, mounts: bool
-) -> None:
+def _init(argv: list[str], tree_fd: int, alive_r: int, status_w: int, mounts: bool) -> None:
     """PID 1 of the task's namespace: start the task, reap every orphan, exit when the task does."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if select.select([alive_r], [], [], 0)[0]:
@@ -150,9 +140,7 @@ def _init(
     os.setsid()  # out of the keeper's group: the launcher's killpg reaches the keeper alone
     if mounts:
         _mount_proc()
-    os.set_inheritable(
-        tree_fd, False
-    )  # held by the init alone: the task's exec drops it
+    os.set_inheritable(tree_fd, False)  # held by the init alone: the task's exec drops it
     task = os.fork()
     if task == 0:
         os.setpgid(0, 0)
@@ -223,9 +211,7 @@ def _mount_proc() -> None:
     """Give the namespace its own /proc, unless the mount cannot be kept from the host's."""
     # Private first: a mount must never propagate back into the launcher's mount namespace.
     if _libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) == 0:
-        _libc.mount(
-            b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None
-        )
+        _libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
 
 
 def _forward_to(send) -> None:

@@ -91,9 +91,7 @@ def test_nothing_a_task_started_survives_its_success(tmp: Path, isolation: str) 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_nothing_a_task_started_survives_a_sigkilled_launcher(
-    tmp: Path, isolation: str
-) -> None:
+def test_nothing_a_task_started_survives_a_sigkilled_launcher(tmp: Path, isolation: str) -> None:
     spec = _family(tmp, isolation, 300)
     launcher = subprocess.Popen(
         [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
@@ -196,8 +194,7 @@ def test_a_dead_namespace_holder_fails_the_run(tmp: Path) -> None:
         tasks = record.get("tasks") or {}
         return (
             record
-            if len(tasks) == 2
-            and all(t.get("state") == "running" for t in tasks.values())
+            if len(tasks) == 2 and all(t.get("state") == "running" for t in tasks.values())
             else None
         )
 
@@ -247,9 +244,7 @@ def test_import_and_syntax_errors_are_recorded_and_never_retried(
     done = distlaunch("up", str(spec), cwd=tmp, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     run_dir = only_run_dir(tmp / "runs")
-    recorded = json.loads(
-        (run_dir / "errors" / "attempt-0" / "worker-0.json").read_text()
-    )
+    recorded = json.loads((run_dir / "errors" / "attempt-0" / "worker-0.json").read_text())
     assert recorded["type"] == error and error in NON_RETRYABLE_ERRORS
     assert not [e for e in events(run_dir) if e["event"] == "restarted"]
     # What the task printed starts at the program's own frames, as plain `python` shows it.
@@ -279,16 +274,12 @@ def test_the_program_cannot_tell_it_was_bootstrapped(tmp: Path, kind: str) -> No
         if kind == "script"
         else {"module": "selfcheck", "workdir": "work"}
     )
-    spec = write_spec(
-        tmp, program={**program, "args": args}, tasks={"worker": {"count": 1}}
-    )
+    spec = write_spec(tmp, program={**program, "args": args}, tasks={"worker": {"count": 1}})
     done = distlaunch("up", str(spec), cwd=tmp, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.split("SELF ", 1)[1].splitlines()[0])
     direct = [str(work / "selfcheck.py")] if kind == "script" else ["-m", "selfcheck"]
-    cwd = (
-        tmp if kind == "script" else work
-    )  # the program's workdir: the spec's folder by default
+    cwd = tmp if kind == "script" else work  # the program's workdir: the spec's folder by default
     plain = subprocess.run(
         [sys.executable, *direct, *args],
         cwd=cwd,

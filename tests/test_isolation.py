@@ -315,7 +315,9 @@ run_id = f"nobody-{os.getpid()}"
 port = 20000
 with netns.sandbox(isolation, run_id) as box:
     listener = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', %d)); s.listen(); time.sleep(600)" % port
-    task, tree = procs.spawn_contained((sys.executable, "-c", listener), {"DISTLAUNCH_RUN_ID": run_id}, ".", "task.log", box.namespaces())
+    task, tree = procs.spawn_contained(
+        (sys.executable, "-c", listener), {"DISTLAUNCH_RUN_ID": run_id}, ".", "task.log", box.namespaces()
+    )
     while not procs.listening(box.pid, port):
         time.sleep(0.05)
     print(json.dumps({"mode": isolation.mode, "port": port, "holder": box.pid, "run_id": run_id,

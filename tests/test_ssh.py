@@ -278,7 +278,8 @@ def test_plan_names_every_host_address_and_runs_the_host_python(tmp: Path) -> No
     remote, local = data["tasks"]
     assert remote["tf_config"]["cluster"] == {"worker": ["10.1.0.1:4000", "10.1.0.9:4001"]}
     assert (remote["transport"], remote["host_name"], remote["cwd"]) == ("ssh", "node1", "~/job")
-    assert remote["argv"][:4] == ["/venv/bin/python", "-m", "distlaunch.worker.bootstrap", str(tmp / "task.py")]
+    boot = ["/venv/bin/python", "-m", "distlaunch.worker.bootstrap"]
+    assert remote["argv"][:4] == [*boot, str(tmp / "task.py")]
     assert local["transport"] == "local" and local["argv"][0] == sys.executable
     assert data["isolation"]["mode"] == "host"  # remote tasks must reach the local one
     assert load_spec(path).hosts["node1"].address_of("node1") == "10.1.0.1"

@@ -1,4 +1,4 @@
-"""How every task's program starts: the error hook first, then the script or module, as Python would.
+"""How every task's program starts: the error hook, then the script or module, as Python would.
 
 The launcher runs ``PYTHON .../distlaunch/worker/bootstrap.py SCRIPT ARGS...`` (by path, so that
 any interpreter works, also one without distlaunch installed) or, where distlaunch is installed
@@ -63,9 +63,7 @@ def install_error_hook() -> None:
     without the bootstrap's own frames."""
     previous = sys.excepthook
 
-    def hook(
-        exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
-    ) -> None:
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         while tb is not None and _own(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next
         exc.__traceback__ = tb
@@ -106,9 +104,7 @@ def _write_error_file(
         "attempt": int(os.environ.get(_ATTEMPT) or 0),
     }
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = os.path.join(
-        os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp"
-    )
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         json.dump(record, f)
     os.replace(tmp, path)
