@@ -7,7 +7,6 @@ the host), 128+N interrupted by signal N.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -19,7 +18,7 @@ from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import LaunchError, UsageError
 from distlaunch.launcher.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
-from distlaunch.launcher.spec import LoadedSpec, json_schema, load_spec
+from distlaunch.launcher.spec import json_schema, load_spec
 from distlaunch.launcher.summary import tail
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
@@ -119,35 +118,35 @@ def schema() -> None:
 @click.option("--resume", is_flag=True, help="Resume the latest unfinished run of this spec.")
 @click.option("--fresh", is_flag=True, help="Start a new run even if the last one did not finish.")
 @click.option(
-    "--backend", type=click.Choice(["local", "compose"]),
-    help="Where tasks run (default: the spec's `backend`): local processes, or one container each under docker-compose.",
+    "--backend", type=click.Choice(["local", "compose", "slurm"]),
+    help="Where tasks run (default: the spec's `backend`): local processes, one container each under "
+    "docker-compose, or one Slurm job step each inside the current allocation.",
 )
 @IMAGE
 @click.option(
     "--base-image", envvar="DISTLAUNCH_BASE_IMAGE", default=DEFAULT_BASE, show_default=True,
     help="Compose backend: the image the distlaunch image is built on (python3 3.11+ with venv).",
 )
-def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str, base_image: str) -> None:
+@click.option(
+    "--requeue", is_flag=True,
+    help="Slurm batch job: on the pre-timeout signal (SIGUSR2) stop the tasks and requeue the job, "
+    "which then resumes the run (what `distlaunch sbatch --requeue` writes).",
+)
+def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str, base_image: str,
+       requeue: bool) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
     from distlaunch.launcher.up import choose_run, up as run_up
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")
-    loaded = load_spec(spec)
-    if backend is not None:
-        loaded = _with_backend(loaded, backend)
+    loaded = load_spec(spec, backend)
     console = Console()
     if not (resume or fresh or run_id):
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
     # One launcher per run dir, for this launcher's whole life.
     with rundir.claim(target.run_dir, target.previous, loaded.spec.permissions == "private"):
-        run_up(loaded, target, console, ImageRequest(image, base_image))
-
-
-def _with_backend(loaded: LoadedSpec, backend: str) -> LoadedSpec:
-    """The loaded spec with its `backend` replaced (what `--backend` does)."""
-    return dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={"backend": backend}))
+        run_up(loaded, target, console, ImageRequest(image, base_image), requeue)
 
 
 @cli.command("compose")

@@ -34,15 +34,19 @@ TREE_TIMEOUT_S = 30.0
 
 
 def spawn(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str, log_file: str, stdin: int = subprocess.DEVNULL
+    argv: Sequence[str], env: Mapping[str, str], cwd: str, log_file: str, stdin: int = subprocess.DEVNULL,
+    death_signal: int = signal.SIGKILL,
 ) -> subprocess.Popen:
     """Start ``argv`` as the leader of a new session, stdout and stderr appended to ``log_file``.
 
     ``stdin`` is DEVNULL, or PIPE for a task the launcher talks to (an SSH task's helper). It dies
-    with the launcher (see taskinit). Must be called from the main thread: the kernel's
-    parent-death signal fires when the thread that forked the child exits, not the process.
+    with the launcher (see taskinit): by ``death_signal``, SIGKILL, or SIGTERM for a client that
+    must clean up elsewhere first (`srun` cancels its job step on SIGTERM, not on SIGKILL). Must
+    be called from the main thread: the kernel's parent-death signal fires when the thread that
+    forked the child exits, not the process.
     """
-    return _start(argv, env, cwd, log_file, stdin, [], ())
+    flags = [] if death_signal == signal.SIGKILL else ["--death", str(int(death_signal))]
+    return _start(argv, env, cwd, log_file, stdin, flags, ())
 
 
 def spawn_contained(

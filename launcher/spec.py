@@ -354,6 +354,17 @@ class Network(_Model):
     )
 
 
+class SlurmOptions(_Model):
+    """How the Slurm backend places tasks on the allocation's nodes."""
+
+    tasks_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="Fill each node with this many tasks before the next one (default: spread the "
+        "tasks over the nodes, one at a time).",
+    )
+
+
 class Spec(_Model):
     """A whole cluster spec as the user wrote it (paths still relative)."""
 
@@ -386,17 +397,22 @@ class Spec(_Model):
         "owner-only (dirs 0700, files 0600; tasks run with umask 077). "
         "shared: they follow your umask, so others may read them.",
     )
-    backend: Literal["local", "compose"] = Field(
+    backend: Literal["local", "compose", "slurm"] = Field(
         "local",
         description="local: tasks are processes on this machine or its SSH hosts. compose: every task "
         "runs in a container of its own (the distlaunch image, built from this checkout) on an "
         "internal docker-compose network with no published port; TF_CONFIG names service names "
         "(worker-0:2222), the shared dir is mounted at the same path, and the image's python runs "
         "the program (program.python, task ports and isolation do not apply). "
+        "slurm: inside a Slurm allocation (salloc, sbatch), every task is a job step on a node of "
+        "the allocation; a task's `host` names a node, or is left out to be placed. "
         "`distlaunch up --backend` overrides it.",
     )
 
     network: Network = Field(default_factory=Network, description="The SSH hosts' firewall.")
+    slurm: SlurmOptions = Field(
+        default_factory=SlurmOptions, description="Placement on Slurm nodes (the other backends ignore it)."
+    )
     kubernetes: Kubernetes = Field(
         default_factory=Kubernetes, description="Settings of `distlaunch k8s` (the other backends ignore them)."
     )
@@ -471,8 +487,12 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
-def load_spec(path: str | Path) -> LoadedSpec:
-    """Read, validate and resolve the spec at ``path``; raise SpecError on any problem."""
+def load_spec(path: str | Path, backend: str | None = None) -> LoadedSpec:
+    """Read, validate and resolve the spec at ``path``; raise SpecError on any problem.
+
+    ``backend`` (`up --backend`) replaces the spec's own before validation: what a task's
+    `host` may name depends on it.
+    """
     file = Path(path)
     shown = str(path)
     try:
@@ -495,6 +515,8 @@ def load_spec(path: str | Path) -> LoadedSpec:
             raise SpecError(shown, where, f"key {key!r} appears twice; expected it once")
         if not isinstance(raw, dict):
             raise SpecError(shown, "$", "expected a JSON object")
+        if backend is not None:
+            raw = {**raw, "backend": backend}
         try:
             spec = Spec.model_validate(raw)
         except ValidationError as exc:
@@ -534,7 +556,10 @@ def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedS
     elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", spec.program.module or ""):
         raise SpecError(shown, "$.program.module", f"expected a dotted module name, got {spec.program.module!r}")
     hosts = _resolve_hosts(spec, base, shown)
-    _check_task_hosts(spec, shown, raw)
+    if spec.backend == "slurm":
+        _check_fits_slurm(spec, shown, raw)
+    else:
+        _check_task_hosts(spec, shown, raw)
     _check_unique_ports(spec, shown, raw)
     _check_gpus(spec, shown, raw)
     _check_python(spec, workdir, shown)
@@ -604,6 +629,20 @@ def _check_task_hosts(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
                 f"tasks on SSH hosts cannot reach a task on {entry.host!r} (loopback); {fix} "
                 "the address the other hosts reach this machine at",
             )
+
+
+def _check_fits_slurm(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
+    """Under Slurm a task's host is a node of the allocation (checked when `up` starts), SSH hosts
+    do not apply, and Slurm picks the GPU devices: a task asks for a count."""
+    if spec.hosts:
+        raise SpecError(shown, "$.hosts", "the slurm backend runs tasks on the allocation's nodes; remove `hosts`")
+    for role, entries in spec.tasks.by_role().items():
+        for i, entry in enumerate(entries):
+            if isinstance(entry.gpus, tuple):
+                raise SpecError(
+                    shown, _task_path(raw, role, i, "gpus"),
+                    f"expected a GPU count under Slurm (it picks the devices), got the list {list(entry.gpus)}",
+                )
 
 
 def _is_ssh(spec: Spec, host: str) -> bool:

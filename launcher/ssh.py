@@ -89,6 +89,21 @@ def last_message(stderr: str) -> str:
     return lines[-1] if lines else ""
 
 
+def helper_request(task: TaskPlan, umask: int | None, grace_s: float) -> dict:
+    """The JSON request the remote helper (`distlaunch.worker.remote`) reads: the task as data."""
+    folders = {str(Path(task.env[name]).parent) for name in _TASK_FILES if name in task.env}
+    folders |= {task.env[name] for name in (contract.RUN_DIR, contract.CHECKPOINT_DIR) if name in task.env}
+    return {
+        "argv": list(task.argv),
+        "env": dict(task.env),
+        "cwd": task.cwd or None,
+        "mkdirs": sorted(folders),
+        "umask": umask,
+        "grace_s": grace_s,
+        "heartbeat_s": HEARTBEAT_TIMEOUT_S,
+    }
+
+
 class Session:
     """The SSH side of one run: a private control-socket dir and the master connections in it."""
 
@@ -220,13 +235,17 @@ class SshHandle(procs.TaskProcess):
             except (BrokenPipeError, BlockingIOError):
                 pass
 
-    def close(self) -> None:
-        """Release the pidfd and the helper's stdin (EOF ends the remote task if it still runs)."""
+    def close_stdin(self) -> None:
+        """Close the helper's stdin: EOF makes it SIGKILL the task at once if it still runs."""
         with self._lock:
             if self._stdin is not None:
                 assert self.proc.stdin is not None
                 self.proc.stdin.close()
                 self._stdin = None
+
+    def close(self) -> None:
+        """Release the pidfd and the helper's stdin (EOF ends the remote task if it still runs)."""
+        self.close_stdin()
         super().close()
 
 
@@ -277,17 +296,7 @@ class SshTransport:
 
     def request(self, task: TaskPlan) -> dict:
         """The JSON request the remote helper reads: the task as data."""
-        folders = {str(Path(task.env[name]).parent) for name in _TASK_FILES if name in task.env}
-        folders |= {task.env[name] for name in (contract.RUN_DIR, contract.CHECKPOINT_DIR) if name in task.env}
-        return {
-            "argv": list(task.argv),
-            "env": dict(task.env),
-            "cwd": task.cwd or None,
-            "mkdirs": sorted(folders),
-            "umask": self.umask,
-            "grace_s": self.grace_s,
-            "heartbeat_s": HEARTBEAT_TIMEOUT_S,
-        }
+        return helper_request(task, self.umask, self.grace_s)
 
     def stop(self, handles: Sequence[SshHandle], grace_s: float) -> None:
         """Ask every helper to stop its task (SIGTERM, grace, SIGKILL on the host), wait, then

@@ -33,7 +33,9 @@ from distlaunch.worker import contract
 PUMP_INTERVAL_S = 0.05
 # How often joins and heartbeats are checked.
 CHECK_INTERVAL_S = 0.25
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGUSR2 is what a Slurm batch job of `distlaunch sbatch` gets shortly before its time limit.
+PRE_TIMEOUT_SIGNAL = signal.SIGUSR2
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, PRE_TIMEOUT_SIGNAL)
 # `distlaunch restart` drops a request file in the run's control/ folder and sends this signal.
 CONTROL_SIGNAL = signal.SIGUSR1
 

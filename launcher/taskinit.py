@@ -1,13 +1,14 @@
 """The first process of every local task: it makes sure that nothing the task starts outlives it.
 
-The launcher runs ``python -I -S taskinit.py --parent PID [--tree FD] [--user FD] [--net FD] --
-ARGV...`` (standard library only, run by path: any interpreter works, nothing is imported from
-the task's environment). Everything is done here, after exec, and nothing in a ``preexec_fn``:
-Python's ``preexec_fn`` is unsafe while the launcher has other threads (SSH's heartbeat), a child
-can deadlock between fork and exec.
+The launcher runs ``python -I -S taskinit.py --parent PID [--death SIG] [--tree FD] [--user FD]
+[--net FD] -- ARGV...`` (standard library only, run by path: any interpreter works, nothing is
+imported from the task's environment). Everything is done here, after exec, and nothing in a
+``preexec_fn``: Python's ``preexec_fn`` is unsafe while the launcher has other threads (SSH's
+heartbeat), a child can deadlock between fork and exec.
 
-1. Parent death: ``PR_SET_PDEATHSIG`` = SIGKILL, then a check that the launcher did not die
-   before that (the ``--parent`` pid is still our parent).
+1. Parent death: ``PR_SET_PDEATHSIG`` = SIGKILL (``--death SIG``: another signal; SIGTERM for
+   `srun`, which cancels its Slurm job step on SIGTERM but leaves it running when SIGKILLed), then
+   a check that the launcher did not die before that (the ``--parent`` pid is still our parent).
 2. Namespaces by file descriptor (``--user``, ``--net``: the run's network namespace, held open by
    the launcher): ``setns`` on the descriptor, never on a pid that could have been reused.
 3. Without ``--tree``: exec ARGV (the SSH and compose clients, whose remote ends sweep their own
@@ -64,7 +65,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def main(args: list[str]) -> None:
     """Parse ``args`` (see the module docstring) and run the task; never returns."""
     options, argv = _parse(args)
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _libc.prctl(_PR_SET_PDEATHSIG, options.get("death", signal.SIGKILL), 0, 0, 0)
     if os.getppid() != options["parent"]:
         os._exit(1)  # the launcher died before the line above: nobody would ever kill us
     for flag, kind in (("user", _CLONE_NEWUSER), ("net", _CLONE_NEWNET)):
@@ -84,7 +85,9 @@ def _parse(args: list[str]) -> tuple[dict[str, int], list[str]]:
     flags, argv = args[:split], args[split + 1 :]
     options = {flags[i].removeprefix("--"): int(flags[i + 1]) for i in range(0, len(flags), 2)}
     if "parent" not in options or not argv:
-        sys.exit("usage: taskinit.py --parent PID [--tree FD] [--user FD] [--net FD] -- ARGV...")
+        sys.exit(
+            "usage: taskinit.py --parent PID [--death SIG] [--tree FD] [--user FD] [--net FD] -- ARGV..."
+        )
     return options, argv
 
 

@@ -18,7 +18,7 @@ from distlaunch.launcher.plan import Plan, make_plan, masked_spec
 from distlaunch.launcher.routing import HostRouter
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.summary import details, headline
-from distlaunch.launcher.supervisor import Supervisor
+from distlaunch.launcher.supervisor import PRE_TIMEOUT_SIGNAL, Supervisor
 from distlaunch.worker import contract
 
 ISOLATED_NOTE = (
@@ -80,6 +80,13 @@ def build_plan(loaded: LoadedSpec, target: RunTarget, remote_ports: dict[ports.T
     """
     if loaded.spec.backend == "compose":
         return compose.compose_plan(loaded, target.run_id, target.run_dir, target.attempt)
+    if loaded.spec.backend == "slurm":
+        # A dry run: placed on the current allocation, with stand-in ports (`up` picks them on the nodes).
+        from distlaunch.launcher import slurm
+
+        placement = slurm.place(loaded, slurm.allocation())
+        stand_ins = ports.allocate(slurm.placed_spec(loaded, placement), private=True)
+        return slurm.slurm_plan(loaded, placement, stand_ins, target.run_id, target.run_dir, target.attempt)
     isolation = netns.decide(loaded)
     return make_plan(
         loaded, ports.allocate(loaded, private=isolation.private, remote=remote_ports), target.run_id,
@@ -87,14 +94,19 @@ def build_plan(loaded: LoadedSpec, target: RunTarget, remote_ports: dict[ports.T
     )
 
 
-def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest | None = None) -> None:
+def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest | None = None,
+       requeue: bool = False) -> None:
     """Run the job to its end; raise RunFailed or Interrupted (after full teardown) if it did not succeed.
 
     SSH hosts are checked first (HostError, nothing started, when one is not usable). With the
-    compose backend the tasks run in containers of ``image`` (see `_up_compose`).
+    compose backend the tasks run in containers of ``image`` (see `_up_compose`); with the slurm
+    backend as job steps of the current allocation (see `_up_slurm`, and ``requeue``).
     """
     if loaded.spec.backend == "compose":
         _up_compose(loaded, target, console, image or ImageRequest())
+        return
+    if loaded.spec.backend == "slurm":
+        _up_slurm(loaded, target, console, requeue)
         return
     private = loaded.spec.permissions == "private"
     umask = rundir.PRIVATE_UMASK if private else None
@@ -169,6 +181,45 @@ def _say_program(console: Console, plan: Plan) -> None:
         console.say(note)
     if plan.program.serve_ps_workers:
         console.say(plan.program.serve_reason)
+
+
+def _up_slurm(loaded: LoadedSpec, target: RunTarget, console: Console, requeue: bool) -> None:
+    """`up` inside a Slurm allocation: every task a job step on a node, the same supervisor.
+
+    With ``requeue`` (a batch job submitted with `distlaunch sbatch --requeue`), the pre-timeout
+    signal (SIGUSR2) stops the tasks, then the job is requeued: its next start resumes this run.
+    """
+    from distlaunch.launcher import slurm
+
+    alloc = slurm.allocation()
+    placement = slurm.place(loaded, alloc)
+    private = loaded.spec.permissions == "private"
+    umask = rundir.PRIVATE_UMASK if private else None
+    reports = slurm.preflight(loaded, alloc, placement, umask)
+    for report in reports:
+        console.say(f"node {report.name}: {report.summary()}")
+    picked = {key: port for report in reports for key, port in report.ports.items()}
+    plan = slurm.slurm_plan(loaded, placement, picked, target.run_id, target.run_dir, target.attempt)
+    python = slurm.python_of(loaded)
+    with _umask(umask), slurm.StepTransport(alloc, plan.run_id, python, loaded.spec.timeouts.grace_s, umask) as steps:
+        rundir.make_dirs(target.run_dir, target.attempt, private)
+        record = _new_record(loaded, plan, target)
+        record["slurm"] = alloc.to_json()
+        verb = "resuming" if target.previous else "starting"
+        console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks as steps of Slurm job "
+                    f"{alloc.job_id} on {', '.join(sorted(set(placement.values())))}, {plan.strategy}; run dir {plan.run_dir}")
+        ports = ", ".join(str(t.port) for t in plan.tasks)
+        console.say(EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy))
+        _say_program(console, plan)
+        try:
+            _supervise(Supervisor(plan, record, HostConsole(console, plan), loaded.spec.timeouts, steps, loaded.spec.restart),
+                       target, console)
+        except Interrupted as exc:
+            if requeue and exc.signum == PRE_TIMEOUT_SIGNAL:
+                console.say(f"the job is near its time limit: tasks stopped; requeueing job {alloc.job_id}, "
+                            f"which resumes run {plan.run_id} from its latest checkpoint")
+                slurm.requeue(alloc)
+            raise
 
 
 def _network_note(plan: Plan) -> str | None:

@@ -1,0 +1,574 @@
+"""The Slurm backend: inside an allocation, every task is a job step on one of its nodes.
+
+Why it is built this way:
+- The allocation is whatever `salloc` or a batch script holds: its nodes come from
+  ``SLURM_JOB_NODELIST`` (`scontrol show hostnames`), its CPUs per node from
+  ``SLURM_JOB_CPUS_PER_NODE``. Nothing is asked of the user that Slurm already knows.
+- Placement is one pure decision (`place`): a task that names a node goes there; the others are
+  spread over the nodes, the least loaded first, or packed ``slurm.tasks_per_node`` at a time.
+  Every problem (an unknown node, more tasks than a node's CPUs) is one line.
+- Each task is a *local* `srun` client, a child process of the launcher like an SSH task's `ssh`:
+  ``srun --nodes=1 --ntasks=1 --nodelist=NODE --exact ... PYTHON -m distlaunch.worker.remote``.
+  srun forwards its stdin to the step, so the remote helper works exactly as over SSH: the task's
+  argv and environment arrive as one JSON line (no shell parses a spec value), the helper runs it
+  in its own process group with the run's umask and error files, `stop` ends it with TERM, grace,
+  KILL, and EOF kills it at once.
+- Measured on Slurm 22.05 (tests/slurmcluster.py): closing srun's stdin ends the step within
+  0.1 s (the helper sees EOF); SIGTERM to srun cancels the step; but SIGKILL to srun leaves the
+  step running. So the launcher kills a task by closing its stdin, srun gets SIGTERM (not SIGKILL)
+  when the launcher dies (PR_SET_PDEATHSIG), and the helper's heartbeat timeout covers an srun
+  killed outright by someone else. `distlaunch down` cancels the run's steps by name.
+- Ports are picked on each node before the plan, by the SSH preflight's probe run as a step
+  (``--overlap``: it needs no CPU of its own), which also checks the node's Python, TensorFlow,
+  distlaunch and the shared dir. TF_CONFIG names nodes by hostname.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Self
+
+from distlaunch.launcher import ports, procs, rundir
+from distlaunch.launcher.errors import HostError, UsageError
+from distlaunch.launcher.netns import HOST, Isolation
+from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
+from distlaunch.launcher.preflight import _token
+from distlaunch.launcher.spec import LOCAL_HOSTS, Host, LoadedSpec, task_json_path
+from distlaunch.launcher.ssh import (
+    HEARTBEAT_S,
+    HELPER_MODULE,
+    STOP_MARGIN_S,
+    SshHandle,
+    helper_request,
+)
+from distlaunch.worker import contract, remote
+
+PROBE_TIMEOUT_S = 120.0
+# After its stdin closed, a step's helper kills the task at once and srun exits; this long at most.
+KILL_WAIT_S = 5.0
+# Job steps of a run are named after it, so `down` finds them without the launcher.
+STEP_PREFIX = "distlaunch"
+# Set by the batch script `distlaunch sbatch` writes, to the job id: this job exists for this run.
+SUBMITTED_ENV = "DISTLAUNCH_SLURM_JOB"
+ISOLATION = Isolation(
+    HOST,
+    "tasks run as Slurm job steps on the allocation's nodes, on the nodes' network",
+    "firewall the task ports so that only the cluster's nodes reach them",
+)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The Slurm job the launcher runs in: its id, nodes (in Slurm's order) and CPUs per node."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    cpus: Mapping[str, int]
+    submitted: bool  # the job was submitted by `distlaunch sbatch` for this run: `down` cancels it
+
+    def to_json(self) -> dict:
+        """What run.json keeps, for `down` and people."""
+        return {
+            "job_id": self.job_id,
+            "nodes": list(self.nodes),
+            "cpus": dict(self.cpus),
+            "submitted": self.submitted,
+        }
+
+
+def allocation(env: Mapping[str, str] | None = None) -> Allocation:
+    """The allocation this launcher runs inside; UsageError when there is none."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not job or not nodelist:
+        raise UsageError(
+            "not inside a Slurm allocation (SLURM_JOB_ID is not set): run `up --backend slurm` under "
+            "`salloc -N NODES` or in a batch script, or submit it with `distlaunch sbatch SPEC`"
+        )
+    done = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout.split():
+        raise UsageError(
+            f"cannot list the allocation's nodes ({nodelist!r}): {done.stderr.strip() or 'scontrol failed'}"
+        )
+    nodes = tuple(done.stdout.split())
+    cpus = dict(
+        zip(
+            nodes,
+            cpus_per_node(env.get("SLURM_JOB_CPUS_PER_NODE", ""), len(nodes)),
+            strict=True,
+        )
+    )
+    return Allocation(job, nodes, cpus, submitted=env.get(SUBMITTED_ENV) == job)
+
+
+def cpus_per_node(value: str, count: int) -> list[int]:
+    """``SLURM_JOB_CPUS_PER_NODE`` ("2(x3),1") as one number per node; 1 each when unset."""
+    out: list[int] = []
+    for part in filter(None, value.split(",")):
+        found = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if found is None:
+            return [1] * count
+        out += [int(found.group(1))] * int(found.group(2) or 1)
+    return out if len(out) == count else [1] * count
+
+
+def place(loaded: LoadedSpec, alloc: Allocation) -> dict[ports.TaskKey, str]:
+    """Put every task on a node of ``alloc``; HostError lists every problem (nothing started).
+
+    A task whose `host` names a node goes there. The others are spread over the nodes (each to
+    the node with the fewest tasks so far, Slurm's order breaking ties), or with
+    ``slurm.tasks_per_node`` fill the nodes in order. A node may hold as many tasks as the
+    allocation has CPUs there: each step takes one CPU (``--exact``).
+    """
+    spec = loaded.spec
+    entries = [
+        (role, i, e)
+        for role, group in spec.tasks.by_role().items()
+        for i, e in enumerate(group)
+    ]
+    problems = []
+    placed: dict[ports.TaskKey, str] = {}
+    load = dict.fromkeys(alloc.nodes, 0)
+    for role, i, entry in entries:
+        if entry.host in LOCAL_HOSTS:
+            continue
+        if entry.host not in load:
+            where = task_json_path(loaded.raw, role, i, "host")
+            problems.append(
+                f"{where}: node {entry.host!r} is not in the allocation; expected one of: {', '.join(alloc.nodes)}"
+            )
+            continue
+        placed[(role, i)] = entry.host
+        load[entry.host] += 1
+    per_node = spec.slurm.tasks_per_node
+    for role, i, entry in entries:
+        if (role, i) in placed or entry.host not in LOCAL_HOSTS:
+            continue
+        if per_node is not None:
+            node = next((n for n in alloc.nodes if load[n] < per_node), alloc.nodes[-1])
+        else:
+            node = min(alloc.nodes, key=lambda n: (load[n], alloc.nodes.index(n)))
+        placed[(role, i)] = node
+        load[node] += 1
+    total, cpus = len(entries), sum(alloc.cpus.values())
+    if total > cpus:
+        problems.append(
+            f"{total} tasks need {total} CPUs, but job {alloc.job_id} has {cpus} on {len(alloc.nodes)} nodes; "
+            "ask for more (salloc/sbatch --ntasks-per-node or -N) or run fewer tasks"
+        )
+    else:
+        for node in alloc.nodes:
+            if load[node] > alloc.cpus[node]:
+                problems.append(
+                    f"node {node}: {load[node]} tasks placed there but job {alloc.job_id} has {alloc.cpus[node]} "
+                    "CPUs on it; place fewer tasks there"
+                )
+    if problems:
+        raise HostError(
+            "cannot place the tasks on the Slurm allocation; nothing was started:",
+            problems,
+        )
+    return placed
+
+
+def placed_spec(
+    loaded: LoadedSpec, placement: Mapping[ports.TaskKey, str]
+) -> LoadedSpec:
+    """``loaded`` with every task's host set to its node, and the nodes as hosts reached by name.
+
+    The nodes are `local` hosts to the plan (the task runs the launcher's interpreter, in the
+    spec's workdir: a cluster shares its filesystem), addressed by hostname in TF_CONFIG.
+    """
+    tasks = loaded.spec.tasks
+    update = {}
+    for role, entries in tasks.by_role().items():
+        group = getattr(tasks, role)
+        new = [
+            e.model_copy(update={"host": placement[(role, i)]})
+            for i, e in enumerate(entries)
+        ]
+        update[role] = group.model_copy(update={"entries": new})
+    nodes = sorted(set(placement.values()))
+    hosts = {node: Host(transport="local", address=node) for node in nodes}
+    spec = loaded.spec.model_copy(
+        update={"tasks": tasks.model_copy(update=update), "hosts": hosts}
+    )
+    return dataclasses.replace(loaded, spec=spec, hosts=hosts)
+
+
+def slurm_plan(
+    loaded: LoadedSpec,
+    placement: Mapping[ports.TaskKey, str],
+    picked: Mapping[ports.TaskKey, int],
+    run_id: str,
+    run_dir: Path,
+    attempt: int = 0,
+) -> Plan:
+    """The plan of one attempt on the nodes: TF_CONFIG names ``node:port`` with the nodes' own ports.
+
+    A task with GPUs asks Slurm for them (``--gpus-per-task``) and gets Slurm's CUDA_VISIBLE_DEVICES;
+    a task without any gets "" (CPU only), as elsewhere.
+    """
+    plan = make_plan(
+        placed_spec(loaded, placement),
+        picked,
+        run_id,
+        run_dir,
+        attempt,
+        isolation=ISOLATION,
+    )
+    tasks = []
+    for task in plan.tasks:
+        env = dict(task.env)
+        if task.gpus:
+            del env["CUDA_VISIBLE_DEVICES"]
+        tasks.append(dataclasses.replace(task, env=env, transport="slurm"))
+    return dataclasses.replace(plan, tasks=tuple(tasks))
+
+
+def python_of(loaded: LoadedSpec) -> str:
+    """The interpreter on the nodes: the program's, or the launcher's (the same path on a cluster)."""
+    return loaded.spec.program.python or sys.executable
+
+
+def step_name(run_id: str, task: str) -> str:
+    """The job step name of a task of a run: `down` and people find the run's steps by it."""
+    return f"{STEP_PREFIX}.{run_id}.{task}"
+
+
+def srun_argv(
+    job_id: str, node: str, name: str, python: str, gpus: int = 0, overlap: bool = False
+) -> list[str]:
+    """The srun command of one single-task step on ``node`` running the remote helper.
+
+    ``--exact``: the step takes only its own CPU, so the tasks of a node run side by side;
+    ``overlap`` (preflight's probe) shares CPUs with the tasks instead.
+    """
+    argv = [
+        "srun",
+        f"--jobid={job_id}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--cpus-per-task=1",
+        f"--nodelist={node}",
+        f"--job-name={name}",
+        "--quiet",
+        "--overlap" if overlap else "--exact",
+    ]
+    if gpus:
+        argv.append(f"--gpus-per-task={gpus}")
+    return argv + [python]
+
+
+# ---- preflight -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What one node's probe found: problems (one line each), picked ports, versions."""
+
+    name: str
+    problems: tuple[str, ...]
+    ports: dict[ports.TaskKey, int]
+    facts: dict
+
+    def summary(self) -> str:
+        """One line on what the node runs."""
+        return ", ".join(
+            f"{k} {self.facts[k]}"
+            for k in ("python", "tensorflow", "distlaunch")
+            if k in self.facts
+        )
+
+
+def preflight(
+    loaded: LoadedSpec,
+    alloc: Allocation,
+    placement: Mapping[ports.TaskKey, str],
+    umask: int | None,
+) -> list[NodeReport]:
+    """Probe every node with tasks, in parallel, as a step of the allocation: its Python has
+    TensorFlow and this distlaunch, it sees the shared dir, its fixed ports are free and its `auto`
+    ports are picked there. HostError lists every problem, one line each (nothing started)."""
+    wanted: dict[str, ports.HostPorts] = {}
+    for node in sorted(set(placement.values())):
+        keys = [k for k, n in placement.items() if n == node]
+        fixed = {}
+        for role, i in keys:
+            port = loaded.spec.tasks.by_role()[role][i].port
+            if isinstance(port, int):
+                fixed[(role, i)] = port
+        wanted[node] = ports.HostPorts(fixed, tuple(k for k in keys if k not in fixed))
+    token_file, token = _token(loaded)
+    try:
+        with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+            reports = list(
+                pool.map(
+                    lambda n: _probe(
+                        loaded, alloc, n, wanted[n], token_file, token, umask
+                    ),
+                    wanted,
+                )
+            )
+    finally:
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)
+    problems = [f"node {r.name}: {line}" for r in reports for line in r.problems]
+    if problems:
+        failed = sum(1 for r in reports if r.problems)
+        raise HostError(
+            f"preflight failed on {failed} of {len(reports)} Slurm nodes; nothing was started:",
+            problems,
+        )
+    return reports
+
+
+def _probe(
+    loaded: LoadedSpec,
+    alloc: Allocation,
+    node: str,
+    wanted: ports.HostPorts,
+    token_file: Path | None,
+    token: str,
+    umask: int | None,
+) -> NodeReport:
+    request = {
+        "fixed_ports": list(wanted.fixed.values()),
+        "auto_ports": len(wanted.auto),
+        "shared_dir": str(loaded.shared_dir),
+        "shared": True,
+        "token_file": str(token_file) if token_file else None,
+        "token": token,
+        "workdir": str(loaded.workdir),
+        "script": str(loaded.script) if loaded.script else None,
+        "umask": umask,
+    }
+    source = (
+        resources.files("distlaunch.launcher").joinpath("ssh_probe.py").read_bytes()
+    )
+    python = python_of(loaded)
+    argv = [
+        *srun_argv(
+            alloc.job_id, node, f"{STEP_PREFIX}.preflight", python, overlap=True
+        ),
+        "-",
+        json.dumps(request),
+    ]
+    try:
+        done = subprocess.run(
+            argv,
+            input=source,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return NodeReport(
+            node, (f"no answer from a job step within {PROBE_TIMEOUT_S:g} s",), {}, {}
+        )
+    stderr = done.stderr.decode(errors="replace")
+    try:
+        answer = json.loads(
+            done.stdout.decode(errors="replace").strip().splitlines()[-1]
+        )
+    except (IndexError, ValueError):
+        last = [line for line in stderr.splitlines() if line.strip()]
+        why = last[-1].strip() if last else f"exit code {done.returncode}"
+        if (
+            "No such file" in stderr
+            or "Can't exec" in stderr
+            or done.returncode in (126, 127)
+        ):
+            why = f"python {python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
+        return NodeReport(node, (f"the probe step failed: {why}",), {}, {})
+    problems = list(answer["problems"])
+    facts = answer["facts"]
+    if "protocol" in facts and facts["protocol"] != remote.PROTOCOL:
+        problems.append(
+            f"distlaunch {facts.get('distlaunch')} there speaks protocol {facts['protocol']}, this launcher "
+            f"{remote.PROTOCOL}; install the same distlaunch version on every node"
+        )
+    picked = dict(wanted.fixed)
+    picked.update(zip(wanted.auto, answer["ports"], strict=True))
+    return NodeReport(node, tuple(problems), picked, facts)
+
+
+# ---- transport -------------------------------------------------------------------------------
+
+
+class StepHandle(SshHandle):
+    """One task running as a job step, seen through its local srun client (whose stdin the
+    launcher holds, as it holds an SSH task's ssh client). ``returncode`` is the task's exit code
+    as the helper relayed it (128+N for signal N)."""
+
+
+class StepTransport:
+    """Starts tasks as job steps of the allocation and stops them (on the node: TERM, grace, KILL)."""
+
+    def __init__(
+        self,
+        alloc: Allocation,
+        run_id: str,
+        python: str,
+        grace_s: float,
+        umask: int | None,
+    ) -> None:
+        self.alloc = alloc
+        self.run_id = run_id
+        self.python = python
+        self.grace_s = grace_s
+        self.umask = umask
+        self._live: set[StepHandle] = set()
+        self._lock = threading.Lock()
+        self._quit = threading.Event()
+        self._heart: threading.Thread | None = None
+
+    def start(self, task: TaskPlan) -> StepHandle:
+        """Start one task as a step on its node; srun's output is appended to the task's log file."""
+        rundir.create_file(task.log_file)
+        argv = [
+            *srun_argv(
+                self.alloc.job_id,
+                task.host_name,
+                step_name(self.run_id, task.name),
+                self.python,
+                gpus=len(task.gpus),
+            ),
+            "-m",
+            HELPER_MODULE,
+        ]
+        env = {contract.RUN_ID: self.run_id}
+        # SIGTERM, not SIGKILL, when the launcher dies: srun then cancels its step; a killed srun
+        # would leave it running.
+        proc = procs.spawn(
+            argv,
+            env,
+            os.getcwd(),
+            task.log_file,
+            stdin=subprocess.PIPE,
+            death_signal=signal.SIGTERM,
+        )
+        handle = StepHandle(task, proc)
+        handle.send(
+            json.dumps(helper_request(task, self.umask, self.grace_s)).encode() + b"\n"
+        )
+        assert proc.stdin is not None
+        os.set_blocking(proc.stdin.fileno(), False)
+        with self._lock:
+            self._live.add(handle)
+            if self._heart is None:
+                self._heart = threading.Thread(
+                    target=self._beat, name="srun-heartbeat", daemon=True
+                )
+                self._heart.start()
+        return handle
+
+    def stop(self, handles: Sequence[StepHandle], grace_s: float) -> None:
+        """Ask every step's helper to stop its task (TERM, grace, KILL on the node), wait, then kill."""
+        for handle in handles:
+            handle.send(b"stop\n")
+        deadline = time.monotonic() + grace_s + STOP_MARGIN_S
+        for handle in handles:
+            try:
+                handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill(handles)
+
+    def kill(self, handles: Sequence[StepHandle]) -> None:
+        """End the steps now: EOF makes each helper SIGKILL its task and exit, which ends the step.
+
+        An srun still there after KILL_WAIT_S gets SIGTERM (it cancels the step), then SIGKILL.
+        """
+        for handle in handles:
+            handle.close_stdin()
+        deadline = time.monotonic() + KILL_WAIT_S
+        late = []
+        for handle in handles:
+            try:
+                handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                late.append(handle.proc)
+        if late:
+            procs.stop_groups(late, KILL_WAIT_S)
+
+    def close(self) -> None:
+        """Stop the heartbeat (the tasks must be stopped already)."""
+        self._quit.set()
+        if self._heart is not None:
+            self._heart.join()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _beat(self) -> None:
+        while not self._quit.wait(HEARTBEAT_S):
+            with self._lock:
+                live = [h for h in self._live if h.proc.poll() is None]
+                self._live = set(live)
+            for handle in live:
+                handle.send(b"\n")
+
+
+# ---- cleanup without the launcher --------------------------------------------------------------
+
+
+def cancel_steps(record: Mapping) -> list[str]:
+    """Cancel every job step left of a Slurm run (found by name); with ``submitted``, its whole job.
+
+    Returns what was cancelled (``JOB.STEP`` ids, or the job id).
+    """
+    info = record.get("slurm") or {}
+    job = info.get("job_id")
+    if not job:
+        return []
+    prefix = step_name(record["run_id"], "")
+    listed = subprocess.run(
+        ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    steps = [
+        line.split()[0]
+        for line in listed.stdout.splitlines()
+        if len(line.split()) == 2 and line.split()[1].startswith(prefix)
+    ]
+    cancelled = list(steps)
+    if steps:
+        subprocess.run(["scancel", "--quiet", *steps], capture_output=True, check=False)
+    if info.get("submitted"):
+        subprocess.run(
+            ["scancel", "--quiet", str(job)], capture_output=True, check=False
+        )
+        cancelled.append(str(job))
+    return cancelled
+
+
+def requeue(alloc: Allocation) -> None:
+    """Put the job back in the queue (it was submitted with --requeue): its next start resumes the run."""
+    subprocess.run(
+        ["scontrol", "requeue", alloc.job_id], capture_output=True, check=False
+    )
