@@ -308,6 +308,8 @@ def down(run: str, shared_dir: str, grace: float | None) -> None:
         done.append(f"stopped its launcher (pid {result.launcher_pid})")
     if result.stopped:
         done.append(f"stopped {result.stopped} leftover process{'es' if result.stopped != 1 else ''}")
+    if result.cancelled:
+        done.append(f"cancelled Slurm {' '.join(result.cancelled)}")
     if result.marked:
         done.append("marked it interrupted")
     click.echo(f"run {result.run_id}: {'; '.join(done) or 'nothing was left running'}")

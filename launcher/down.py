@@ -36,6 +36,7 @@ class DownResult:
     launcher_pid: int | None  # the live launcher that was asked to stop, if any
     stopped: int  # leftover processes of the run that were stopped
     marked: bool  # whether run.json was changed to interrupted
+    cancelled: tuple[str, ...] = ()  # Slurm job steps (JOB.STEP) or the submitted job cancelled
 
 
 def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
@@ -51,6 +52,12 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
     if launcher is not None:
         _stop([launcher], grace_s + LAUNCHER_SLACK_S)
         record = _read(run_dir)  # the launcher recorded its own ending
+    cancelled: list[str] = []
+    if record.get("slurm"):
+        # Steps run on other nodes, out of reach of the process sweep below: Slurm ends them.
+        from distlaunch.launcher.slurm import cancel_steps
+
+        cancelled = cancel_steps(record)
     leftovers = _processes_of(record, run_dir)
     _stop(leftovers, grace_s)
     if record.get("compose"):
@@ -62,7 +69,7 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
     marked = record.get("state") in (rundir.RUNNING, rundir.STOPPING)
     if marked:
         _mark_interrupted(run_dir, record)
-    return DownResult(record["run_id"], launcher.pid if launcher else None, len(leftovers), marked)
+    return DownResult(record["run_id"], launcher.pid if launcher else None, len(leftovers), marked, tuple(cancelled))
 
 
 def _read(run_dir: Path) -> dict:

@@ -105,6 +105,8 @@ class SlurmLab:
             Node(f"{self.prefix}-n{i}", f"{self.prefix}-n{i}", str(addresses[10 + i]))
             for i in range(1, nodes + 1)
         )
+        # A tmpfs in each slurmd's mount namespace: a folder the nodes do not share with anyone.
+        self.private_dir = self.dir / "nodelocal"
         self.conf = self.dir / "slurm.conf"
         self.hosts_file = self.dir / "hosts"
         self.munge_dir = self.dir / "munge"
@@ -287,6 +289,7 @@ class SlurmLab:
         self.hosts_file.chmod(0o644)
         d = self.dir
         (d / "state").mkdir()
+        self.private_dir.mkdir()
         (d / "plugstack.conf").write_text("")
         conf = [
             f"ClusterName={self.cluster_name}",
@@ -381,7 +384,10 @@ class SlurmLab:
 
     def _start_slurmd(self, node: Node) -> None:
         # `ip netns exec` already gives the command a mount namespace of its own.
-        script = f"hostname {shlex.quote(node.name)} && {_WITH_HOSTS}"
+        script = (
+            f"hostname {shlex.quote(node.name)} && "
+            f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(self.private_dir))} && {_WITH_HOSTS}"
+        )
         argv = [
             "ip",
             "netns",

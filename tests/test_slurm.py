@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import only_run_dir, processes_of_run, run_record, wait_for
+from conftest import (
+    events,
+    only_run_dir,
+    processes_of_run,
+    run_record,
+    wait_for,
+    wait_for_run_dir,
+)
 from slurmcluster import SlurmLab, unavailable_reason
 
 
@@ -91,3 +103,229 @@ def test_mwms_across_two_nodes_inside_salloc(lab: SlurmLab, tmp: Path) -> None:
         "no step or process left",
         limit_s=30,
     )
+
+
+@contextmanager
+def _allocation(
+    lab: SlurmLab, tmp: Path, *salloc_args: str
+) -> Iterator[dict[str, str]]:
+    """Hold an allocation (salloc running a sleep) and yield the environment a shell inside it has,
+    so a launcher can be started, killed and looked after while the allocation lives on."""
+    env_file = tmp / "alloc.env"
+    holder = subprocess.Popen(
+        lab.command(
+            [
+                "salloc",
+                "--quiet",
+                *salloc_args,
+                "sh",
+                "-c",
+                f"env -0 > {env_file}.tmp && mv {env_file}.tmp {env_file} && exec sleep 600",
+            ]
+        ),
+        env=lab.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(env_file.exists, "the allocation", limit_s=60)
+        inside = dict(
+            item.split("=", 1)
+            for item in env_file.read_text().split("\0")
+            if "=" in item
+        )
+        yield {**lab.env, **{k: v for k, v in inside.items() if k.startswith("SLURM_")}}
+    finally:
+        lab.run(
+            ["scancel", inside.get("SLURM_JOB_ID", "none")]
+            if env_file.exists()
+            else ["true"]
+        )
+        # salloc outlives its cancelled job until its command ends: end them both.
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
+def test_outside_an_allocation_up_says_so_in_one_line(lab: SlurmLab, tmp: Path) -> None:
+    (tmp / "task.py").write_text("print('never')\n")
+    result = lab.run(
+        _launcher(
+            "up", str(_spec(tmp, {"script": "task.py"}, {"worker": {"count": 2}}))
+        ),
+        cwd=tmp,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        (
+            "distlaunch: error: not inside a Slurm allocation (SLURM_JOB_ID is not set): run `up --backend slurm` under "
+            "`salloc -N NODES` or in a batch script, or submit it with `distlaunch sbatch SPEC`"
+        )
+    ]
+    assert not (tmp / "runs").exists() or not any((tmp / "runs").iterdir())
+
+
+def test_bad_placement_and_node_problems_are_one_line_each_and_start_nothing(
+    lab: SlurmLab, tmp: Path
+) -> None:
+    (tmp / "task.py").write_text("print('never')\n")
+    node1, node2 = (n.name for n in lab.nodes)
+    with _allocation(lab, tmp, "--nodes=2") as env:  # one CPU on each node
+        too_many = _spec(tmp, {"script": "task.py"}, {"worker": {"count": 3}})
+        result = lab.run(_launcher("up", str(too_many)), cwd=tmp, env=env)
+        assert result.returncode == 2, result.stderr
+        assert (
+            f"3 tasks need 3 CPUs, but job {env['SLURM_JOB_ID']} has 2 on 2 nodes"
+            in result.stderr
+        )
+        assert "Traceback" not in result.stderr
+
+        crowded = _spec(
+            tmp, {"script": "task.py"}, {"worker": [{"host": node1}, {"host": node1}]}
+        )
+        result = lab.run(_launcher("up", str(crowded)), cwd=tmp, env=env)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines()[1:] == [
+            f"  node {node1}: 2 tasks placed there but job {env['SLURM_JOB_ID']} has 1 CPUs on it; place fewer tasks there"
+        ]
+
+        unknown = _spec(
+            tmp,
+            {"script": "task.py"},
+            {"worker": [{"host": node1}, {"host": "nowhere"}]},
+        )
+        result = lab.run(_launcher("up", str(unknown)), cwd=tmp, env=env)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines()[1:] == [
+            f"  $.tasks.worker[1].host: node 'nowhere' is not in the allocation; expected one of: {node1}, {node2}"
+        ]
+
+        # A port taken on node 2 and a shared dir that the nodes do not see.
+        squatter = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                lab.nodes[1].netns,
+                sys.executable,
+                "-c",
+                "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 23456)); s.listen(); time.sleep(60)",
+            ]
+        )
+        try:
+            wait_for(
+                lambda: "23456" in lab.run_in(lab.nodes[1], ["ss", "-ltn"]).stdout,
+                "the squatter",
+            )
+            spec = _spec(
+                tmp,
+                {"script": "task.py"},
+                {"worker": [{"host": node1}, {"host": node2, "port": 23456}]},
+                shared_dir=str(lab.private_dir),
+            )
+            result = lab.run(_launcher("up", str(spec)), cwd=tmp, env=env)
+        finally:
+            squatter.kill()
+            squatter.wait()
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert (
+            lines[0]
+            == "distlaunch: error: preflight failed on 2 of 2 Slurm nodes; nothing was started:"
+        )
+        assert (
+            f'  node {node2}: port 23456 is in use here; expected a free port or "auto"'
+            in lines
+        )
+        assert sum("is not shared with the launcher" in line for line in lines) == 2
+        assert len(lines) == 4
+        assert lab.steps() == []
+
+
+# Holds its TF_CONFIG port like a TensorFlow server, and forks a child that would outlive it.
+SERVER = """
+import json, os, socket, subprocess, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+role, index = config["task"]["type"], config["task"]["index"]
+server = socket.socket()
+server.bind(("0.0.0.0", int(config["cluster"][role][index].rsplit(":", 1)[1])))
+server.listen()
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print("serving", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.integration
+def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
+    lab: SlurmLab, tmp: Path
+) -> None:
+    (tmp / "server.py").write_text(SERVER)
+    spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
+    with _allocation(lab, tmp, "--nodes=2") as env:
+        with open(tmp / "out.txt", "w") as out:
+            launcher = subprocess.Popen(
+                lab.command(_launcher("up", str(spec))),
+                cwd=tmp,
+                env=env,
+                stdout=out,
+                stderr=out,
+            )
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        wait_for(
+            lambda: sum(e["event"] == "joined" for e in events(run_dir)) == 2,
+            "both tasks to join",
+            launcher=launcher,
+        )
+        assert len(lab.steps()) == 2
+        assert all(
+            len(lab.processes(node)) >= 3 for node in lab.nodes
+        )  # helper, task, its child
+        launcher.kill()
+        launcher.wait()
+        wait_for(
+            lambda: _nothing_left(lab, run_record(run_dir)["run_id"]),
+            "no step or process left",
+            limit_s=60,
+        )
+        assert lab.jobs() == [env["SLURM_JOB_ID"]]  # the allocation itself lives on
+
+
+@pytest.mark.integration
+def test_down_cancels_the_steps_a_killed_launcher_and_its_sruns_left(
+    lab: SlurmLab, tmp: Path
+) -> None:
+    (tmp / "server.py").write_text(SERVER)
+    spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
+    with _allocation(lab, tmp, "--nodes=2") as env:
+        with open(tmp / "out.txt", "w") as out:
+            launcher = subprocess.Popen(
+                lab.command(_launcher("up", str(spec))),
+                cwd=tmp,
+                env=env,
+                stdout=out,
+                stderr=out,
+            )
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        wait_for(
+            lambda: sum(e["event"] == "joined" for e in events(run_dir)) == 2,
+            "both tasks to join",
+            launcher=launcher,
+        )
+        # SIGKILL of srun leaves its step running (nobody tells slurmstepd): here, of both sruns.
+        for proc in processes_of_run(run_dir.name):
+            if proc.name() == "srun":
+                proc.kill()
+        launcher.kill()
+        launcher.wait()
+        steps = lab.steps()
+        assert len(steps) == 2
+        result = lab.run(_launcher("down", str(run_dir)), cwd=tmp, env=env)
+        assert result.returncode == 0, result.stderr
+        assert f"cancelled Slurm {' '.join(sorted(steps))}" in result.stdout
+        wait_for(
+            lambda: _nothing_left(lab, run_dir.name),
+            "no step or process left",
+            limit_s=60,
+        )
+        assert run_record(run_dir)["state"] == "interrupted"
