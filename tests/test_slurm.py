@@ -329,3 +329,105 @@ def test_down_cancels_the_steps_a_killed_launcher_and_its_sruns_left(
             limit_s=60,
         )
         assert run_record(run_dir)["state"] == "interrupted"
+
+
+@pytest.mark.integration
+def test_pss_chief_workers_and_ps_across_nodes(lab: SlurmLab, tmp: Path) -> None:
+    from test_ssh import PS_JOB
+
+    (tmp / "ps_job.py").write_text(PS_JOB)
+    tasks = {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}}
+    spec = _spec(tmp, {"script": "ps_job.py"}, tasks, strategy="parameter_server")
+    result = lab.run(
+        [
+            "salloc",
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            "--quiet",
+            *_launcher("up", str(spec)),
+        ],
+        cwd=tmp,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    record = run_record(only_run_dir(tmp / "runs"))
+    hosts = {t["name"]: t["host"] for t in record["plan"]["tasks"]}
+    node1, node2 = (n.name for n in lab.nodes)
+    # Spread in TF_CONFIG order: chief, worker 0, worker 1, ps.
+    assert hosts == {
+        "chief-0": node1,
+        "worker-0": node2,
+        "worker-1": node1,
+        "ps-0": node2,
+    }
+    assert any(
+        line.startswith(f"chief-0@{node1} ") and line.endswith("| total 8.0")
+        for line in result.stdout.splitlines()
+    )
+    wait_for(
+        lambda: _nothing_left(lab, record["run_id"]),
+        "no step or process left",
+        limit_s=30,
+    )
+
+
+@pytest.mark.integration
+def test_a_worker_killed_on_its_node_is_restarted_and_training_resumes(
+    lab: SlurmLab, tmp: Path
+) -> None:
+    args = ["--epochs", "3", "--steps-per-epoch", "20", "--checkpoint-every", "10"]
+    spec = _spec(
+        tmp,
+        {**MNIST, "args": args},
+        {"worker": {"count": 2}},
+        restart={"policy": "on-failure", "max_restarts": 2},
+    )
+    with _allocation(lab, tmp, "--nodes=2") as env:
+        with open(tmp / "out.txt", "w") as out:
+            launcher = subprocess.Popen(
+                lab.command(_launcher("up", str(spec))),
+                cwd=tmp,
+                env=env,
+                stdout=out,
+                stderr=out,
+            )
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        wait_for(
+            lambda: (run_dir / "checkpoints" / "checkpoint").exists(),
+            "a first checkpoint",
+            launcher=launcher,
+        )
+        node2 = lab.nodes[1]
+        victim = [
+            p
+            for p in lab.processes(node2)
+            if "distlaunch.worker.examples.mnist_mlp" in p.cmdline()
+        ]
+        assert len(victim) == 1
+        victim[0].kill()
+        launcher.wait(timeout=300)
+        output = (tmp / "out.txt").read_text()
+        assert launcher.returncode == 0, output[-3000:]
+    record = run_record(run_dir)
+    assert record["attempt"] == 1 and {
+        t["restarts"] for t in record["tasks"].values()
+    } == {1}
+    decision = next(e for e in events(run_dir) if e.get("decision") == "restart")
+    assert (
+        decision["task"] == "worker-1"
+        and "restarting worker-0, worker-1" in decision["reason"]
+    )
+    for task in ("worker-0", "worker-1"):
+        assert (
+            "resumed from"
+            in (run_dir / "logs" / "attempt-1" / f"{task}.log").read_text()
+        )
+    assert (
+        json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"]
+        == 60
+    )
+    wait_for(
+        lambda: _nothing_left(lab, record["run_id"]),
+        "no step or process left",
+        limit_s=30,
+    )
