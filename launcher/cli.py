@@ -233,6 +233,37 @@ def _offer_resume(loaded, console: Console) -> bool:
     return False
 
 
+@cli.command(context_settings={"ignore_unknown_options": True})
+@SPEC
+@click.option("--nodes", type=click.IntRange(min=1), help="Nodes to ask for (default: one per task, or per slurm.tasks_per_node tasks).")
+@click.option("--time", "time_limit", help="Time limit, as sbatch takes it (e.g. 2:00:00).")
+@click.option("--partition", help="Slurm partition.")
+@click.option("--account", help="Slurm account.")
+@click.option("--requeue", is_flag=True, help="Near the time limit stop the tasks and requeue the job; it resumes the run.")
+@click.option("--signal-before", type=click.IntRange(min=1), default=120, show_default=True,
+              help="With --requeue: seconds before the time limit that the launcher is signalled.")
+@click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
+def sbatch(spec: str, nodes: int | None, time_limit: str | None, partition: str | None, account: str | None,
+           requeue: bool, signal_before: int, sbatch_args: tuple[str, ...]) -> None:
+    """Submit SPEC as a Slurm batch job running `up --backend slurm`; more sbatch options after `--`.
+
+    The batch script is written to <run_dir>/job.sbatch first (readable, and runnable by hand).
+    """
+    from distlaunch.launcher import sbatch as batch
+    from distlaunch.launcher.up import choose_run
+
+    loaded = load_spec(spec, "slurm")
+    request = batch.BatchRequest(nodes, time_limit, partition, account, requeue, signal_before, batch.check_extra(sbatch_args))
+    target = choose_run(loaded, None, False)
+    rundir.make_dirs(target.run_dir, target.attempt, loaded.spec.permissions == "private")
+    path = target.run_dir / batch.SCRIPT
+    rundir.create_file(path)  # with the run dir's file mode
+    path.write_text(batch.script(loaded, target.run_id, target.run_dir, request))
+    job = batch.submit(path)
+    click.echo(f"submitted Slurm job {job} for run {target.run_id}; run dir {target.run_dir}")
+    click.echo(f"  follow it: distlaunch logs {target.run_id} -f --shared-dir {loaded.shared_dir}  (once it runs)")
+
+
 @cli.command()
 @click.argument("run", required=False)
 @click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")

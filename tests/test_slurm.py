@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -431,3 +432,108 @@ def test_a_worker_killed_on_its_node_is_restarted_and_training_resumes(
         "no step or process left",
         limit_s=30,
     )
+
+
+def _job_state(lab: SlurmLab, job: str) -> str:
+    """The job's state as scontrol tells it (it remembers finished jobs for MinJobAge)."""
+    out = lab.run(["scontrol", "--oneliner", "show", "job", job]).stdout
+    found = re.search(r"\bJobState=(\S+)", out)
+    return found.group(1) if found else ""
+
+
+def _submit(lab: SlurmLab, tmp: Path, spec: Path, *args: str) -> tuple[str, Path]:
+    result = lab.run(_launcher("sbatch", str(spec), *args), cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    found = re.search(
+        r"submitted Slurm job (\d+) for run (\S+); run dir (\S+)", result.stdout
+    )
+    assert found, result.stdout
+    return found.group(1), Path(found.group(3))
+
+
+@pytest.mark.integration
+def test_sbatch_runs_the_job_to_completion_with_logs_and_checkpoints_in_the_run_dir(
+    lab: SlurmLab, tmp: Path
+) -> None:
+    spec = _spec(tmp, MNIST, {"worker": {"count": 2}})
+    job, run_dir = _submit(
+        lab,
+        tmp,
+        spec,
+        "--nodes",
+        "2",
+        "--time",
+        "10",
+        "--",
+        "--comment=distlaunch-test",
+    )
+    script = (run_dir / "job.sbatch").read_text()
+    assert (
+        "#SBATCH --nodes=2" in script
+        and "#SBATCH --time=10" in script
+        and "#SBATCH --comment=distlaunch-test" in script
+    )
+    wait_for(
+        lambda: _job_state(lab, job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+        "the job to end",
+    )
+    assert _job_state(lab, job) == "COMPLETED", (
+        run_dir / f"slurm-{job}.out"
+    ).read_text()[-3000:]
+    record = run_record(run_dir)
+    assert (
+        record["state"] == "succeeded"
+        and record["slurm"]["job_id"] == job
+        and record["slurm"]["submitted"]
+    )
+    assert "succeeded" in (run_dir / f"slurm-{job}.out").read_text()
+    for task in ("worker-0", "worker-1"):
+        assert (
+            "final loss" in (run_dir / "logs" / "attempt-0" / f"{task}.log").read_text()
+        )
+    assert (run_dir / "checkpoints" / "checkpoint").exists()
+    wait_for(
+        lambda: _nothing_left(lab, record["run_id"]),
+        "no step or process left",
+        limit_s=30,
+    )
+
+
+@pytest.mark.integration
+def test_a_requeued_job_resumes_the_run_from_its_checkpoint_after_the_pre_timeout_signal(
+    lab: SlurmLab, tmp: Path
+) -> None:
+    args = ["--epochs", "3", "--steps-per-epoch", "20", "--checkpoint-every", "10"]
+    spec = _spec(tmp, {**MNIST, "args": args}, {"worker": {"count": 2}})
+    job, run_dir = _submit(lab, tmp, spec, "--nodes", "2", "--requeue", "--time", "30")
+    assert "#SBATCH --signal=B:USR2@120" in (run_dir / "job.sbatch").read_text()
+    wait_for(
+        lambda: (run_dir / "checkpoints" / "checkpoint").exists(), "a first checkpoint"
+    )
+    # What Slurm sends the batch shell --signal-before seconds before the time limit (its timing
+    # is only accurate to a minute, so the test sends it itself).
+    signalled = lab.run(["scancel", "--batch", "--signal=USR2", job])
+    assert signalled.returncode == 0, signalled.stderr
+
+    def resumed_and_done() -> bool:
+        if _job_state(lab, job) == "PENDING":
+            # Slurm holds a requeued job back a while (BeginTime); nothing here needs the wait.
+            lab.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+        record = run_record(run_dir)
+        return record.get("attempt") == 1 and record.get("state") == "succeeded"
+
+    wait_for(resumed_and_done, "the requeued job to finish the run", limit_s=300)
+    record = run_record(run_dir)
+    assert record["history"][0]["state"] == "interrupted"
+    for task in ("worker-0", "worker-1"):
+        assert (
+            "resumed from"
+            in (run_dir / "logs" / "attempt-1" / f"{task}.log").read_text()
+        )
+    assert (
+        json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"]
+        == 60
+    )
+    out = (run_dir / f"slurm-{job}.out").read_text()
+    assert "requeueing job" in out
+    wait_for(lambda: _job_state(lab, job) == "COMPLETED", "the job to complete")
