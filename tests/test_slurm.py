@@ -537,3 +537,128 @@ def test_a_requeued_job_resumes_the_run_from_its_checkpoint_after_the_pre_timeou
     out = (run_dir / f"slurm-{job}.out").read_text()
     assert "requeueing job" in out
     wait_for(lambda: _job_state(lab, job) == "COMPLETED", "the job to complete")
+
+
+@pytest.mark.integration
+def test_status_logs_restart_and_down_work_on_a_slurm_run(
+    lab: SlurmLab, tmp: Path
+) -> None:
+    (tmp / "server.py").write_text(SERVER)
+    spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
+    with _allocation(lab, tmp, "--nodes=2") as env:
+        with open(tmp / "out.txt", "w") as out:
+            launcher = subprocess.Popen(
+                lab.command(_launcher("up", str(spec))),
+                cwd=tmp,
+                env=env,
+                stdout=out,
+                stderr=out,
+            )
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        wait_for(
+            lambda: sum(e["event"] == "joined" for e in events(run_dir)) == 2,
+            "both tasks to join",
+            launcher=launcher,
+        )
+        status = lab.run(_launcher("status", str(run_dir)), cwd=tmp, env=env)
+        rows = [
+            line.split()
+            for line in status.stdout.splitlines()
+            if line.startswith("  worker-")
+        ]
+        assert status.returncode == 0 and [r[1] for r in rows] == [
+            "running",
+            "running",
+        ], status.stdout
+        logs = lab.run(_launcher("logs", str(run_dir)), cwd=tmp, env=env)
+        assert (
+            "worker-0 | serving" in logs.stdout and "worker-1 | serving" in logs.stdout
+        )
+        first_steps = set(lab.steps())
+        restart = lab.run(
+            _launcher("restart", str(run_dir), "worker-1"), cwd=tmp, env=env
+        )
+        assert restart.returncode == 0, restart.stderr
+        # An MWMS task restarts the gang: both old steps are killed, both tasks come back as new steps
+        # that get their ports back.
+        wait_for(
+            lambda: sum(e["event"] == "joined" for e in events(run_dir)) == 4,
+            "both tasks to join again",
+            launcher=launcher,
+        )
+        steps = set(lab.steps())
+        assert len(steps) == 2 and not steps & first_steps
+        down = lab.run(_launcher("down", str(run_dir)), cwd=tmp, env=env)
+        assert down.returncode == 0 and "stopped its launcher" in down.stdout, (
+            down.stdout + down.stderr
+        )
+        launcher.wait(timeout=60)
+        wait_for(
+            lambda: _nothing_left(lab, run_dir.name),
+            "no step or process left",
+            limit_s=60,
+        )
+        assert run_record(run_dir)["state"] == "interrupted"
+
+
+def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distlaunch.launcher import slurm
+    from distlaunch.launcher.spec import load_spec
+
+    (tmp / "task.py").write_text("")
+    loaded = load_spec(_spec(tmp, {"script": "task.py"}, {"worker": [{"gpus": 2}, {}]}))
+    alloc = slurm.Allocation("7", ("a", "b"), {"a": 1, "b": 1}, submitted=False)
+    placement = slurm.place(loaded, alloc)
+    plan = slurm.slurm_plan(
+        loaded, placement, {("worker", 0): 1111, ("worker", 1): 2222}, "r", tmp / "r"
+    )
+    gpu, cpu = plan.tasks
+    assert (
+        "CUDA_VISIBLE_DEVICES" not in gpu.env and cpu.env["CUDA_VISIBLE_DEVICES"] == ""
+    )
+    assert "--gpus-per-task=2" in slurm.srun_argv(
+        "7", "a", "n", "python", gpus=len(gpu.gpus)
+    )
+    assert gpu.tf_config["cluster"]["worker"] == ["a:1111", "b:2222"]
+    indices = _spec(tmp, {"script": "task.py"}, {"worker": [{"gpus": [0]}, {}]})
+    result = subprocess.run(
+        _launcher("validate", str(indices)), capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"distlaunch: error: {indices}: $.tasks.worker[0].gpus: expected a GPU count under Slurm "
+        "(it picks the devices), got the list [0]"
+    )
+
+
+def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_named_node(
+    tmp: Path,
+) -> None:
+    from distlaunch.launcher import slurm
+    from distlaunch.launcher.spec import load_spec
+
+    (tmp / "task.py").write_text("")
+    alloc = slurm.Allocation(
+        "7", ("a", "b", "c"), {"a": 2, "b": 2, "c": 2}, submitted=False
+    )
+    tasks = {"chief": [{"host": "c"}], "worker": {"count": 3}}
+    spread = slurm.place(load_spec(_spec(tmp, {"script": "task.py"}, tasks)), alloc)
+    assert spread == {
+        ("chief", 0): "c",
+        ("worker", 0): "a",
+        ("worker", 1): "b",
+        ("worker", 2): "a",
+    }
+    packed = load_spec(
+        _spec(tmp, {"script": "task.py"}, tasks, slurm={"tasks_per_node": 2})
+    )
+    assert slurm.place(packed, alloc) == {
+        ("chief", 0): "c",
+        ("worker", 0): "a",
+        ("worker", 1): "a",
+        ("worker", 2): "b",
+    }
+    assert slurm.cpus_per_node("2(x3),1", 4) == [2, 2, 2, 1]
+    assert slurm.cpus_per_node("", 2) == [1, 1]
