@@ -662,3 +662,20 @@ def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_na
     }
     assert slurm.cpus_per_node("2(x3),1", 4) == [2, 2, 2, 1]
     assert slurm.cpus_per_node("", 2) == [1, 1]
+
+
+@pytest.mark.integration
+def test_down_on_a_submitted_run_cancels_its_job(lab: SlurmLab, tmp: Path) -> None:
+    (tmp / "server.py").write_text(SERVER)
+    spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
+    job, run_dir = _submit(lab, tmp, spec, "--nodes", "2")
+    wait_for(
+        lambda: sum(e["event"] == "joined" for e in events(run_dir)), "a task to join"
+    )
+    down = lab.run(_launcher("down", str(run_dir)), cwd=tmp)
+    assert down.returncode == 0, down.stderr
+    assert re.search(rf"cancelled Slurm (\S+ )*{job}\b", down.stdout), down.stdout
+    wait_for(lambda: job not in lab.jobs(), "the job to leave the queue", limit_s=60)
+    wait_for(
+        lambda: _nothing_left(lab, run_dir.name), "no step or process left", limit_s=60
+    )
