@@ -63,7 +63,7 @@ def check(loaded: LoadedSpec, session: Session, umask: int | None) -> list[HostR
     requests = ports.remote_requests(loaded)
     if not requests:
         return []
-    token_file, token = _token(loaded)
+    token_file, token = probe_token(loaded)
     try:
         with ThreadPoolExecutor(max_workers=len(requests)) as pool:
             reports = list(pool.map(
@@ -84,7 +84,7 @@ def picked_ports(reports: list[HostReport]) -> dict[ports.TaskKey, int]:
     return {key: port for report in reports for key, port in report.ports.items()}
 
 
-def _token(loaded: LoadedSpec) -> tuple[Path | None, str]:
+def probe_token(loaded: LoadedSpec) -> tuple[Path | None, str]:
     """A file only the launcher could have written in the shared dir, for hosts to look for."""
     token = secrets.token_hex(16)
     if not loaded.spec.shared_dir_is_shared:

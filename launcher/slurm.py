@@ -45,7 +45,7 @@ from distlaunch.launcher import ports, procs, rundir
 from distlaunch.launcher.errors import HostError, UsageError
 from distlaunch.launcher.netns import HOST, Isolation
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
-from distlaunch.launcher.preflight import _token
+from distlaunch.launcher.preflight import probe_token
 from distlaunch.launcher.spec import LOCAL_HOSTS, Host, LoadedSpec, task_json_path
 from distlaunch.launcher.ssh import (
     HEARTBEAT_S,
@@ -318,7 +318,7 @@ def preflight(
             if isinstance(port, int):
                 fixed[(role, i)] = port
         wanted[node] = ports.HostPorts(fixed, tuple(k for k in keys if k not in fixed))
-    token_file, token = _token(loaded)
+    token_file, token = probe_token(loaded)
     try:
         with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
             reports = list(

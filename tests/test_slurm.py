@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -452,61 +453,25 @@ def _submit(lab: SlurmLab, tmp: Path, spec: Path, *args: str) -> tuple[str, Path
 
 
 @pytest.mark.integration
-def test_sbatch_runs_the_job_to_completion_with_logs_and_checkpoints_in_the_run_dir(
-    lab: SlurmLab, tmp: Path
-) -> None:
-    spec = _spec(tmp, MNIST, {"worker": {"count": 2}})
-    job, run_dir = _submit(
-        lab,
-        tmp,
-        spec,
-        "--nodes",
-        "2",
-        "--time",
-        "10",
-        "--",
-        "--comment=distlaunch-test",
-    )
-    script = (run_dir / "job.sbatch").read_text()
-    assert (
-        "#SBATCH --nodes=2" in script
-        and "#SBATCH --time=10" in script
-        and "#SBATCH --comment=distlaunch-test" in script
-    )
-    wait_for(
-        lambda: _job_state(lab, job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
-        "the job to end",
-    )
-    assert _job_state(lab, job) == "COMPLETED", (
-        run_dir / f"slurm-{job}.out"
-    ).read_text()[-3000:]
-    record = run_record(run_dir)
-    assert (
-        record["state"] == "succeeded"
-        and record["slurm"]["job_id"] == job
-        and record["slurm"]["submitted"]
-    )
-    assert "succeeded" in (run_dir / f"slurm-{job}.out").read_text()
-    for task in ("worker-0", "worker-1"):
-        assert (
-            "final loss" in (run_dir / "logs" / "attempt-0" / f"{task}.log").read_text()
-        )
-    assert (run_dir / "checkpoints" / "checkpoint").exists()
-    wait_for(
-        lambda: _nothing_left(lab, record["run_id"]),
-        "no step or process left",
-        limit_s=30,
-    )
-
-
-@pytest.mark.integration
-def test_a_requeued_job_resumes_the_run_from_its_checkpoint_after_the_pre_timeout_signal(
+def test_sbatch_runs_the_job_and_a_requeue_after_the_pre_timeout_signal_resumes_it(
     lab: SlurmLab, tmp: Path
 ) -> None:
     args = ["--epochs", "3", "--steps-per-epoch", "20", "--checkpoint-every", "10"]
     spec = _spec(tmp, {**MNIST, "args": args}, {"worker": {"count": 2}})
-    job, run_dir = _submit(lab, tmp, spec, "--nodes", "2", "--requeue", "--time", "30")
-    assert "#SBATCH --signal=B:USR2@120" in (run_dir / "job.sbatch").read_text()
+    extra = ("--", "--comment=distlaunch-test")
+    job, run_dir = _submit(
+        lab, tmp, spec, "--nodes", "2", "--requeue", "--time", "30", *extra
+    )
+    script = (run_dir / "job.sbatch").read_text()
+    for line in (
+        "--nodes=2",
+        "--time=30",
+        "--requeue",
+        "--signal=B:USR2@120",
+        "--comment=distlaunch-test",
+    ):
+        assert f"#SBATCH {line}\n" in script
+    started = time.monotonic()
     wait_for(
         lambda: (run_dir / "checkpoints" / "checkpoint").exists(), "a first checkpoint"
     )
@@ -514,6 +479,7 @@ def test_a_requeued_job_resumes_the_run_from_its_checkpoint_after_the_pre_timeou
     # is only accurate to a minute, so the test sends it itself).
     signalled = lab.run(["scancel", "--batch", "--signal=USR2", job])
     assert signalled.returncode == 0, signalled.stderr
+    print(f"checkpoint and signal after {time.monotonic() - started:.0f} s")
 
     def resumed_and_done() -> bool:
         if _job_state(lab, job) == "PENDING":
@@ -522,8 +488,18 @@ def test_a_requeued_job_resumes_the_run_from_its_checkpoint_after_the_pre_timeou
         record = run_record(run_dir)
         return record.get("attempt") == 1 and record.get("state") == "succeeded"
 
-    wait_for(resumed_and_done, "the requeued job to finish the run", limit_s=300)
+    try:
+        wait_for(resumed_and_done, "the requeued job to finish the run", limit_s=600)
+    except BaseException:
+        # The evidence, shown with the failure: the job as Slurm sees it and the launcher's output.
+        print(lab.run(["scontrol", "--oneliner", "show", "job", job]).stdout)
+        print(run_record(run_dir).get("state"), run_record(run_dir).get("attempt"))
+        print((run_dir / f"slurm-{job}.out").read_text(errors="replace")[-4000:])
+        print(lab.log("slurmctld")[-3000:])
+        raise
+    print(f"resumed run done after {time.monotonic() - started:.0f} s")
     record = run_record(run_dir)
+    assert record["slurm"]["job_id"] == job and record["slurm"]["submitted"]
     assert record["history"][0]["state"] == "interrupted"
     for task in ("worker-0", "worker-1"):
         assert (
@@ -534,9 +510,15 @@ def test_a_requeued_job_resumes_the_run_from_its_checkpoint_after_the_pre_timeou
         json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"]
         == 60
     )
+    assert (run_dir / "checkpoints" / "checkpoint").exists()
     out = (run_dir / f"slurm-{job}.out").read_text()
-    assert "requeueing job" in out
+    assert "requeueing job" in out and f"run {record['run_id']} succeeded" in out
     wait_for(lambda: _job_state(lab, job) == "COMPLETED", "the job to complete")
+    wait_for(
+        lambda: _nothing_left(lab, record["run_id"]),
+        "no step or process left",
+        limit_s=30,
+    )
 
 
 @pytest.mark.integration
