@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,6 +99,15 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation:
         raise UsageError(
             "not inside a Slurm allocation (SLURM_JOB_ID is not set): run `up --backend slurm` under "
             "`salloc -N NODES` or in a batch script, or submit it with `distlaunch sbatch SPEC`"
+        )
+    missing = [
+        tool
+        for tool in ("scontrol", "srun", "squeue", "scancel")
+        if shutil.which(tool) is None
+    ]
+    if missing:
+        raise UsageError(
+            f"{', '.join(missing)} not found: the Slurm client commands must be on PATH"
         )
     done = subprocess.run(
         ["scontrol", "show", "hostnames", nodelist],
