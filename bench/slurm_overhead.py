@@ -5,8 +5,8 @@ slurm-wlm + munge) and holds one 2-node allocation for the whole benchmark. The 
 what users do today: a bash script that runs one `srun --nodes=1 --ntasks=1 --nodelist=NODE
 --exact` per worker with its environment (TF_CONFIG and the rest, from `distlaunch plan --json`
 inside the allocation, so both sides run identical processes on the same nodes) and waits for
-both. Rounds alternate between the two so that machine noise hits both alike; the medians'
-ratio is printed (target <= 1.10).
+both. Rounds alternate between the two (and which goes first) so that machine noise hits both
+alike; the medians' ratio is printed (target <= 1.10).
 
     python bench/slurm_overhead.py [--rounds 3]
 """
@@ -62,10 +62,15 @@ def main() -> None:
         holder, env = _allocation(lab, work)
         try:
             up_times, hand_times = [], []
-            for _ in range(rounds):
-                up_times.append(_timed(lab, [*DISTLAUNCH, "up", str(spec)], env, work))
+            for round_ in range(rounds):
                 script = _hand_script(lab, spec, env, work)
-                hand_times.append(_timed(lab, ["bash", str(script)], env, work))
+                # Which side goes first alternates too: neither always gets the warmer machine.
+                sides = [
+                    (up_times, [*DISTLAUNCH, "up", str(spec)]),
+                    (hand_times, ["bash", str(script)]),
+                ]
+                for times, argv in sides if round_ % 2 == 0 else reversed(sides):
+                    times.append(_timed(lab, argv, env, work))
         finally:
             lab.run(["scancel", env["SLURM_JOB_ID"]])
             os.killpg(holder.pid, signal.SIGKILL)
