@@ -109,9 +109,7 @@ def _allocation(lab: SlurmLab, work: Path) -> tuple[subprocess.Popen, dict[str, 
         if time.monotonic() > deadline:
             sys.exit("no allocation within 60 s")
         time.sleep(0.1)
-    inside = dict(
-        item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item
-    )
+    inside = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
     return holder, {
         **lab.env,
         **{k: v for k, v in inside.items() if k.startswith("SLURM_")},

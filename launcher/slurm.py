@@ -101,9 +101,7 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation:
             "`salloc -N NODES` or in a batch script, or submit it with `distlaunch sbatch SPEC`"
         )
     missing = [
-        tool
-        for tool in ("scontrol", "srun", "squeue", "scancel")
-        if shutil.which(tool) is None
+        tool for tool in ("scontrol", "srun", "squeue", "scancel") if shutil.which(tool) is None
     ]
     if missing:
         raise UsageError(
@@ -151,9 +149,7 @@ def place(loaded: LoadedSpec, alloc: Allocation) -> dict[ports.TaskKey, str]:
     """
     spec = loaded.spec
     entries = [
-        (role, i, e)
-        for role, group in spec.tasks.by_role().items()
-        for i, e in enumerate(group)
+        (role, i, e) for role, group in spec.tasks.by_role().items() for i, e in enumerate(group)
     ]
     problems = []
     placed: dict[ports.TaskKey, str] = {}
@@ -200,9 +196,7 @@ def place(loaded: LoadedSpec, alloc: Allocation) -> dict[ports.TaskKey, str]:
     return placed
 
 
-def placed_spec(
-    loaded: LoadedSpec, placement: Mapping[ports.TaskKey, str]
-) -> LoadedSpec:
+def placed_spec(loaded: LoadedSpec, placement: Mapping[ports.TaskKey, str]) -> LoadedSpec:
     """``loaded`` with every task's host set to its node, and the nodes as hosts reached by name.
 
     The nodes are `local` hosts to the plan (the task runs the launcher's interpreter, in the
@@ -212,16 +206,11 @@ def placed_spec(
     update = {}
     for role, entries in tasks.by_role().items():
         group = getattr(tasks, role)
-        new = [
-            e.model_copy(update={"host": placement[(role, i)]})
-            for i, e in enumerate(entries)
-        ]
+        new = [e.model_copy(update={"host": placement[(role, i)]}) for i, e in enumerate(entries)]
         update[role] = group.model_copy(update={"entries": new})
     nodes = sorted(set(placement.values()))
     hosts = {node: Host(transport="local", address=node) for node in nodes}
-    spec = loaded.spec.model_copy(
-        update={"tasks": tasks.model_copy(update=update), "hosts": hosts}
-    )
+    spec = loaded.spec.model_copy(update={"tasks": tasks.model_copy(update=update), "hosts": hosts})
     return dataclasses.replace(loaded, spec=spec, hosts=hosts)
 
 
@@ -333,9 +322,7 @@ def preflight(
         with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
             reports = list(
                 pool.map(
-                    lambda n: _probe(
-                        loaded, alloc, n, wanted[n], token_file, token, umask
-                    ),
+                    lambda n: _probe(loaded, alloc, n, wanted[n], token_file, token, umask),
                     wanted,
                 )
             )
@@ -372,14 +359,10 @@ def _probe(
         "script": str(loaded.script) if loaded.script else None,
         "umask": umask,
     }
-    source = (
-        resources.files("distlaunch.launcher").joinpath("ssh_probe.py").read_bytes()
-    )
+    source = resources.files("distlaunch.launcher").joinpath("ssh_probe.py").read_bytes()
     python = python_of(loaded)
     argv = [
-        *srun_argv(
-            alloc.job_id, node, f"{STEP_PREFIX}.preflight", python, overlap=True
-        ),
+        *srun_argv(alloc.job_id, node, f"{STEP_PREFIX}.preflight", python, overlap=True),
         "-",
         json.dumps(request),
     ]
@@ -397,17 +380,11 @@ def _probe(
         )
     stderr = done.stderr.decode(errors="replace")
     try:
-        answer = json.loads(
-            done.stdout.decode(errors="replace").strip().splitlines()[-1]
-        )
+        answer = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
     except (IndexError, ValueError):
         last = [line for line in stderr.splitlines() if line.strip()]
         why = last[-1].strip() if last else f"exit code {done.returncode}"
-        if (
-            "No such file" in stderr
-            or "Can't exec" in stderr
-            or done.returncode in (126, 127)
-        ):
+        if "No such file" in stderr or "Can't exec" in stderr or done.returncode in (126, 127):
             why = f"python {python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
         return NodeReport(node, (f"the probe step failed: {why}",), {}, {})
     problems = list(answer["problems"])
@@ -478,9 +455,7 @@ class StepTransport:
             death_signal=signal.SIGTERM,
         )
         handle = StepHandle(task, proc)
-        handle.send(
-            json.dumps(helper_request(task, self.umask, self.grace_s)).encode() + b"\n"
-        )
+        handle.send(json.dumps(helper_request(task, self.umask, self.grace_s)).encode() + b"\n")
         assert proc.stdin is not None
         os.set_blocking(proc.stdin.fileno(), False)
         with self._lock:
@@ -570,15 +545,11 @@ def cancel_steps(record: Mapping) -> list[str]:
     if steps:
         subprocess.run(["scancel", "--quiet", *steps], capture_output=True, check=False)
     if info.get("submitted"):
-        subprocess.run(
-            ["scancel", "--quiet", str(job)], capture_output=True, check=False
-        )
+        subprocess.run(["scancel", "--quiet", str(job)], capture_output=True, check=False)
         cancelled.append(str(job))
     return cancelled
 
 
 def requeue(alloc: Allocation) -> None:
     """Put the job back in the queue (it was submitted with --requeue): its next start resumes the run."""
-    subprocess.run(
-        ["scontrol", "requeue", alloc.job_id], capture_output=True, check=False
-    )
+    subprocess.run(["scontrol", "requeue", alloc.job_id], capture_output=True, check=False)

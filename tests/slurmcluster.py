@@ -112,9 +112,7 @@ class SlurmLab:
         self.munge_dir = self.dir / "munge"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         for name in [
-            k
-            for k in self.env
-            if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "SRUN_"))
+            k for k in self.env if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "SRUN_"))
         ]:
             if name != "SLURM_CONF":
                 del self.env[name]
@@ -148,9 +146,7 @@ class SlurmLab:
             *argv,
         ]
 
-    def run(
-        self, argv: list[str], timeout: float = 120, **kw
-    ) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
         """Run ``argv`` (a Slurm client command, or anything) against the lab and wait for it."""
         return subprocess.run(
             self.command(argv),
@@ -203,9 +199,7 @@ class SlurmLab:
         if self._daemons and self.conf.exists():
             try:
                 self.run(
-                    ["scancel", "--full", "--quiet", *self.jobs()]
-                    if self.jobs()
-                    else ["true"],
+                    ["scancel", "--full", "--quiet", *self.jobs()] if self.jobs() else ["true"],
                     timeout=20,
                 )
             except (subprocess.TimeoutExpired, OSError):
@@ -226,12 +220,8 @@ class SlurmLab:
                 except psutil.NoSuchProcess:
                     pass
         for name in reversed(self._namespaces):
-            subprocess.run(
-                ["ip", "netns", "del", name], check=False, capture_output=True
-            )
-        subprocess.run(
-            ["ip", "link", "del", f"{self.prefix}-r"], check=False, capture_output=True
-        )
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", f"{self.prefix}-r"], check=False, capture_output=True)
         self._namespaces.clear()
         self._daemons.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -332,9 +322,7 @@ class SlurmLab:
         self.conf.write_text("\n".join(conf) + "\n")
         # slurmd refuses to start without it here: this kernel mounts cgroup v1 controllers under a
         # tmpfs at /sys/fs/cgroup, and nothing of ours uses cgroups (proctrack/linuxproc, task/none).
-        (d / "cgroup.conf").write_text(
-            "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n"
-        )
+        (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
 
     def _start_munged(self) -> None:
         munge = pwd.getpwnam("munge")
@@ -425,12 +413,8 @@ class SlurmLab:
 
     def _wait_ready(self) -> None:
         def idle() -> bool:
-            done = self.run(
-                ["sinfo", "--noheader", "--Node", "--format=%N %T"], timeout=30
-            )
-            states = dict(
-                line.split() for line in done.stdout.splitlines() if line.strip()
-            )
+            done = self.run(["sinfo", "--noheader", "--Node", "--format=%N %T"], timeout=30)
+            states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
             return all(states.get(n.name) == "idle" for n in self.nodes)
 
         self._wait(idle, "every node to be idle", "slurmctld")

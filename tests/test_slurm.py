@@ -95,9 +95,9 @@ def test_mwms_across_two_nodes_inside_salloc(lab: SlurmLab, tmp: Path) -> None:
     assert [a.split(":")[0] for a in cluster] == [n.name for n in lab.nodes]
     losses = sorted(line for line in result.stdout.splitlines() if "final loss" in line)
     assert len(losses) == 2
-    assert losses[0].startswith(f"worker-0@{lab.nodes[0].name} ") and losses[
-        1
-    ].startswith(f"worker-1@{lab.nodes[1].name} ")
+    assert losses[0].startswith(f"worker-0@{lab.nodes[0].name} ") and losses[1].startswith(
+        f"worker-1@{lab.nodes[1].name} "
+    )
     assert losses[0].split("final loss")[1] == losses[1].split("final loss")[1]
     assert list((run_dir / "checkpoints").iterdir())
     wait_for(
@@ -108,9 +108,7 @@ def test_mwms_across_two_nodes_inside_salloc(lab: SlurmLab, tmp: Path) -> None:
 
 
 @contextmanager
-def _allocation(
-    lab: SlurmLab, tmp: Path, *salloc_args: str
-) -> Iterator[dict[str, str]]:
+def _allocation(lab: SlurmLab, tmp: Path, *salloc_args: str) -> Iterator[dict[str, str]]:
     """Hold an allocation (salloc running a sleep) and yield the environment a shell inside it has,
     so a launcher can be started, killed and looked after while the allocation lives on."""
     env_file = tmp / "alloc.env"
@@ -133,17 +131,11 @@ def _allocation(
     try:
         wait_for(env_file.exists, "the allocation", limit_s=60)
         inside = dict(
-            item.split("=", 1)
-            for item in env_file.read_text().split("\0")
-            if "=" in item
+            item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item
         )
         yield {**lab.env, **{k: v for k, v in inside.items() if k.startswith("SLURM_")}}
     finally:
-        lab.run(
-            ["scancel", inside.get("SLURM_JOB_ID", "none")]
-            if env_file.exists()
-            else ["true"]
-        )
+        lab.run(["scancel", inside.get("SLURM_JOB_ID", "none")] if env_file.exists() else ["true"])
         # salloc outlives its cancelled job until its command ends: end them both.
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
@@ -152,9 +144,7 @@ def _allocation(
 def test_outside_an_allocation_up_says_so_in_one_line(lab: SlurmLab, tmp: Path) -> None:
     (tmp / "task.py").write_text("print('never')\n")
     result = lab.run(
-        _launcher(
-            "up", str(_spec(tmp, {"script": "task.py"}, {"worker": {"count": 2}}))
-        ),
+        _launcher("up", str(_spec(tmp, {"script": "task.py"}, {"worker": {"count": 2}}))),
         cwd=tmp,
     )
     assert result.returncode == 2
@@ -177,14 +167,11 @@ def test_bad_placement_and_node_problems_are_one_line_each_and_start_nothing(
         result = lab.run(_launcher("up", str(too_many)), cwd=tmp, env=env)
         assert result.returncode == 2, result.stderr
         assert (
-            f"3 tasks need 3 CPUs, but job {env['SLURM_JOB_ID']} has 2 on 2 nodes"
-            in result.stderr
+            f"3 tasks need 3 CPUs, but job {env['SLURM_JOB_ID']} has 2 on 2 nodes" in result.stderr
         )
         assert "Traceback" not in result.stderr
 
-        crowded = _spec(
-            tmp, {"script": "task.py"}, {"worker": [{"host": node1}, {"host": node1}]}
-        )
+        crowded = _spec(tmp, {"script": "task.py"}, {"worker": [{"host": node1}, {"host": node1}]})
         result = lab.run(_launcher("up", str(crowded)), cwd=tmp, env=env)
         assert result.returncode == 2
         assert result.stderr.strip().splitlines()[1:] == [
@@ -235,10 +222,7 @@ def test_bad_placement_and_node_problems_are_one_line_each_and_start_nothing(
             lines[0]
             == "distlaunch: error: preflight failed on 2 of 2 Slurm nodes; nothing was started:"
         )
-        assert (
-            f'  node {node2}: port 23456 is in use here; expected a free port or "auto"'
-            in lines
-        )
+        assert f'  node {node2}: port 23456 is in use here; expected a free port or "auto"' in lines
         assert sum("is not shared with the launcher" in line for line in lines) == 2
         assert len(lines) == 4
         assert lab.steps() == []
@@ -280,9 +264,7 @@ def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
             launcher=launcher,
         )
         assert len(lab.steps()) == 2
-        assert all(
-            len(lab.processes(node)) >= 3 for node in lab.nodes
-        )  # helper, task, its child
+        assert all(len(lab.processes(node)) >= 3 for node in lab.nodes)  # helper, task, its child
         launcher.kill()
         launcher.wait()
         wait_for(
@@ -401,9 +383,7 @@ def test_a_worker_killed_on_its_node_is_restarted_and_training_resumes(
         )
         node2 = lab.nodes[1]
         victim = [
-            p
-            for p in lab.processes(node2)
-            if "distlaunch.worker.examples.mnist_mlp" in p.cmdline()
+            p for p in lab.processes(node2) if "distlaunch.worker.examples.mnist_mlp" in p.cmdline()
         ]
         assert len(victim) == 1
         victim[0].kill()
@@ -411,23 +391,12 @@ def test_a_worker_killed_on_its_node_is_restarted_and_training_resumes(
         output = (tmp / "out.txt").read_text()
         assert launcher.returncode == 0, output[-3000:]
     record = run_record(run_dir)
-    assert record["attempt"] == 1 and {
-        t["restarts"] for t in record["tasks"].values()
-    } == {1}
+    assert record["attempt"] == 1 and {t["restarts"] for t in record["tasks"].values()} == {1}
     decision = next(e for e in events(run_dir) if e.get("decision") == "restart")
-    assert (
-        decision["task"] == "worker-1"
-        and "restarting worker-0, worker-1" in decision["reason"]
-    )
+    assert decision["task"] == "worker-1" and "restarting worker-0, worker-1" in decision["reason"]
     for task in ("worker-0", "worker-1"):
-        assert (
-            "resumed from"
-            in (run_dir / "logs" / "attempt-1" / f"{task}.log").read_text()
-        )
-    assert (
-        json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"]
-        == 60
-    )
+        assert "resumed from" in (run_dir / "logs" / "attempt-1" / f"{task}.log").read_text()
+    assert json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"] == 60
     wait_for(
         lambda: _nothing_left(lab, record["run_id"]),
         "no step or process left",
@@ -445,9 +414,7 @@ def _job_state(lab: SlurmLab, job: str) -> str:
 def _submit(lab: SlurmLab, tmp: Path, spec: Path, *args: str) -> tuple[str, Path]:
     result = lab.run(_launcher("sbatch", str(spec), *args), cwd=tmp)
     assert result.returncode == 0, result.stderr
-    found = re.search(
-        r"submitted Slurm job (\d+) for run (\S+); run dir (\S+)", result.stdout
-    )
+    found = re.search(r"submitted Slurm job (\d+) for run (\S+); run dir (\S+)", result.stdout)
     assert found, result.stdout
     return found.group(1), Path(found.group(3))
 
@@ -459,9 +426,7 @@ def test_sbatch_runs_the_job_and_a_requeue_after_the_pre_timeout_signal_resumes_
     args = ["--epochs", "3", "--steps-per-epoch", "20", "--checkpoint-every", "10"]
     spec = _spec(tmp, {**MNIST, "args": args}, {"worker": {"count": 2}})
     extra = ("--", "--comment=distlaunch-test")
-    job, run_dir = _submit(
-        lab, tmp, spec, "--nodes", "2", "--requeue", "--time", "30", *extra
-    )
+    job, run_dir = _submit(lab, tmp, spec, "--nodes", "2", "--requeue", "--time", "30", *extra)
     script = (run_dir / "job.sbatch").read_text()
     for line in (
         "--nodes=2",
@@ -472,9 +437,7 @@ def test_sbatch_runs_the_job_and_a_requeue_after_the_pre_timeout_signal_resumes_
     ):
         assert f"#SBATCH {line}\n" in script
     started = time.monotonic()
-    wait_for(
-        lambda: (run_dir / "checkpoints" / "checkpoint").exists(), "a first checkpoint"
-    )
+    wait_for(lambda: (run_dir / "checkpoints" / "checkpoint").exists(), "a first checkpoint")
     # What Slurm sends the batch shell --signal-before seconds before the time limit (its timing
     # is only accurate to a minute, so the test sends it itself).
     signalled = lab.run(["scancel", "--batch", "--signal=USR2", job])
@@ -502,14 +465,8 @@ def test_sbatch_runs_the_job_and_a_requeue_after_the_pre_timeout_signal_resumes_
     assert record["slurm"]["job_id"] == job and record["slurm"]["submitted"]
     assert record["history"][0]["state"] == "interrupted"
     for task in ("worker-0", "worker-1"):
-        assert (
-            "resumed from"
-            in (run_dir / "logs" / "attempt-1" / f"{task}.log").read_text()
-        )
-    assert (
-        json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"]
-        == 60
-    )
+        assert "resumed from" in (run_dir / "logs" / "attempt-1" / f"{task}.log").read_text()
+    assert json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"] == 60
     assert (run_dir / "checkpoints" / "checkpoint").exists()
     out = (run_dir / f"slurm-{job}.out").read_text()
     assert "requeueing job" in out and f"run {record['run_id']} succeeded" in out
@@ -522,9 +479,7 @@ def test_sbatch_runs_the_job_and_a_requeue_after_the_pre_timeout_signal_resumes_
 
 
 @pytest.mark.integration
-def test_status_logs_restart_and_down_work_on_a_slurm_run(
-    lab: SlurmLab, tmp: Path
-) -> None:
+def test_status_logs_restart_and_down_work_on_a_slurm_run(lab: SlurmLab, tmp: Path) -> None:
     (tmp / "server.py").write_text(SERVER)
     spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
     with _allocation(lab, tmp, "--nodes=2") as env:
@@ -543,23 +498,15 @@ def test_status_logs_restart_and_down_work_on_a_slurm_run(
             launcher=launcher,
         )
         status = lab.run(_launcher("status", str(run_dir)), cwd=tmp, env=env)
-        rows = [
-            line.split()
-            for line in status.stdout.splitlines()
-            if line.startswith("  worker-")
-        ]
+        rows = [line.split() for line in status.stdout.splitlines() if line.startswith("  worker-")]
         assert status.returncode == 0 and [r[1] for r in rows] == [
             "running",
             "running",
         ], status.stdout
         logs = lab.run(_launcher("logs", str(run_dir)), cwd=tmp, env=env)
-        assert (
-            "worker-0 | serving" in logs.stdout and "worker-1 | serving" in logs.stdout
-        )
+        assert "worker-0 | serving" in logs.stdout and "worker-1 | serving" in logs.stdout
         first_steps = set(lab.steps())
-        restart = lab.run(
-            _launcher("restart", str(run_dir), "worker-1"), cwd=tmp, env=env
-        )
+        restart = lab.run(_launcher("restart", str(run_dir), "worker-1"), cwd=tmp, env=env)
         assert restart.returncode == 0, restart.stderr
         # An MWMS task restarts the gang: both old steps are killed, both tasks come back as new steps
         # that get their ports back.
@@ -597,12 +544,8 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
         loaded, placement, {("worker", 0): 1111, ("worker", 1): 2222}, "r", tmp / "r"
     )
     gpu, cpu = plan.tasks
-    assert (
-        "CUDA_VISIBLE_DEVICES" not in gpu.env and cpu.env["CUDA_VISIBLE_DEVICES"] == ""
-    )
-    assert "--gpus-per-task=2" in slurm.srun_argv(
-        "7", "a", "n", "python", gpus=len(gpu.gpus)
-    )
+    assert "CUDA_VISIBLE_DEVICES" not in gpu.env and cpu.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert "--gpus-per-task=2" in slurm.srun_argv("7", "a", "n", "python", gpus=len(gpu.gpus))
     assert gpu.tf_config["cluster"]["worker"] == ["a:1111", "b:2222"]
     indices = _spec(tmp, {"script": "task.py"}, {"worker": [{"gpus": [0]}, {}]})
     result = subprocess.run(
@@ -622,9 +565,7 @@ def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_na
     from distlaunch.launcher.spec import load_spec
 
     (tmp / "task.py").write_text("")
-    alloc = slurm.Allocation(
-        "7", ("a", "b", "c"), {"a": 2, "b": 2, "c": 2}, submitted=False
-    )
+    alloc = slurm.Allocation("7", ("a", "b", "c"), {"a": 2, "b": 2, "c": 2}, submitted=False)
     tasks = {"chief": [{"host": "c"}], "worker": {"count": 3}}
     spread = slurm.place(load_spec(_spec(tmp, {"script": "task.py"}, tasks)), alloc)
     assert spread == {
@@ -633,9 +574,7 @@ def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_na
         ("worker", 1): "b",
         ("worker", 2): "a",
     }
-    packed = load_spec(
-        _spec(tmp, {"script": "task.py"}, tasks, slurm={"tasks_per_node": 2})
-    )
+    packed = load_spec(_spec(tmp, {"script": "task.py"}, tasks, slurm={"tasks_per_node": 2}))
     assert slurm.place(packed, alloc) == {
         ("chief", 0): "c",
         ("worker", 0): "a",
@@ -651,13 +590,9 @@ def test_down_on_a_submitted_run_cancels_its_job(lab: SlurmLab, tmp: Path) -> No
     (tmp / "server.py").write_text(SERVER)
     spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
     job, run_dir = _submit(lab, tmp, spec, "--nodes", "2")
-    wait_for(
-        lambda: sum(e["event"] == "joined" for e in events(run_dir)), "a task to join"
-    )
+    wait_for(lambda: sum(e["event"] == "joined" for e in events(run_dir)), "a task to join")
     down = lab.run(_launcher("down", str(run_dir)), cwd=tmp)
     assert down.returncode == 0, down.stderr
     assert re.search(rf"cancelled Slurm (\S+ )*{job}\b", down.stdout), down.stdout
     wait_for(lambda: job not in lab.jobs(), "the job to leave the queue", limit_s=60)
-    wait_for(
-        lambda: _nothing_left(lab, run_dir.name), "no step or process left", limit_s=60
-    )
+    wait_for(lambda: _nothing_left(lab, run_dir.name), "no step or process left", limit_s=60)
