@@ -23,6 +23,8 @@ from typing import Any
 from distlaunch.launcher.errors import UsageError
 
 RUN_JSON = "run.json"
+# The batch script `distlaunch sbatch` writes into a run dir before the run starts.
+BATCH_SCRIPT = "job.sbatch"
 EVENTS = "events.jsonl"
 # The file a launcher holds an exclusive flock on for its whole life: one launcher per run dir.
 LOCK = "launcher.lock"
@@ -81,7 +83,8 @@ def claim(run_dir: Path, previous: dict | None, private: bool) -> Iterator[None]
     process ends, however it ends. A new run dir that never got a run.json is removed again,
     with the folders above it that were made for it: a run that did not start leaves nothing.
     """
-    created = previous is None
+    # A run dir that `distlaunch sbatch` made for its batch script is this run's already.
+    created = previous is None and not (run_dir / BATCH_SCRIPT).is_file()
     # The run dir and the missing folders above it, deepest first.
     made = [p for p in (run_dir, *run_dir.parents) if not os.path.lexists(p)]
     if created:

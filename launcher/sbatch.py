@@ -21,11 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from distlaunch.launcher import rundir
 from distlaunch.launcher.errors import UsageError
 from distlaunch.launcher.slurm import SUBMITTED_ENV
 from distlaunch.launcher.spec import LoadedSpec
 
-SCRIPT = "job.sbatch"
+SCRIPT = rundir.BATCH_SCRIPT
 # The launcher's own output (task logs are in logs/); %j is the job id.
 OUTPUT = "slurm-%j.out"
 DEFAULT_SIGNAL_BEFORE_S = 120

@@ -59,6 +59,10 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
         if resume:
             raise UsageError(f"--resume: no run {run_id!r} under {shared}")
         return RunTarget(run_id, run_dir, 0, None)
+    if (run_dir / rundir.BATCH_SCRIPT).is_file() and not os.path.lexists(run_dir / rundir.RUN_JSON):
+        # `distlaunch sbatch` made it for its batch script: the job's first start begins the run.
+        rundir.check_existing(run_dir, loaded.spec.permissions == "private")
+        return RunTarget(run_id, run_dir, 0, None)
     if not run_dir.is_symlink() and not (run_dir / rundir.RUN_JSON).is_file():
         raise UsageError(
             f"run dir {run_dir} already exists and holds no run; pick another --run-id"
