@@ -75,6 +75,8 @@ def main() -> None:
             lab.run(["scancel", env["SLURM_JOB_ID"]])
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait()
+            # salloc's command runs in a process group of its own.
+            os.kill(int((work / "alloc.env.pid").read_text()), signal.SIGKILL)
     up_s, hand_s = median(up_times), median(hand_times)
     print(
         f"hand launch (2 srun steps + TF_CONFIG): median {hand_s:.2f} s of {[round(t, 2) for t in hand_times]}"
@@ -96,7 +98,10 @@ def _allocation(lab: SlurmLab, work: Path) -> tuple[subprocess.Popen, dict[str, 
                 "--nodes=2",
                 "sh",
                 "-c",
-                f"env -0 > {env_file}.tmp && mv {env_file}.tmp {env_file} && exec sleep 3600",
+                (
+                    f"echo $$ > {env_file}.pid && env -0 > {env_file}.tmp && mv {env_file}.tmp "
+                    f"{env_file} && exec sleep 3600"
+                ),
             ]
         ),
         env=lab.env,

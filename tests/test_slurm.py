@@ -120,7 +120,10 @@ def _allocation(lab: SlurmLab, tmp: Path, *salloc_args: str) -> Iterator[dict[st
                 *salloc_args,
                 "sh",
                 "-c",
-                f"env -0 > {env_file}.tmp && mv {env_file}.tmp {env_file} && exec sleep 600",
+                (
+                    f"echo $$ > {env_file}.pid && env -0 > {env_file}.tmp && mv {env_file}.tmp "
+                    f"{env_file} && exec sleep 600"
+                ),
             ]
         ),
         env=lab.env,
@@ -136,9 +139,15 @@ def _allocation(lab: SlurmLab, tmp: Path, *salloc_args: str) -> Iterator[dict[st
         yield {**lab.env, **{k: v for k, v in inside.items() if k.startswith("SLURM_")}}
     finally:
         lab.run(["scancel", inside.get("SLURM_JOB_ID", "none")] if env_file.exists() else ["true"])
-        # salloc outlives its cancelled job until its command ends: end them both.
+        # salloc outlives its cancelled job until its command ends (which is in a process group
+        # of its own): end them both.
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
+        if Path(f"{env_file}.pid").exists():
+            try:
+                os.kill(int(Path(f"{env_file}.pid").read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_outside_an_allocation_up_says_so_in_one_line(lab: SlurmLab, tmp: Path) -> None:
