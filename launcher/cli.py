@@ -18,7 +18,7 @@ import click
 from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import LaunchError, UsageError
-from distlaunch.launcher.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
+from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
 from distlaunch.launcher.spec import LoadedSpec, json_schema, load_spec
 from distlaunch.launcher.summary import tail
 
@@ -153,8 +153,8 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
     image must exist: `distlaunch up --backend compose` builds it, or
     `docker build -f docker/Dockerfile -t IMAGE .` in this checkout.
     """
-    from distlaunch.launcher import compose
-    from distlaunch.launcher.compose_backend import write_compose_file
+    from distlaunch.launcher.transports import compose_file as compose
+    from distlaunch.launcher.transports.compose import write_compose_file
     from distlaunch.launcher.up import choose_run
 
     loaded = load_spec(spec)
@@ -229,7 +229,7 @@ def _offer_resume(loaded, console: Console) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
 def status(run: str | None, shared_dir: str, as_json: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
-    from distlaunch.launcher.control import status_rows
+    from distlaunch.launcher.control.status import status_rows
 
     path = rundir.resolve_run(run, Path(shared_dir))
     record = rundir.read_json(path / rundir.RUN_JSON) or {}
@@ -258,7 +258,7 @@ def status(run: str | None, shared_dir: str, as_json: bool) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(run: str | None, task: str | None, shared_dir: str, lines: int, follow: bool) -> None:
     """Print the last lines of TASK's log (every task's when omitted) in its latest attempt."""
-    from distlaunch.launcher import control
+    from distlaunch.launcher.control import status as control
 
     path = rundir.resolve_run(run, Path(shared_dir))
     for file in control.log_files(path, task):
@@ -274,7 +274,7 @@ def logs(run: str | None, task: str | None, shared_dir: str, lines: int, follow:
 @click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
 def restart(run: str, task: str, shared_dir: str) -> None:
     """Restart TASK of the running RUN the way its strategy needs (an MWMS task: the whole gang)."""
-    from distlaunch.launcher.control import request_restart
+    from distlaunch.launcher.control.status import request_restart
 
     path = rundir.resolve_run(run, Path(shared_dir))
     name = request_restart(path, task)
@@ -287,7 +287,7 @@ def restart(run: str, task: str, shared_dir: str) -> None:
 @click.option("--grace", type=float, default=None, help="Seconds from SIGTERM to SIGKILL (default: the spec's timeouts.grace_s).")
 def down(run: str, shared_dir: str, grace: float | None) -> None:
     """Stop RUN (a run id or directory): its launcher if alive, then every leftover process."""
-    from distlaunch.launcher.down import down as run_down
+    from distlaunch.launcher.control.down import down as run_down
 
     result = run_down(rundir.resolve_run(run, Path(shared_dir)), grace)
     done = []
@@ -305,7 +305,7 @@ def down(run: str, shared_dir: str, grace: float | None) -> None:
 @click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
 def collect(run: str, shared_dir: str) -> None:
     """Copy the run files of RUN's SSH hosts (when they share no run dir) into RUN/hosts/<host>/."""
-    from distlaunch.launcher.collect import collect as run_collect
+    from distlaunch.launcher.control.collect import collect as run_collect
 
     for got in run_collect(rundir.resolve_run(run, Path(shared_dir))):
         click.echo(f"{got.host}: {got.files} files, {got.bytes} bytes into {got.into}")

@@ -21,7 +21,7 @@ from pathlib import Path
 from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
-from distlaunch.launcher.local import LocalTransport
+from distlaunch.launcher.transports.local import LocalTransport
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
 from distlaunch.launcher.policy import Action, Cluster, Decision, RestartPolicy, RestartRules, TaskEvent
 from distlaunch.launcher.procs import TaskProcess, exit_description

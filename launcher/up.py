@@ -9,13 +9,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import compose, netns, ports, preflight, procs, rundir, ssh
+from distlaunch.launcher import ports, procs, rundir
+from distlaunch.launcher.transports import compose_file as compose, netns, preflight, ssh
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
-from distlaunch.launcher.image import ImageRequest
-from distlaunch.launcher.local import LocalTransport
+from distlaunch.launcher.transports.image import ImageRequest
+from distlaunch.launcher.transports.local import LocalTransport
 from distlaunch.launcher.plan import Plan, make_plan, masked_spec
-from distlaunch.launcher.routing import HostRouter
+from distlaunch.launcher.transports.routing import HostRouter
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
@@ -140,7 +141,7 @@ class HostConsole(Console):
 def _up_compose(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest) -> None:
     """`up` with every task in a container: the same run dir, supervisor and decisions as a local run."""
     # Imported here: a local run never needs the docker modules.
-    from distlaunch.launcher.compose_backend import open_transport
+    from distlaunch.launcher.transports.compose import open_transport
 
     private = loaded.spec.permissions == "private"
     plan = build_plan(loaded, target)

@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from conftest import REPO, distlaunch, processes_of_run, run_record, wait_for, wait_for_run_dir, write_spec
-from distlaunch.launcher import netns, ports, procs
+from distlaunch.launcher import ports, procs
+from distlaunch.launcher.transports import netns
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.spec import load_spec
 
@@ -306,7 +307,8 @@ def test_unprivileged_user_gets_a_user_namespace(capsys: pytest.CaptureFixture) 
 
 _DRIVER = """
 import json, os, sys, time
-from distlaunch.launcher import netns, procs
+from distlaunch.launcher import procs
+from distlaunch.launcher.transports import netns
 caps = netns.probe()
 if not (caps.netns or caps.userns):
     print(json.dumps({"mode": netns.HOST, "reason": caps.detail}), flush=True)

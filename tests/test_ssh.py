@@ -21,7 +21,7 @@ import pytest
 
 import sshhosts
 from conftest import distlaunch, only_run_dir, wait_for, wait_for_run_dir
-from distlaunch.launcher import ssh
+from distlaunch.launcher.transports import ssh
 from distlaunch.launcher.spec import Host, load_spec
 
 HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]

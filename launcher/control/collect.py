@@ -18,7 +18,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import rundir, ssh
+from distlaunch.launcher import rundir
+from distlaunch.launcher.transports import ssh
 from distlaunch.launcher.errors import HostError, UsageError
 
 HOSTS_DIR = "hosts"

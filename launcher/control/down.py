@@ -55,7 +55,7 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
     _stop(leftovers, grace_s)
     if record.get("compose"):
         # A compose run's containers outlive a SIGKILLed launcher: remove the whole project.
-        from distlaunch.launcher.compose_backend import ComposeTransport
+        from distlaunch.launcher.transports.compose import ComposeTransport
 
         compose = record["compose"]
         ComposeTransport(compose["project"], Path(compose["file"]), run_dir / "logs" / "compose-down.log", {}).down(grace_s)

@@ -34,10 +34,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from distlaunch.launcher import compose, procs, rundir
+from distlaunch.launcher import procs, rundir
+from distlaunch.launcher.transports import compose_file as compose
 from distlaunch.launcher.console import Console
-from distlaunch.launcher.docker import compose_command, container_pid, docker, run
-from distlaunch.launcher.image import ImageRequest, ensure_image, pip_ca_bundle
+from distlaunch.launcher.transports.docker import compose_command, container_pid, docker, run
+from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
 from distlaunch.launcher.plan import Plan, TaskPlan
 from distlaunch.launcher.spec import LoadedSpec
 

@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Sequence
 
 from distlaunch.launcher import procs, rundir
-from distlaunch.launcher.netns import Sandbox
+from distlaunch.launcher.transports.netns import Sandbox
 from distlaunch.launcher.plan import TaskPlan
 
 
