@@ -106,7 +106,7 @@ def _round(transport, plan) -> float:
     waiting = {task.log_file for task in plan.tasks}
     while waiting:
         waiting = {f for f in waiting if not _says_up(f)}
-        if any(h.returncode() is not None for h in handles):
+        if any(h.exit_status() is not None for h in handles):
             raise SystemExit(f"a task ended early; see {plan.run_dir}/logs")
         time.sleep(0.002)
     transport.stop(handles, GRACE_S)

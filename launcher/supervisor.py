@@ -21,12 +21,11 @@ from pathlib import Path
 from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
-from distlaunch.launcher.transports.local import LocalTransport
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
 from distlaunch.launcher.policy import Action, Cluster, Decision, RestartPolicy, RestartRules, TaskEvent
-from distlaunch.launcher.procs import TaskProcess, exit_description
 from distlaunch.launcher.spec import Restart, Timeouts
 from distlaunch.launcher.summary import Failure
+from distlaunch.launcher.transports.base import TaskHandle, Transport, exit_description
 from distlaunch.worker import contract
 
 # How often logs are echoed and deadlines checked while nothing else happens.
@@ -55,7 +54,7 @@ class Supervisor:
         record: dict,
         console: Console,
         timeouts: Timeouts,
-        transport: LocalTransport | None = None,
+        transport: Transport,
         restart: Restart | None = None,
     ) -> None:
         self.plan = plan
@@ -63,7 +62,7 @@ class Supervisor:
         self.record = record
         self.console = console
         self.timeouts = timeouts
-        self.transport = transport or LocalTransport()
+        self.transport = transport
         roles: dict[str, list[str]] = {}
         for task in plan.tasks:
             roles.setdefault(task.role, []).append(task.name)
@@ -72,7 +71,7 @@ class Supervisor:
         self.tasks = {t.name: t for t in plan.tasks}
         self.numbers = {t.name: i for i, t in enumerate(plan.tasks)}
         self.width = max(len(t.name) for t in plan.tasks)
-        self.handles: dict[str, TaskProcess] = {}
+        self.handles: dict[str, TaskHandle] = {}
         self.followers: dict[str, LogFollower] = {}
         self.exited: dict[str, int] = {}
         self.joined: set[str] = set()
@@ -125,6 +124,10 @@ class Supervisor:
                 if key.data is None:
                     _drain(wake_r)
                     continue
+                if self._sel.get_map().get(key.fd) is not key:
+                    # An earlier exit of this batch already dealt with this task (a gang restart
+                    # killed it): its exit is recorded, and its fd is no longer watched.
+                    continue
                 self._sel.unregister(key.fd)
                 result = self._on_exit(key.data)
                 if result is not None:
@@ -165,7 +168,8 @@ class Supervisor:
 
     def _on_exit(self, task: TaskPlan) -> RunResult | None:
         handle = self.handles[task.name]
-        code = handle.proc.wait()  # the pidfd is readable: it has exited, this only reaps it
+        code = handle.exit_status()  # its exit fd is readable: it has exited, this reaps it
+        assert code is not None, f"{task.name}: exit fd readable but no exit status"
         self.exited[task.name] = code
         self.followers[task.name].close()
         how = exit_description(code)
@@ -261,6 +265,11 @@ class Supervisor:
         old = self.followers.get(task.name)
         if old is not None:
             old.close()
+        previous = self.handles.get(task.name)
+        if previous is not None:
+            # The previous incarnation is stopped and reaped: release its pidfd (and an SSH
+            # client's stdin pipe) before its successor takes its place.
+            previous.close()
         handle = self.transport.start(task)
         self.handles[task.name] = handle
         self.tasks[task.name] = task
@@ -303,12 +312,16 @@ class Supervisor:
                 if silent is not None and silent > self.timeouts.heartbeat_s:
                     return self._on_hang(task, silent)
         if self.timeouts.run_s is not None and now - self.run_started > self.timeouts.run_s:
-            running = next(t for n, t in self.tasks.items() if self._alive(n))
-            return RunResult(rundir.FAILED, self._failure(
-                running, f"was still running when the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"))
+            limit = f"the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"
+            running = [t for n, t in self.tasks.items() if self._alive(n)]
+            if running:
+                return RunResult(rundir.FAILED, self._failure(running[0], f"was still running when {limit}"))
+            # Every task is down, waiting for a restart that is due later.
+            waiting = self.tasks[self.pending[0][1][0]]
+            return RunResult(rundir.FAILED, self._failure(waiting, f"was waiting to restart when {limit}"))
         return None
 
-    def _silent_for(self, task: TaskPlan, handle: TaskProcess, wall: float) -> float | None:
+    def _silent_for(self, task: TaskPlan, handle: TaskHandle, wall: float) -> float | None:
         """Seconds since this incarnation's last heartbeat; None before its first one."""
         status = rundir.read_json(contract.status_path(self.run_dir, task.role, task.index))
         if not isinstance(status, dict) or status.get("attempt") != self.record["tasks"][task.name]["attempt"]:
@@ -328,7 +341,7 @@ class Supervisor:
             self._unwatch(handle)
         self.transport.kill(handles)
         for name in names:
-            code = self.handles[name].proc.returncode
+            code = self._status_after_stop(self.handles[name])
             self.exited[name] = code
             self.followers[name].close()
             self._task_record(self.tasks[name], state="killed", exit_code=code, exit=exit_description(code), ended_at=time.time())
@@ -342,13 +355,19 @@ class Supervisor:
         self.transport.stop(handles, self.timeouts.grace_s)
         for handle in handles:
             name = handle.task.name
-            code = handle.proc.returncode
+            code = self._status_after_stop(handle)
             self.exited[name] = code
             self.followers[name].close()
             self._task_record(handle.task, state=state, exit_code=code, exit=exit_description(code), ended_at=time.time())
             self._event(handle.task, state, exit=exit_description(code), reason=reason)
 
-    def _unwatch(self, handle: TaskProcess) -> None:
+    @staticmethod
+    def _status_after_stop(handle: TaskHandle) -> int:
+        code = handle.exit_status()
+        assert code is not None, f"{handle.task.name}: still running after its transport stopped it"
+        return code
+
+    def _unwatch(self, handle: TaskHandle) -> None:
         try:
             self._sel.unregister(handle.exit_fd)
         except (KeyError, ValueError):

@@ -9,26 +9,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import ports, procs, rundir
-from distlaunch.launcher.transports import compose_file as compose, netns, preflight, ssh
+from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
-from distlaunch.launcher.transports.image import ImageRequest
-from distlaunch.launcher.transports.local import LocalTransport
-from distlaunch.launcher.plan import Plan, make_plan, masked_spec
-from distlaunch.launcher.transports.routing import HostRouter
+from distlaunch.launcher.plan import Plan, masked_spec
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
-
-ISOLATED_NOTE = (
-    "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
-    'reached from outside the run, and they cannot reach the network; "isolation": "off" turns it off)'
-)
-EXPOSURE_NOTE = (
-    "note: ports {ports} can be reached from other machines: TensorFlow's gRPC servers listen on every "
-    "interface with no authentication, and {reason}. To prevent it, {remedy} (README: Security)"
-)
+from distlaunch.launcher.transports import compose, compose_file, routing
+from distlaunch.launcher.transports.base import Backend
+from distlaunch.launcher.transports.image import ImageRequest
 
 
 @dataclass(frozen=True)
@@ -72,89 +62,47 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
     return RunTarget(run_id, run_dir, int(previous.get("attempt", 0)) + 1, previous)
 
 
-def build_plan(loaded: LoadedSpec, target: RunTarget, remote_ports: dict[ports.TaskKey, int] | None = None) -> Plan:
-    """Decide the isolation, allocate ports and build the plan of this attempt (nothing started).
+# The backends by kind (the spec's `backend`): a new backend is one entry here and its module.
+BACKENDS: dict[str, Backend] = {
+    "local": Backend(routing.plan, routing.open_launch),
+    "compose": Backend(compose_file.compose_plan, compose.open_launch),
+}
 
-    ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
-    With the compose backend, tasks are containers reached at their service names (compose.compose_plan).
-    """
-    if loaded.spec.backend == "compose":
-        return compose.compose_plan(loaded, target.run_id, target.run_dir, target.attempt)
-    isolation = netns.decide(loaded)
-    return make_plan(
-        loaded, ports.allocate(loaded, private=isolation.private, remote=remote_ports), target.run_id,
-        target.run_dir, target.attempt, os.environ.get("CUDA_VISIBLE_DEVICES"), isolation=isolation,
-    )
+
+def build_plan(loaded: LoadedSpec, target: RunTarget) -> Plan:
+    """The plan `up` would start for ``target``, with no host contacted (`plan`, `tfconfig`)."""
+    backend = BACKENDS[loaded.spec.backend]
+    return backend.plan(loaded, target.run_id, target.run_dir, target.attempt)
 
 
 def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest | None = None) -> None:
     """Run the job to its end; raise RunFailed or Interrupted (after full teardown) if it did not succeed.
 
-    SSH hosts are checked first (HostError, nothing started, when one is not usable). With the
-    compose backend the tasks run in containers of ``image`` (see `_up_compose`).
+    The backend checks its hosts first (HostError, nothing started, when an SSH host is not
+    usable), then plans; with the compose backend the tasks run in containers of ``image``.
     """
-    if loaded.spec.backend == "compose":
-        _up_compose(loaded, target, console, image or ImageRequest())
-        return
     private = loaded.spec.permissions == "private"
-    umask = rundir.PRIVATE_UMASK if private else None
-    remote_hosts = {name: host for name, host in loaded.hosts.items() if host.transport == "ssh"}
-    # The session's master connections outlive every task; they are closed last.
-    with ssh.Session(remote_hosts) as session:
-        reports = preflight.check(loaded, session, umask)
-        for report in reports:
-            console.say(f"host {session.target(report.name)}: {report.summary()}")
-        plan = build_plan(loaded, target, preflight.picked_ports(reports))
-        with _umask(umask), netns.sandbox(plan.isolation, plan.run_id) as sandbox, \
-                ssh.SshTransport(session, loaded.spec.timeouts.grace_s, umask) as remote:
+    with BACKENDS[loaded.spec.backend].open(loaded, console, image=image) as launch:
+        plan = launch.plan(target.run_id, target.run_dir, target.attempt)
+        with _umask(rundir.PRIVATE_UMASK if private else None):
             rundir.make_dirs(target.run_dir, target.attempt, private)
             record = _new_record(loaded, plan, target)
-            if sandbox is not None:
-                record["netns_holder_pid"] = sandbox.pid
-            if reports:
-                record["ssh"] = ssh.record(loaded, [r.name for r in reports])
             verb = "resuming" if target.previous else "starting"
-            console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks, {plan.strategy}; run dir {plan.run_dir}")
-            console.say(_network_note(plan))
+            where = " in containers" if all(t.transport == "compose" for t in plan.tasks) else ""
+            console.say(
+                f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks{where}, "
+                f"{plan.strategy}; run dir {plan.run_dir}"
+            )
             _say_program(console, plan)
-            if reports and not loaded.spec.shared_dir_is_shared:
-                console.say(f"SSH hosts keep their run files on their own disks; `distlaunch collect {plan.run_id}` copies them here")
-            # The sandbox closes only after the supervisor has stopped every task in it.
-            transport = HostRouter(LocalTransport(sandbox), remote)
-            shown = HostConsole(console, plan) if reports else console
-            _supervise(Supervisor(plan, record, shown, loaded.spec.timeouts, transport, loaded.spec.restart), target, console)
-
-
-class HostConsole(Console):
-    """``console`` with each task's host in its line prefix (``worker-0@node1 | ``), for runs on several hosts."""
-
-    def __init__(self, console: Console, plan: Plan) -> None:
-        super().__init__(console.out, console.err, console.color)
-        self.hosts = {t.name: t.host_name for t in plan.tasks}
-        self.extra = max(len(h) + 1 for h in self.hosts.values())
-
-    def prefix(self, name: str, number: int, width: int) -> bytes:
-        """The base prefix of ``name@host``, widened by the longest ``@host``."""
-        return super().prefix(f"{name}@{self.hosts[name]}", number, width + self.extra)
-
-
-def _up_compose(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest) -> None:
-    """`up` with every task in a container: the same run dir, supervisor and decisions as a local run."""
-    # Imported here: a local run never needs the docker modules.
-    from distlaunch.launcher.transports.compose import open_transport
-
-    private = loaded.spec.permissions == "private"
-    plan = build_plan(loaded, target)
-    with _umask(rundir.PRIVATE_UMASK if private else None):
-        rundir.make_dirs(target.run_dir, target.attempt, private)
-        record = _new_record(loaded, plan, target)
-        verb = "resuming" if target.previous else "starting"
-        console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks in containers, {plan.strategy}; run dir {plan.run_dir}")
-        _say_program(console, plan)
-        with open_transport(loaded, plan, image, console) as transport:
-            record["compose"] = transport.describe()
-            console.say(f"compose project {transport.project}: {compose.ISOLATION.reason}")
-            _supervise(Supervisor(plan, record, console, loaded.spec.timeouts, transport, loaded.spec.restart), target, console)
+            with launch.open(plan) as opened:
+                record.update(opened.record)
+                for note in opened.notes:
+                    console.say(note)
+                shown = opened.console or console
+                supervisor = Supervisor(
+                    plan, record, shown, loaded.spec.timeouts, opened.transport, loaded.spec.restart
+                )
+                _supervise(supervisor, target, console)
 
 
 def _say_program(console: Console, plan: Plan) -> None:
@@ -164,14 +112,6 @@ def _say_program(console: Console, plan: Plan) -> None:
         console.say(note)
     if plan.program.serve_ps_workers:
         console.say(plan.program.serve_reason)
-
-
-def _network_note(plan: Plan) -> str:
-    """The one line `up` prints about who can reach the tasks' ports."""
-    if plan.isolation.private:
-        return ISOLATED_NOTE
-    ports = ", ".join(str(t.port) for t in plan.tasks)
-    return EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy)
 
 
 @contextmanager
