@@ -130,7 +130,8 @@ def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | 
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
     # One launcher per run dir, for this launcher's whole life.
-    with rundir.claim(target.run_dir, target.previous, loaded.spec.permissions == "private"):
+    previous_attempt = target.previous.attempt if target.previous else None
+    with rundir.claim(target.run_dir, previous_attempt, loaded.spec.permissions == "private"):
         run_up(loaded, target, console, ImageRequest(image, base_image))
 
 
@@ -214,7 +215,9 @@ def k8s_manifests(spec: str, output: Path | None, image: str | None, namespace: 
 
 def _offer_resume(loaded, console: Console) -> bool:
     """When this spec's last run did not finish, ask (on a terminal) whether to resume it."""
-    unfinished = rundir.latest_unfinished(loaded.shared_dir, loaded.spec.name)
+    from distlaunch.launcher.state import latest_unfinished
+
+    unfinished = latest_unfinished(loaded.shared_dir, loaded.spec.name)
     if unfinished is None:
         return False
     if sys.stdin.isatty():
@@ -229,18 +232,23 @@ def _offer_resume(loaded, console: Console) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
 def status(run: str | None, shared_dir: str, as_json: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
-    from distlaunch.launcher.control.status import status_rows
+    from distlaunch.launcher.control.status import LOST, run_state, status_rows
+    from distlaunch.launcher.state import RunRecord
 
     path = rundir.resolve_run(run, Path(shared_dir))
-    record = rundir.read_json(path / rundir.RUN_JSON) or {}
+    record = RunRecord.load(path)
     rows = status_rows(record)
+    state = run_state(record)
     if as_json:
-        keys = ("run_id", "state", "attempt", "exit_code", "failure")
-        click.echo(json.dumps({**{k: record.get(k) for k in keys}, "run_dir": str(path), "tasks": rows}, indent=2))
+        head = {"run_id": record.run_id, "state": state, "attempt": record.attempt,
+                "exit_code": record.exit_code, "failure": record.failure}
+        click.echo(json.dumps({**head, "run_dir": str(path), "tasks": rows}, indent=2))
         return
-    click.echo(f"run {record.get('run_id')}: {record.get('state')} (attempt {record.get('attempt')}) in {path}")
-    if record.get("failure"):
-        click.echo(f"  {record['failure']['summary']}")
+    click.echo(f"run {record.run_id}: {state} (attempt {record.attempt}) in {path}")
+    if state == LOST:
+        click.echo(f"  its launcher (pid {record.launcher_pid}) is gone; `distlaunch down {record.run_id}` stops what is left")
+    if record.failure:
+        click.echo(f"  {record.failure['summary']}")
     click.echo(f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT")
     for row in rows:
         uptime = f"{row['uptime_s']:.0f}s" if row["uptime_s"] is not None else "-"
@@ -258,14 +266,14 @@ def status(run: str | None, shared_dir: str, as_json: bool) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(run: str | None, task: str | None, shared_dir: str, lines: int, follow: bool) -> None:
     """Print the last lines of TASK's log (every task's when omitted) in its latest attempt."""
-    from distlaunch.launcher.control import status as control
+    from distlaunch.launcher.control import logs as control_logs
 
     path = rundir.resolve_run(run, Path(shared_dir))
-    for file in control.log_files(path, task):
+    for file in control_logs.log_files(path, task):
         for line in tail(str(file), lines).splitlines():
             click.echo(f"{file.stem} | {line}")
     if follow:
-        control.follow(path, task, Console())
+        control_logs.follow(path, task, Console())
 
 
 @cli.command()
@@ -274,7 +282,7 @@ def logs(run: str | None, task: str | None, shared_dir: str, lines: int, follow:
 @click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
 def restart(run: str, task: str, shared_dir: str) -> None:
     """Restart TASK of the running RUN the way its strategy needs (an MWMS task: the whole gang)."""
-    from distlaunch.launcher.control.status import request_restart
+    from distlaunch.launcher.control.requests import request_restart
 
     path = rundir.resolve_run(run, Path(shared_dir))
     name = request_restart(path, task)

@@ -39,6 +39,13 @@ class HostError(LaunchError):
         super().__init__(what + "".join(f"\n  {line}" for line in problems))
 
 
+class RecordError(LaunchError):
+    """The run dir cannot be written (a full disk, a lost mount): the run was stopped, since
+    nothing it did could be recorded."""
+
+    exit_code = 1
+
+
 class RunFailed(LaunchError):
     """A task of the run failed; the message is the root-cause summary."""
 

@@ -9,11 +9,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import procs, rundir
+from distlaunch.launcher import rundir
+from distlaunch.launcher.control.liveness import launcher_alive
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
 from distlaunch.launcher.plan import Plan, masked_spec
 from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.state import RunRecord, RunState, latest_unfinished
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
 from distlaunch.launcher.transports import compose, compose_file, routing
@@ -28,7 +30,7 @@ class RunTarget:
     run_id: str
     run_dir: Path
     attempt: int
-    previous: dict | None  # run.json of the run being resumed
+    previous: RunRecord | None  # the record of the run being resumed
 
 
 def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarget:
@@ -37,7 +39,7 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
     if run_id is not None:
         rundir.check_run_id(run_id)
     if resume and run_id is None:
-        found = rundir.latest_unfinished(shared, loaded.spec.name)
+        found = latest_unfinished(shared, loaded.spec.name)
         if found is None:
             raise UsageError(f"--resume: no unfinished run of {loaded.spec.name!r} under {shared}")
         run_id = found.name
@@ -54,12 +56,10 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
             f"run dir {run_dir} already exists and holds no run; pick another --run-id"
         )
     rundir.check_existing(run_dir, loaded.spec.permissions == "private")
-    previous = rundir.read_json(run_dir / rundir.RUN_JSON)
-    if not isinstance(previous, dict):
-        raise UsageError(f"{run_dir / rundir.RUN_JSON} is not a run record")
-    if previous.get("state") in (rundir.RUNNING, rundir.STOPPING) and procs.pid_alive(previous.get("launcher_pid")):
-        raise UsageError(f"run {run_id} is still running (launcher pid {previous['launcher_pid']}); `distlaunch down {run_id}` first")
-    return RunTarget(run_id, run_dir, int(previous.get("attempt", 0)) + 1, previous)
+    previous = RunRecord.load(run_dir)
+    if launcher_alive(previous):
+        raise UsageError(f"run {run_id} is still running (launcher pid {previous.launcher_pid}); `distlaunch down {run_id}` first")
+    return RunTarget(run_id, run_dir, previous.attempt + 1, previous)
 
 
 # The backends by kind (the spec's `backend`): a new backend is one entry here and its module.
@@ -95,7 +95,8 @@ def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequ
             )
             _say_program(console, plan)
             with launch.open(plan) as opened:
-                record.update(opened.record)
+                for key, value in opened.record.items():
+                    setattr(record, key, value)
                 for note in opened.notes:
                     console.say(note)
                 shown = opened.console or console
@@ -128,51 +129,41 @@ def _umask(mask: int | None) -> Iterator[None]:
 
 
 def _supervise(supervisor: Supervisor, target: RunTarget, console: Console) -> None:
-    plan, record = supervisor.plan, supervisor.record
+    plan, book = supervisor.plan, supervisor.book
     try:
         result = supervisor.run()
     except Interrupted as exc:
-        _finish(record, target, rundir.INTERRUPTED, exc.exit_code)
+        book.set_state(RunState.INTERRUPTED, exit_code=exc.exit_code, ended_at=time.time())
         raise
     except BaseException:
-        _finish(record, target, rundir.FAILED, 1)
+        book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time())
         raise
     if result.failure is None:
-        _finish(record, target, rundir.SUCCEEDED, 0)
-        console.say(f"run {plan.run_id} succeeded in {time.time() - record['started_at']:.1f} s; run dir {plan.run_dir}")
+        book.set_state(RunState.SUCCEEDED, exit_code=0, ended_at=time.time())
+        took = time.time() - book.record.started_at
+        console.say(f"run {plan.run_id} succeeded in {took:.1f} s; run dir {plan.run_dir}")
         return
     line = headline(plan.run_id, result.failure)
-    record["failure"] = {"task": result.failure.task, "how": result.failure.how, "summary": line}
-    _finish(record, target, rundir.FAILED, 1)
+    failure = {"task": result.failure.task, "how": result.failure.how, "summary": line}
+    book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time(), failure=failure)
     console.say(line + "\n" + details(result.failure))
     raise RunFailed(line)
 
 
-def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> dict:
+def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> RunRecord:
     history = []
     if target.previous:
-        history = target.previous.get("history", []) + [
-            {k: target.previous.get(k) for k in ("attempt", "state", "started_at", "ended_at", "exit_code", "failure")}
-        ]
-    return {
-        "run_id": plan.run_id,
-        "name": loaded.spec.name,
-        "spec_file": str(loaded.file.resolve()),
-        "spec": masked_spec(loaded.raw),
-        "strategy": plan.strategy,
-        "state": rundir.RUNNING,
-        "attempt": plan.attempt,
-        "launcher_pid": os.getpid(),
-        "started_at": time.time(),
-        "ended_at": None,
-        "exit_code": None,
-        "failure": None,
-        "plan": plan.to_json(),
-        "tasks": {},
-        "history": history,
-    }
-
-
-def _finish(record: dict, target: RunTarget, state: str, exit_code: int) -> None:
-    record.update(state=state, exit_code=exit_code, ended_at=time.time())
-    rundir.write_json(target.run_dir / rundir.RUN_JSON, record)
+        history = [*target.previous.history, target.previous.outcome()]
+    return RunRecord(
+        run_id=plan.run_id,
+        name=loaded.spec.name,
+        spec_file=str(loaded.file.resolve()),
+        spec=masked_spec(loaded.raw),
+        strategy=plan.strategy,
+        state=RunState.RUNNING,
+        attempt=plan.attempt,
+        launcher_pid=os.getpid(),
+        started_at=time.time(),
+        plan=plan.to_json(),
+        history=history,
+    )

@@ -8,6 +8,7 @@ milliseconds against the real supervisor, policy, run dir and events.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -22,9 +23,10 @@ import pytest
 from conftest import events, write_spec
 from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console
-from distlaunch.launcher.errors import Interrupted
+from distlaunch.launcher.errors import Interrupted, RecordError
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import Restart, Timeouts, load_spec
+from distlaunch.launcher.state import RunRecord, RunState
 from distlaunch.launcher.supervisor import RunResult, Supervisor
 from distlaunch.worker import contract
 
@@ -137,7 +139,7 @@ def supervise(
     **timeouts: float,
 ) -> tuple[RunResult, dict]:
     """Run the real supervisor over the fake transport; return its result and run.json."""
-    record = {"run_id": plan.run_id, "state": rundir.RUNNING, "attempt": plan.attempt, "tasks": {}}
+    record = RunRecord(run_id=plan.run_id, attempt=plan.attempt)
     console = Console(io.BytesIO(), io.BytesIO(), color=False)
     supervisor = Supervisor(plan, record, console, Timeouts(**timeouts), transport, restart)
     result = supervisor.run()
@@ -157,7 +159,7 @@ def fates(
 def test_every_worker_exits_0_and_the_run_succeeds(tmp: Path) -> None:
     transport = FakeTransport(fates({}, Fate(0)))
     result, record = supervise(make_plan_for(tmp), transport)
-    assert result.state == rundir.SUCCEEDED and result.failure is None
+    assert result.state is RunState.SUCCEEDED and result.failure is None
     assert {t["state"] for t in record["tasks"].values()} == {"succeeded"}
     assert not transport.killed and not transport.stopped
 
@@ -168,7 +170,7 @@ def test_a_failed_worker_restarts_the_gang_then_succeeds(tmp: Path) -> None:
     )
     plan = make_plan_for(tmp)
     result, record = supervise(plan, transport)
-    assert result.state == rundir.SUCCEEDED
+    assert result.state is RunState.SUCCEEDED
     assert transport.killed == ["worker-0"]  # the survivor of the gang, killed at once
     assert record["attempt"] == 1 and {t["restarts"] for t in record["tasks"].values()} == {1}
     story = events(Path(plan.run_dir))
@@ -182,7 +184,7 @@ def test_two_exits_in_one_select_batch_make_one_gang_restart(tmp: Path) -> None:
     transport = FakeTransport(fates({("worker-0", 0): Fate(1), ("worker-1", 0): Fate(1)}, Fate(0)))
     plan = make_plan_for(tmp)
     result, record = supervise(plan, transport)
-    assert result.state == rundir.SUCCEEDED
+    assert result.state is RunState.SUCCEEDED
     assert record["attempt"] == 1
     story = events(Path(plan.run_dir))
     assert sum(e.get("decision") == "restart" for e in story) == 1
@@ -193,7 +195,7 @@ def test_the_restart_budget_ends_the_run_with_the_failing_task_named(tmp: Path) 
     transport = FakeTransport(fates({}, Fate(3)))
     budget = Restart(policy="on-failure", max_restarts=2, backoff={"initial_s": 0, "max_s": 0})
     result, record = supervise(make_plan_for(tmp), transport, budget)
-    assert result.state == rundir.FAILED and "exit code 3" in result.failure.how
+    assert result.state is RunState.FAILED and "exit code 3" in result.failure.how
     assert "restart budget exhausted" in result.failure.note
     assert record["attempt"] == 2
 
@@ -201,7 +203,7 @@ def test_the_restart_budget_ends_the_run_with_the_failing_task_named(tmp: Path) 
 def test_policy_never_fails_at_once_without_a_note(tmp: Path) -> None:
     transport = FakeTransport(fates({("worker-1", 0): Fate(5)}))
     result, _ = supervise(make_plan_for(tmp), transport, Restart())
-    assert result.state == rundir.FAILED and result.failure.task == "worker-1"
+    assert result.state is RunState.FAILED and result.failure.task == "worker-1"
     assert result.failure.how == "exit code 5" and result.failure.note == ""
     assert transport.stopped == ["worker-0"]
 
@@ -209,7 +211,7 @@ def test_policy_never_fails_at_once_without_a_note(tmp: Path) -> None:
 def test_a_task_that_never_joins_fails_at_the_startup_deadline(tmp: Path) -> None:
     transport = FakeTransport(fates({("worker-1", 0): Fate(joins=False)}))
     result, _ = supervise(make_plan_for(tmp), transport, startup_s=0.2)
-    assert result.state == rundir.FAILED and result.failure.task == "worker-1"
+    assert result.state is RunState.FAILED and result.failure.task == "worker-1"
     assert "did not start its TensorFlow server" in result.failure.how
 
 
@@ -218,7 +220,7 @@ def test_the_run_deadline_while_a_restart_is_pending_fails_cleanly(tmp: Path) ->
     transport = FakeTransport(fates({("worker-1", 0): Fate(1)}))
     slow = Restart(policy="on-failure", max_restarts=3, backoff={"initial_s": 60, "max_s": 60})
     result, record = supervise(make_plan_for(tmp), transport, slow, run_s=0.3)
-    assert result.state == rundir.FAILED
+    assert result.state is RunState.FAILED
     assert "waiting to restart" in result.failure.how and "timeouts.run_s" in result.failure.how
     assert len(transport.started) == 2  # the restart never started
 
@@ -226,7 +228,7 @@ def test_the_run_deadline_while_a_restart_is_pending_fails_cleanly(tmp: Path) ->
 def test_the_run_deadline_stops_running_tasks(tmp: Path) -> None:
     transport = FakeTransport(fates({}))
     result, _ = supervise(make_plan_for(tmp), transport, run_s=0.2)
-    assert result.state == rundir.FAILED and "still running" in result.failure.how
+    assert result.state is RunState.FAILED and "still running" in result.failure.how
     assert sorted(transport.stopped) == ["worker-0", "worker-1"]
 
 
@@ -236,7 +238,7 @@ def test_a_silent_task_counts_as_hung_and_is_restarted(tmp: Path) -> None:
     contract.status_path(Path(plan.run_dir), "worker", 1).write_text(json.dumps(stale))
     transport = FakeTransport(fates({("worker-0", 1): Fate(0), ("worker-1", 1): Fate(0)}))
     result, record = supervise(plan, transport, heartbeat_s=1)
-    assert result.state == rundir.SUCCEEDED and record["attempt"] == 1
+    assert result.state is RunState.SUCCEEDED and record["attempt"] == 1
     assert any(e["event"] == "hung" and e["task"] == "worker-1" for e in events(Path(plan.run_dir)))
 
 
@@ -268,7 +270,7 @@ def test_a_restart_request_restarts_the_gang_without_using_the_budget(tmp: Path)
     )
     no_budget = Restart(policy="on-failure", max_restarts=0)
     result, record = supervise(plan, transport, no_budget)
-    assert result.state == rundir.SUCCEEDED and record["attempt"] == 1
+    assert result.state is RunState.SUCCEEDED and record["attempt"] == 1
     assert sorted(transport.killed) == ["worker-0", "worker-1"]
     assert not list(control.iterdir())
 
@@ -277,7 +279,7 @@ def test_the_evaluator_may_finish_after_training(tmp: Path) -> None:
     plan = make_plan_for(tmp, tasks={"worker": {"count": 2}, "evaluator": {"count": 1}})
     transport = FakeTransport(fates({("evaluator-0", 0): Fate(0, after_s=0.3)}, Fate(0)))
     result, record = supervise(plan, transport, evaluator_drain_s=30)
-    assert result.state == rundir.SUCCEEDED
+    assert result.state is RunState.SUCCEEDED
     assert record["tasks"]["evaluator-0"]["state"] == "succeeded"
     assert not transport.stopped
 
@@ -286,8 +288,33 @@ def test_an_evaluator_past_its_drain_time_is_stopped(tmp: Path) -> None:
     plan = make_plan_for(tmp, tasks={"worker": {"count": 2}, "evaluator": {"count": 1}})
     transport = FakeTransport(fates({("evaluator-0", 0): Fate()}, Fate(0)))
     result, record = supervise(plan, transport, evaluator_drain_s=0.2)
-    assert result.state == rundir.SUCCEEDED
+    assert result.state is RunState.SUCCEEDED
     assert (
         transport.stopped == ["evaluator-0"]
         and record["tasks"]["evaluator-0"]["state"] == "stopped"
     )
+
+
+def test_a_full_disk_stops_every_task_first_and_leaves_no_temp_file(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 14 item 3: run.json is written once (every task started), then the disk is full
+    # (ENOSPC) when worker-1's exit is to be recorded.
+    plan = make_plan_for(tmp)
+    writes = []
+    real_dump = json.dump
+
+    def dump(data: object, f: object, **kw: object) -> None:
+        writes.append(data)
+        if len(writes) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_dump(data, f, **kw)
+
+    monkeypatch.setattr(rundir.json, "dump", dump)
+    transport = FakeTransport(fates({("worker-1", 0): Fate(1)}))
+    with pytest.raises(RecordError, match="No space left on device"):
+        supervise(plan, transport)
+    assert transport.stopped == ["worker-0"]
+    assert all(h.closed for h in transport.started)
+    assert not list(Path(plan.run_dir).glob(".*.tmp"))
+    assert json.loads((Path(plan.run_dir) / rundir.RUN_JSON).read_text())["state"] == "running"
