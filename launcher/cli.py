@@ -1,26 +1,90 @@
-"""The `distlaunch` command line. The only place where errors become exit codes.
+"""The `distlaunch` command line. The only place where errors become exit codes (`EXIT_CODES`).
 
 Exit codes: 0 success, 1 a task failed, 2 bad spec or usage (or an SSH host failed preflight or
-`collect`, or Docker cannot start a compose run: nothing was started, the fix is in the spec or on
-the host), 128+N interrupted by signal N.
+`collect`, Docker cannot start a compose run, or the network sandbox cannot be made: nothing was
+started, the fix is in the spec or on the host), 128+N interrupted by signal N.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
+import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console
-from distlaunch.launcher.errors import LaunchError, UsageError
-from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
+from distlaunch.launcher.errors import (
+    HostError,
+    Interrupted,
+    LaunchError,
+    RecordError,
+    RunFailed,
+    SpecError,
+    UsageError,
+)
 from distlaunch.launcher.spec import LoadedSpec, json_schema, load_spec
 from distlaunch.launcher.summary import tail
+from distlaunch.launcher.transports.docker import DockerError
+from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
+from distlaunch.launcher.transports.netns import SandboxError
+
+
+class ExitCode(enum.IntEnum):
+    """What `distlaunch` exits with."""
+
+    OK = 0
+    FAILED = 1  # a task failed (or the run could not be recorded)
+    USAGE = 2  # bad spec or usage, or a host, engine or sandbox that cannot run it: nothing started
+    SIGNALLED = 128  # plus N: interrupted by signal N, after every task was stopped
+
+
+# Each error's exit code; an error not listed gets its nearest listed base class's.
+EXIT_CODES: dict[type[LaunchError], ExitCode] = {
+    LaunchError: ExitCode.FAILED,
+    RunFailed: ExitCode.FAILED,
+    RecordError: ExitCode.FAILED,
+    SpecError: ExitCode.USAGE,
+    UsageError: ExitCode.USAGE,
+    HostError: ExitCode.USAGE,
+    DockerError: ExitCode.USAGE,
+    SandboxError: ExitCode.USAGE,
+}
+
+
+def exit_code(error: LaunchError) -> int:
+    """The exit code for ``error``."""
+    if isinstance(error, Interrupted):
+        return ExitCode.SIGNALLED + error.signum
+    return next(EXIT_CODES[cls] for cls in type(error).__mro__ if cls in EXIT_CODES)
+
+
+@dataclass
+class Settings:
+    """Options shared by subcommands, kept in click's ``ctx.obj``."""
+
+    shared_dir: Path = Path("./runs")
+
+
+def _keep_shared_dir(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.ensure_object(Settings).shared_dir = Path(value)
+
+
+# Declared once, accepted before the subcommand (`distlaunch --shared-dir X status`) and after it
+# (`distlaunch status RUN --shared-dir X`, which wins); the subcommands read ctx.obj.
+SHARED_DIR = click.option(
+    "--shared-dir",
+    expose_value=False,
+    callback=_keep_shared_dir,
+    help="Where runs are looked up by id.  [default: ./runs]",
+)
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
 IMAGE = click.option(
@@ -31,8 +95,11 @@ IMAGE = click.option(
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="distlaunch")
-def cli() -> None:
+@SHARED_DIR
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Turn one cluster spec file into a running TensorFlow multi-worker cluster."""
+    ctx.ensure_object(Settings)
 
 
 @cli.command()
@@ -228,14 +295,15 @@ def _offer_resume(loaded, console: Console) -> bool:
 
 @cli.command()
 @click.argument("run", required=False)
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+@SHARED_DIR
+@click.pass_obj
 @click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
-def status(run: str | None, shared_dir: str, as_json: bool) -> None:
+def status(settings: Settings, run: str | None, as_json: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
     from distlaunch.launcher.control.status import LOST, run_state, status_rows
     from distlaunch.launcher.state import RunRecord
 
-    path = rundir.resolve_run(run, Path(shared_dir))
+    path = rundir.resolve_run(run, settings.shared_dir)
     record = RunRecord.load(path)
     rows = status_rows(record)
     state = run_state(record)
@@ -261,14 +329,15 @@ def status(run: str | None, shared_dir: str, as_json: bool) -> None:
 @cli.command()
 @click.argument("run", required=False)
 @click.argument("task", required=False)
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+@SHARED_DIR
+@click.pass_obj
 @click.option("-n", "--lines", default=50, show_default=True, help="How many lines per task.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
-def logs(run: str | None, task: str | None, shared_dir: str, lines: int, follow: bool) -> None:
+def logs(settings: Settings, run: str | None, task: str | None, lines: int, follow: bool) -> None:
     """Print the last lines of TASK's log (every task's when omitted) in its latest attempt."""
     from distlaunch.launcher.control import logs as control_logs
 
-    path = rundir.resolve_run(run, Path(shared_dir))
+    path = rundir.resolve_run(run, settings.shared_dir)
     for file in control_logs.log_files(path, task):
         for line in tail(str(file), lines).splitlines():
             click.echo(f"{file.stem} | {line}")
@@ -279,25 +348,27 @@ def logs(run: str | None, task: str | None, shared_dir: str, lines: int, follow:
 @cli.command()
 @click.argument("run")
 @click.argument("task")
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
-def restart(run: str, task: str, shared_dir: str) -> None:
+@SHARED_DIR
+@click.pass_obj
+def restart(settings: Settings, run: str, task: str) -> None:
     """Restart TASK of the running RUN the way its strategy needs (an MWMS task: the whole gang)."""
     from distlaunch.launcher.control.requests import request_restart
 
-    path = rundir.resolve_run(run, Path(shared_dir))
+    path = rundir.resolve_run(run, settings.shared_dir)
     name = request_restart(path, task)
     click.echo(f"asked the launcher of {path.name} to restart {name}; see `distlaunch status {path.name}`")
 
 
 @cli.command()
 @click.argument("run")
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+@SHARED_DIR
+@click.pass_obj
 @click.option("--grace", type=float, default=None, help="Seconds from SIGTERM to SIGKILL (default: the spec's timeouts.grace_s).")
-def down(run: str, shared_dir: str, grace: float | None) -> None:
+def down(settings: Settings, run: str, grace: float | None) -> None:
     """Stop RUN (a run id or directory): its launcher if alive, then every leftover process."""
     from distlaunch.launcher.control.down import down as run_down
 
-    result = run_down(rundir.resolve_run(run, Path(shared_dir)), grace)
+    result = run_down(rundir.resolve_run(run, settings.shared_dir), grace)
     done = []
     if result.launcher_pid is not None:
         done.append(f"stopped its launcher (pid {result.launcher_pid})")
@@ -310,12 +381,13 @@ def down(run: str, shared_dir: str, grace: float | None) -> None:
 
 @cli.command()
 @click.argument("run")
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
-def collect(run: str, shared_dir: str) -> None:
+@SHARED_DIR
+@click.pass_obj
+def collect(settings: Settings, run: str) -> None:
     """Copy the run files of RUN's SSH hosts (when they share no run dir) into RUN/hosts/<host>/."""
     from distlaunch.launcher.control.collect import collect as run_collect
 
-    for got in run_collect(rundir.resolve_run(run, Path(shared_dir))):
+    for got in run_collect(rundir.resolve_run(run, settings.shared_dir)):
         click.echo(f"{got.host}: {got.files} files, {got.bytes} bytes into {got.into}")
 
 
@@ -330,17 +402,15 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
-        sys.exit(130)
+        sys.exit(ExitCode.SIGNALLED + signal.SIGINT)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     except LaunchError as exc:
         # RunFailed has already printed its summary; the others are one line.
-        from distlaunch.launcher.errors import RunFailed
-
         if not isinstance(exc, RunFailed):
             click.echo(f"distlaunch: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        sys.exit(exit_code(exc))
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
 
