@@ -27,9 +27,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import sshhosts  # noqa: E402
 from distlaunch.launcher import ports, preflight, rundir, ssh  # noqa: E402
-from distlaunch.launcher.transports.local import LocalTransport  # noqa: E402
 from distlaunch.launcher.plan import make_plan  # noqa: E402
 from distlaunch.launcher.spec import load_spec  # noqa: E402
+from distlaunch.launcher.transports.local import LocalTransport  # noqa: E402
 
 TASK = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
 GRACE_S = 2.0

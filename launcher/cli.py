@@ -185,7 +185,8 @@ def schema() -> None:
 )
 def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str, base_image: str) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
-    from distlaunch.launcher.up import choose_run, up as run_up
+    from distlaunch.launcher.up import choose_run
+    from distlaunch.launcher.up import up as run_up
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")

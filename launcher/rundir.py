@@ -17,7 +17,7 @@ import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ PRIVATE_UMASK = 0o077
 
 def new_run_id(name: str) -> str:
     """Return a fresh run id: the spec's name, the UTC time and a short random suffix."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 

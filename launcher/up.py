@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distlaunch.launcher import rundir
-from distlaunch.launcher.control.liveness import launcher_alive
 from distlaunch.launcher.console import Console
+from distlaunch.launcher.control.liveness import launcher_alive
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
 from distlaunch.launcher.plan import Plan, masked_spec
 from distlaunch.launcher.spec import LoadedSpec

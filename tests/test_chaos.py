@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, events, only_run_dir, processes_of_run, run_record, start_up, wait_for, wait_for_run_dir, write_spec
+from conftest import (
+    distlaunch,
+    events,
+    only_run_dir,
+    processes_of_run,
+    run_record,
+    start_up,
+    wait_for,
+    wait_for_run_dir,
+    write_spec,
+)
 
 pytestmark = pytest.mark.integration
 

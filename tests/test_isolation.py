@@ -22,11 +22,19 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, distlaunch, processes_of_run, run_record, wait_for, wait_for_run_dir, write_spec
+from conftest import (
+    REPO,
+    distlaunch,
+    processes_of_run,
+    run_record,
+    wait_for,
+    wait_for_run_dir,
+    write_spec,
+)
 from distlaunch.launcher import isolation, ports, procs
-from distlaunch.launcher.transports import netns
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.spec import load_spec
+from distlaunch.launcher.transports import netns
 
 CAPS = netns.probe()
 DEADLINE_S = 180  # generous: two TensorFlow imports on a busy 2-core machine

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import tensorflow as tf
 

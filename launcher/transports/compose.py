@@ -35,13 +35,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from distlaunch.launcher import procs, rundir
-from distlaunch.launcher.transports import compose_file as compose
 from distlaunch.launcher.console import Console
+from distlaunch.launcher.plan import Plan, TaskPlan
+from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.transports import compose_file as compose
 from distlaunch.launcher.transports.base import Opened
 from distlaunch.launcher.transports.docker import compose_command, container_pid, docker, run
 from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
-from distlaunch.launcher.plan import Plan, TaskPlan
-from distlaunch.launcher.spec import LoadedSpec
 
 # The run dir's file with every docker and compose command the launcher ran, and their output.
 DOCKER_LOG = "docker.log"

@@ -6,8 +6,8 @@ import subprocess
 from collections.abc import Sequence
 
 from distlaunch.launcher import procs, rundir
-from distlaunch.launcher.transports.netns import Sandbox
 from distlaunch.launcher.plan import TaskPlan
+from distlaunch.launcher.transports.netns import Sandbox
 
 
 class LocalHandle(procs.TaskProcess):
