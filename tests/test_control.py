@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-from test_chaos import events
 
 from conftest import (
     distlaunch,
@@ -18,6 +17,7 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
+from test_chaos import events
 
 pytestmark = pytest.mark.integration
 

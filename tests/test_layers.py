@@ -34,6 +34,7 @@ LAYER_OF = {
     # transports: starting, watching and stopping tasks
     "distlaunch.launcher.procs": "transports",
     "distlaunch.launcher.transports": "transports",
+    "distlaunch.launcher.k8s": "transports",  # Kubernetes manifests, like compose_file
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",
     "distlaunch.launcher.state": "supervisor",
