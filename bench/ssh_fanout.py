@@ -26,9 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import sshhosts  # noqa: E402
-from distlaunch.launcher import ports, preflight, rundir, ssh  # noqa: E402
+from distlaunch.launcher import ports, rundir  # noqa: E402
 from distlaunch.launcher.plan import make_plan  # noqa: E402
 from distlaunch.launcher.spec import load_spec  # noqa: E402
+from distlaunch.launcher.transports import preflight, ssh  # noqa: E402
 from distlaunch.launcher.transports.local import LocalTransport  # noqa: E402
 
 TASK = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"

@@ -117,8 +117,10 @@ class TaskRecord:
         """Read an entry (unknown keys are ignored)."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        state = values.get("state")
-        values["state"] = TaskState(state) if state in TaskState._value2member_map_ else None
+        try:
+            values["state"] = TaskState(values["state"]) if values.get("state") else None
+        except ValueError:
+            values["state"] = None  # a state this version does not know: shown as unknown
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
