@@ -208,6 +208,15 @@ class RunRecord:
         """Write run.json atomically."""
         rundir.write_json(run_dir / rundir.RUN_JSON, self.to_json())
 
+    def update(self, fields: Mapping[str, Any]) -> None:
+        """Set record fields by name; a name this schema does not know goes to ``extra``."""
+        known = {f.name for f in dataclasses.fields(self)} - {"extra"}
+        for key, value in fields.items():
+            if key in known:
+                setattr(self, key, value)
+            else:
+                self.extra[key] = value
+
     def outcome(self) -> dict[str, Any]:
         """This attempt's outcome, as the next attempt keeps it in its `history`."""
         keys = ("attempt", "state", "started_at", "ended_at", "exit_code", "failure")

@@ -95,15 +95,14 @@ def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequ
             )
             _say_program(console, plan)
             with launch.open(plan) as opened:
-                for key, value in opened.record.items():
-                    setattr(record, key, value)
+                record.update(opened.record)
                 for note in opened.notes:
                     console.say(note)
                 shown = opened.console or console
                 supervisor = Supervisor(
                     plan, record, shown, loaded.spec.timeouts, opened.transport, loaded.spec.restart
                 )
-                _supervise(supervisor, target, console)
+                _supervise(supervisor, console)
 
 
 def _say_program(console: Console, plan: Plan) -> None:
@@ -128,7 +127,7 @@ def _umask(mask: int | None) -> Iterator[None]:
         os.umask(previous)
 
 
-def _supervise(supervisor: Supervisor, target: RunTarget, console: Console) -> None:
+def _supervise(supervisor: Supervisor, console: Console) -> None:
     plan, book = supervisor.plan, supervisor.book
     try:
         result = supervisor.run()
