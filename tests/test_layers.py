@@ -26,11 +26,14 @@ LAYER_OF = {
     "distlaunch.launcher.console": "spec",
     "distlaunch.launcher.summary": "spec",
     "distlaunch.launcher.tfconfig": "spec",
+    "distlaunch.launcher.evidence": "spec",
+    "distlaunch.launcher.hints": "spec",
     # plan: pure decisions made from the spec
     "distlaunch.launcher.plan": "plan",
     "distlaunch.launcher.ports": "plan",
     "distlaunch.launcher.isolation": "plan",
     "distlaunch.launcher.policy": "plan",
+    "distlaunch.launcher.program_scan": "plan",
     # transports: starting, watching and stopping tasks
     "distlaunch.launcher.procs": "transports",
     "distlaunch.launcher.transports": "transports",
