@@ -59,11 +59,16 @@ def choose(loaded: LoadedSpec, caps: Capabilities | None) -> Isolation:
     only when isolation is possible (pass None for "off").
     """
     if loaded.spec.isolation == "off":
-        return Isolation(HOST, 'the spec sets "isolation": "off"', 'remove "isolation": "off" from the spec, or firewall these ports')
+        return Isolation(
+            HOST,
+            'the spec sets "isolation": "off"',
+            'remove "isolation": "off" from the spec, or firewall these ports',
+        )
     outside = _first_task_off_loopback(loaded)
     if outside is not None:
         return Isolation(
-            HOST, f"task {outside} is not on this machine's loopback, so the tasks must reach each other over the network",
+            HOST,
+            f"task {outside} is not on this machine's loopback, so the tasks must reach each other over the network",
             "firewall these ports on every host so that only the cluster's hosts reach them",
         )
     if caps is None:
@@ -71,9 +76,13 @@ def choose(loaded: LoadedSpec, caps: Capabilities | None) -> Isolation:
     if caps.netns:
         return Isolation(NETNS, "tasks share a private network namespace with loopback only")
     if caps.userns:
-        return Isolation(USERNS, "tasks share a private network namespace (in a user namespace) with loopback only")
+        return Isolation(
+            USERNS,
+            "tasks share a private network namespace (in a user namespace) with loopback only",
+        )
     return Isolation(
-        HOST, f"this machine cannot make a private network namespace for this user: {caps.detail}",
+        HOST,
+        f"this machine cannot make a private network namespace for this user: {caps.detail}",
         "run as root or allow unprivileged user namespaces (the run then gets a private network namespace), "
         "or firewall these ports",
     )
