@@ -119,11 +119,14 @@ def plan(spec: str, as_json: bool) -> None:
 
     `auto` ports are picked as `up` would pick them; `up` picks again when it starts.
     """
+    from distlaunch.launcher import firewall
     from distlaunch.launcher.up import build_plan, choose_run
 
     loaded = load_spec(spec)
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
     data = the_plan.to_json()
+    rules = firewall.plan_rules(the_plan)
+    data["network"] = firewall.plan_json(loaded.spec.network.protect, the_plan.run_id, rules)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -132,6 +135,14 @@ def plan(spec: str, as_json: bool) -> None:
     click.echo(f"keras: {data['program']['keras']} ({data['program']['keras_reason']})")
     if data["program"]["serve_reason"]:
         click.echo(f"roles: {data['program']['serve_reason']}")
+    if data["network"]["hosts"]:
+        click.echo("firewall of the SSH hosts (added before any task starts, removed at the end):")
+        for rule in rules.values():
+            click.echo(f"  {rule.describe(the_plan.run_id)}")
+    elif rules:
+        click.echo('firewall: off ("network": {"protect": "off"}): SSH task ports stay open')
+    else:
+        click.echo("firewall: none needed (no task on an SSH host; local tasks: see isolation)")
     # Every value a spec controls is printed shell-quoted: one line per item, copy-pasteable.
     for task in data["tasks"]:
         over = f" (SSH host {task['host_name']})" if task.get("transport") == "ssh" else ""
@@ -301,6 +312,8 @@ def _offer_resume(loaded, console: Console) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
 def status(settings: Settings, run: str | None, as_json: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
+    from distlaunch.launcher import firewall
+    from distlaunch.launcher.control.liveness import launcher_alive
     from distlaunch.launcher.control.status import LOST, run_state, status_rows
     from distlaunch.launcher.state import RunRecord
 
@@ -310,7 +323,8 @@ def status(settings: Settings, run: str | None, as_json: bool) -> None:
     state = run_state(record)
     if as_json:
         head = {"run_id": record.run_id, "state": state, "attempt": record.attempt,
-                "exit_code": record.exit_code, "failure": record.failure}
+                "exit_code": record.exit_code, "failure": record.failure,
+                "network": record.extra.get("network")}
         click.echo(json.dumps({**head, "run_dir": str(path), "tasks": rows}, indent=2))
         return
     click.echo(f"run {record.run_id}: {state} (attempt {record.attempt}) in {path}")
@@ -318,6 +332,8 @@ def status(settings: Settings, run: str | None, as_json: bool) -> None:
         click.echo(f"  its launcher (pid {record.launcher_pid}) is gone; `distlaunch down {record.run_id}` stops what is left")
     if record.failure:
         click.echo(f"  {record.failure['summary']}")
+    for line in firewall.status_lines(record.extra.get("network"), launcher_alive(record)):
+        click.echo(f"  {line}")
     click.echo(f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT")
     for row in rows:
         uptime = f"{row['uptime_s']:.0f}s" if row["uptime_s"] is not None else "-"

@@ -17,7 +17,7 @@ from distlaunch.launcher import program_scan, tfconfig
 from distlaunch.launcher.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.program_scan import ProgramChoice
 from distlaunch.launcher.spec import LoadedSpec, TaskEntry
-from distlaunch.worker import contract
+from distlaunch.worker import bootstrap, contract
 
 # Env names whose values `plan` and summaries mask: they usually carry credentials
 # (PASS: DB_PASS, PASSWORD, PASSWD; PWD: MYSQL_PWD; AUTH: AUTH_TOKEN, X_AUTH_HEADER).
@@ -27,6 +27,7 @@ URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
 # The interpreter of a task in a container of the distlaunch image: docker/Dockerfile puts the
 # image's venv first on PATH. The launcher's own interpreter path means nothing in there.
 IMAGE_PYTHON = "python"
+BOOTSTRAP_MODULE = "distlaunch.worker.bootstrap"
 
 
 @dataclass(frozen=True)
@@ -196,14 +197,20 @@ def _address(loaded: LoadedSpec, entry: TaskEntry, role: str, index: int, contai
 
 def _argv(loaded: LoadedSpec, remote_python: str | None, serves: bool = False) -> tuple[str, ...]:
     """The task's command; on an SSH host it runs that host's python (the script path must exist there),
-    in a container the image's. ``serves``: a PSS ps or worker task that only runs a server."""
+    in a container the image's. ``serves``: a PSS ps or worker task that only runs a server.
+
+    The program starts through distlaunch.worker.bootstrap, so that an import or syntax error in it
+    is recorded like any uncaught exception (and never retried). Locally the bootstrap is run by
+    path: ``program.python`` need not have distlaunch installed; elsewhere it is.
+    """
     program = loaded.spec.program
     python = remote_python or program.python or sys.executable
     if serves:
         return (python, "-m", program_scan.SERVE_MODULE)
+    boot = (python, "-m", BOOTSTRAP_MODULE) if remote_python else (python, bootstrap.__file__)
     if loaded.script is not None:
-        return (python, str(loaded.script), *program.args)
-    return (python, "-m", program.module or "", *program.args)
+        return (*boot, str(loaded.script), *program.args)
+    return (*boot, "-m", program.module or "", *program.args)
 
 
 def _assign_gpus(loaded: LoadedSpec, roles: Mapping[str, list[TaskEntry]]) -> dict[tuple[str, int], tuple[int, ...]]:

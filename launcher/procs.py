@@ -1,41 +1,36 @@
 """Process-tree handling for local tasks: start each in its own process group, stop it for sure.
 
-Three rules, each learned the hard way by other launchers:
+Four rules, each learned the hard way by other launchers:
 - every task gets a new session (so a process group of its own, and no terminal's Ctrl-C reaches it:
   the launcher decides who stops when);
 - teardown signals the whole group: SIGTERM, a grace period, then SIGKILL (MWMS workers blocked in
   a collective ignore SIGTERM);
 - a task must not outlive a launcher that is killed outright: the kernel sends the task SIGKILL when
-  the launcher dies (PR_SET_PDEATHSIG), and run.json keeps every process group id so that
-  `distlaunch down` can sweep what a task itself forked.
+  the launcher dies (PR_SET_PDEATHSIG, set by taskinit after exec, never in a preexec_fn);
+- nothing a task forked may outlive it: a local task runs in a PID namespace of its own (taskinit),
+  which the kernel empties when the task ends, however it ends.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
+import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from distlaunch.launcher import taskinit
+
 if TYPE_CHECKING:
     from distlaunch.launcher.plan import TaskPlan
 
-_PR_SET_PDEATHSIG = 1
-# Resolved before any fork: the child must do as little as possible between fork and exec.
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _die_with_parent(parent_pid: int):
-    def preexec() -> None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        # The launcher may have died between fork and prctl: then nobody would kill us.
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return preexec
+# Started by path with an isolated interpreter: it needs nothing but the standard library.
+TASKINIT = taskinit.__file__
+# How long the last processes of a killed task's PID namespace may take to be gone.
+TREE_TIMEOUT_S = 30.0
 
 
 def spawn(
@@ -43,24 +38,66 @@ def spawn(
 ) -> subprocess.Popen:
     """Start ``argv`` as the leader of a new session, stdout and stderr appended to ``log_file``.
 
-    ``stdin`` is DEVNULL, or PIPE for a task the launcher talks to (an SSH task's helper).
-    Must be called from the main thread: the kernel's parent-death signal fires when the thread
-    that forked the child exits, not the process.
+    ``stdin`` is DEVNULL, or PIPE for a task the launcher talks to (an SSH task's helper). It dies
+    with the launcher (see taskinit). Must be called from the main thread: the kernel's
+    parent-death signal fires when the thread that forked the child exits, not the process.
     """
+    return _start(argv, env, cwd, log_file, stdin, [], ())
+
+
+def spawn_contained(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    log_file: str,
+    namespaces: Mapping[str, int] | None = None,
+) -> tuple[subprocess.Popen, int]:
+    """`spawn` ``argv`` in a PID namespace of its own, so that every process it starts dies with it.
+
+    ``namespaces`` maps ``user`` and ``net`` to descriptors of namespaces to enter first. Returns
+    the process (taskinit's keeper, alone in its process group) and a descriptor that reads EOF
+    once every process of the task is gone (see `wait_tree`).
+    """
+    tree_r, tree_w = os.pipe2(os.O_CLOEXEC)
+    fds = [tree_w, *(namespaces or {}).values()]
+    flags = ["--tree", str(tree_w)]
+    flags += [a for kind, fd in (namespaces or {}).items() for a in (f"--{kind}", str(fd))]
+    try:
+        return _start(argv, env, cwd, log_file, subprocess.DEVNULL, flags, fds), tree_r
+    except BaseException:
+        os.close(tree_r)
+        raise
+    finally:
+        os.close(tree_w)
+
+
+def _start(
+    argv: Sequence[str], env: Mapping[str, str], cwd: str, log_file: str, stdin: int,
+    flags: list[str], pass_fds: Sequence[int],
+) -> subprocess.Popen:
     fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
+        # No preexec_fn: taskinit sets the parent-death signal itself, after exec.
         return subprocess.Popen(
-            list(argv),
+            [sys.executable, "-I", "-S", TASKINIT, "--parent", str(os.getpid()), *flags, "--",
+             *argv],
             stdin=stdin,
             stdout=fd,
             stderr=subprocess.STDOUT,
             cwd=cwd,
             env={**os.environ, **env},
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),
+            pass_fds=tuple(pass_fds),
         )
     finally:
         os.close(fd)
+
+
+def wait_tree(tree_fd: int, timeout_s: float = TREE_TIMEOUT_S) -> bool:
+    """Wait until every process of a contained task is gone (``tree_fd`` reads EOF); False if
+    some are still there after ``timeout_s``."""
+    ready, _, _ = select.select([tree_fd], [], [], timeout_s)
+    return bool(ready)
 
 
 def signal_group(pgid: int, sig: int) -> bool:
@@ -147,9 +184,11 @@ class TaskProcess:
     its ssh client or its `compose run`): the process (its pid is also its process group id) and
     a pidfd on it."""
 
-    def __init__(self, task: TaskPlan, proc: subprocess.Popen) -> None:
+    def __init__(self, task: TaskPlan, proc: subprocess.Popen, tree_fd: int | None = None) -> None:
         self.task = task
         self.proc = proc
+        # For a contained task: reads EOF once every process of the task is gone.
+        self.tree_fd = tree_fd
         # A pidfd turns "the process exited" into an fd event: the supervisor's select loop
         # learns of an exit at once, with no polling sleep in the way.
         self.exit_fd = os.pidfd_open(proc.pid)
@@ -163,8 +202,17 @@ class TaskProcess:
         """Reap the local process if it has exited; its return code, or None while it runs."""
         return self.proc.poll()
 
+    def wait_tree(self) -> None:
+        """After the process exited: wait until nothing it started is left (contained tasks)."""
+        if self.tree_fd is not None:
+            wait_tree(self.tree_fd)
+
     def close(self) -> None:
-        """Release the pidfd (once: a restart closes the old handle, teardown every handle)."""
+        """Wait for the task's last processes to be gone, then release the descriptors (once)."""
+        self.wait_tree()
         if self.exit_fd >= 0:
             os.close(self.exit_fd)
             self.exit_fd = -1
+        if self.tree_fd is not None:
+            os.close(self.tree_fd)
+            self.tree_fd = None

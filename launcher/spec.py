@@ -341,6 +341,19 @@ class Kubernetes(_Model):
     memory: str | None = Field(None, pattern=K8S_QUANTITY, description='Memory of every task, e.g. "8Gi".')
 
 
+class Network(_Model):
+    """How a run across hosts keeps its task ports to itself (local runs: see `isolation`)."""
+
+    protect: Literal["auto", "off", "required"] = Field(
+        "auto",
+        description="auto: for the run's lifetime each remote host admits connections to the "
+        "run's task ports only from the run's own hosts and loopback (an nftables table per run, "
+        "held by a guard on the host; needs root or CAP_NET_ADMIN there), and `up` names the hosts "
+        "whose ports stay open where it cannot. required: such a host stops the run before "
+        "anything starts. off: no firewall.",
+    )
+
+
 class Spec(_Model):
     """A whole cluster spec as the user wrote it (paths still relative)."""
 
@@ -383,6 +396,7 @@ class Spec(_Model):
         "`distlaunch up --backend` overrides it.",
     )
 
+    network: Network = Field(default_factory=Network, description="The SSH hosts' firewall.")
     kubernetes: Kubernetes = Field(
         default_factory=Kubernetes, description="Settings of `distlaunch k8s` (the other backends ignore them)."
     )

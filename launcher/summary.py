@@ -43,7 +43,11 @@ def details(failure: Failure) -> str:
     has_error_file = evidence.from_error_file(read_json(Path(failure.error_file))) is not None
     source = failure.error_file if has_error_file else failure.log_file
     if found is not None:
-        full = f" (full text in {failure.log_file})" if has_error_file else " (full text there)"
+        # The log relative to the folder it shares with the error file (the run dir): two full
+        # run-dir paths made this line hundreds of columns wide.
+        run_dir = os.path.commonpath([failure.error_file, failure.log_file])
+        log = os.path.relpath(failure.log_file, run_dir)
+        full = f" (full text in {log})" if has_error_file else " (full text there)"
         out.append(f"  from {source}{full}:")
         out += [f"  | {line}" for line in found.condensed()]
         return "\n".join(out)

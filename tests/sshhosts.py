@@ -5,6 +5,10 @@ Layout (N is picked at random so parallel sessions do not collide)::
     root namespace (the launcher)          switch namespace              host namespaces
     dlsN-r 10.77.N.1  <-- veth -->  dlsN-rs --+                     +-- dlsN-h1 10.77.N.2  (sshd)
                                               +--- bridge dlsN-br --+-- dlsN-h2 10.77.N.3  (sshd)
+                                                                    +-- dlsN-o  10.77.N.4 (outsider)
+
+The outsider is a machine on the same network that is no part of any cluster: firewall tests
+check that it cannot reach a run's task ports.
 
 The bridge lives in a namespace of its own: its netfilter tables are empty, so firewall rules of
 the root namespace (Docker sets FORWARD to DROP) never see host-to-host traffic, and nothing of
@@ -79,6 +83,7 @@ class HostLab:
         self.hosts = tuple(
             TestHost(f"node{i}", f"{self.prefix}-h{i}", str(addresses[i])) for i in range(1, count + 1)
         )
+        self.outsider = TestHost("outsider", f"{self.prefix}-o", str(addresses[count + 1]))
         self._switch = f"{self.prefix}-sw"
         self._namespaces: list[str] = []
         self._sshd: list[subprocess.Popen] = []
@@ -121,6 +126,15 @@ class HostLab:
     def run_in(self, host: TestHost, argv: list[str], **kw) -> subprocess.Popen:
         """Start ``argv`` inside ``host``'s network namespace."""
         return subprocess.Popen(["ip", "netns", "exec", host.netns, *argv], **kw)
+
+    def connects(self, host: TestHost, address: str, port: int) -> bool:
+        """Whether a TCP connection from inside ``host``'s namespace to ``address:port`` is accepted
+        within a second (a dropped SYN counts as no)."""
+        probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)"
+        argv = [sys.executable, "-c", probe, address, str(port)]
+        done = subprocess.run(["ip", "netns", "exec", host.netns, *argv], capture_output=True,
+                              timeout=60)
+        return done.returncode == 0
 
     def close(self) -> None:
         """Stop every sshd and delete every namespace (their veths and the bridge go with them)."""
@@ -173,9 +187,9 @@ class HostLab:
         _ip("-n", sw, "link", "set", root_peer, "master", br, "up")
         _ip("addr", "add", f"{self.launcher_address}/{bits}", "dev", root)
         _ip("link", "set", root, "up")
-        for i, host in enumerate(self.hosts, start=1):
+        for host in (*self.hosts, self.outsider):
             self._netns_add(host.netns)
-            leg, peer = f"{self.prefix}-h{i}", f"{self.prefix}-h{i}s"
+            leg, peer = host.netns, f"{host.netns}s"
             _ip("-n", host.netns, "link", "add", leg, "type", "veth", "peer", "name", peer, "netns", sw)
             _ip("-n", sw, "link", "set", peer, "master", br, "up")
             _ip("-n", host.netns, "addr", "add", f"{host.address}/{bits}", "dev", leg)

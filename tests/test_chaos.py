@@ -97,6 +97,40 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
     assert not processes_of_run(rec["run_id"])
 
 
+def test_mwms_both_workers_exit_at_once_gang_restarts_and_finishes(tmp):
+    """MWMS peers die within milliseconds of each other: the launcher must take both exits of one
+    event-loop turn and restart the gang once (it crashed on a KeyError in supervisor.py)."""
+    epochs, steps = 3, 20
+    spec = write_spec(
+        tmp,
+        program={"module": "distlaunch.worker.examples.mnist_mlp",
+                 "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL)]},
+        restart=ON_FAILURE,
+    )
+    launcher = start_up(spec)
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        wait_for(lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > 0, "a first checkpoint")
+        pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
+        # Both exits are made to land in one select() batch: the launcher sleeps through them.
+        os.kill(launcher.pid, signal.SIGSTOP)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(os.path.exists(f"/proc/{pid}/fd/0") for pid in pids), "both workers to be dead")
+        os.kill(launcher.pid, signal.SIGCONT)
+        launcher.wait(timeout=300)
+    finally:
+        os.kill(launcher.pid, signal.SIGCONT) if launcher.poll() is None else None
+        launcher.kill()
+        print((tmp / "stderr.txt").read_text()[-5000:])
+    assert launcher.returncode == 0
+    rec = run_record(run_dir)
+    assert rec["state"] == "succeeded"
+    metrics = json.loads((run_dir / "metrics" / "worker-0.json").read_text())
+    assert metrics[-1]["step"] == epochs * steps
+    assert not processes_of_run(rec["run_id"])
+
+
 NON_RETRYABLE = """
 import os, sys
 import distlaunch.worker as dw

@@ -78,7 +78,9 @@ def test_each_task_is_a_service_on_an_internal_network_with_no_published_port(tm
         assert service["networks"] == ["cluster"]
         assert service["restart"] == "no"
         # Exec form, the image's python, and $ kept literal (compose would substitute $HOME).
-        assert service["command"] == ["python", str(tmp / "task.py"), "--out", "$$HOME/x"]
+        assert service["command"] == [
+            "python", "-m", "distlaunch.worker.bootstrap", str(tmp / "task.py"), "--out", "$$HOME/x"
+        ]
         assert service["environment"]["GREETING"] == "a $$b"
         tf_config = json.loads(service["environment"]["TF_CONFIG"])
         assert tf_config["cluster"] == {"worker": ["worker-0:2222", "worker-1:2222"]}

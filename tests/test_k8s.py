@@ -206,6 +206,8 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(
             "077",
             "--",
             "python",
+            "-m",
+            "distlaunch.worker.bootstrap",
             str(loaded.script),
             *PAYLOADS,
         ]

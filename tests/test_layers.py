@@ -38,6 +38,8 @@ LAYER_OF = {
     "distlaunch.launcher.procs": "transports",
     "distlaunch.launcher.transports": "transports",
     "distlaunch.launcher.k8s": "transports",  # Kubernetes manifests, like compose_file
+    "distlaunch.launcher.taskinit": "transports",  # the init a local task starts through
+    "distlaunch.launcher.firewall": "transports",  # the SSH hosts' per-run guards
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",
     "distlaunch.launcher.state": "supervisor",

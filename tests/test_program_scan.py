@@ -124,7 +124,7 @@ PSS_PORTS = {("chief", 0): 1, ("worker", 0): 2, ("ps", 0): 3, ("ps", 1): 4}
 
 def test_pss_ps_and_workers_serve_when_the_program_does_not(tmp: Path) -> None:
     plan = make_plan(_loaded(tmp, TF_KERAS, **PSS), PSS_PORTS, "r", tmp / "runs" / "r")
-    assert plan.task("chief-0").argv[1].endswith("job.py")
+    assert plan.task("chief-0").argv[-1].endswith("job.py")
     for name in ("worker-0", "ps-0", "ps-1"):
         assert plan.task(name).argv[1:] == ("-m", "distlaunch.worker.serve")
     assert "never creates a tf.distribute.Server" in plan.program.serve_reason
@@ -139,7 +139,7 @@ def test_pss_ps_and_workers_serve_when_the_program_does_not(tmp: Path) -> None:
 )
 def test_pss_programs_that_serve_run_on_every_task(tmp: Path, source: str) -> None:
     plan = make_plan(_loaded(tmp, source, **PSS), PSS_PORTS, "r", tmp / "runs" / "r")
-    assert all(t.argv[1].endswith("job.py") for t in plan.tasks)
+    assert all(t.argv[-1].endswith("job.py") for t in plan.tasks)
 
 
 def test_module_source_is_found_without_importing_its_packages(tmp: Path) -> None:

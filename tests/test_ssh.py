@@ -33,8 +33,12 @@ if "--ignore-term" in sys.argv:
 if "--fork" in sys.argv and os.fork() == 0:
     time.sleep(600)
     os._exit(0)
+if "--setsid" in sys.argv and os.fork() == 0:
+    os.setsid()  # out of the task's process group and session
+    time.sleep(600)
+    os._exit(0)
 print("up", os.getpid(), flush=True)
-time.sleep(600)
+time.sleep(0.5 if "--exit" in sys.argv else 600)
 """
 # Prints what it was given, as JSON: the test compares it with what the spec said.
 ECHO = """
@@ -142,6 +146,25 @@ def test_helper_kills_the_group_at_once_on_eof(tmp: Path) -> None:
     proc.wait(timeout=60)
     assert proc.returncode == 128 + signal.SIGKILL
     assert b"connection closed" in proc.stderr.read()
+    assert _marked(marker) == []
+
+
+@pytest.mark.parametrize("how", ["eof", "stop", "exit"])
+def test_helper_leaves_no_setsid_child_behind(tmp: Path, how: str) -> None:
+    marker = f"setsid-{how}-{os.getpid()}"
+    flags = ["--setsid", "--fork"] + (["--exit"] if how == "exit" else [])
+    proc = _helper(_sleeper_request(tmp, marker, *flags))
+    _await_up(proc)
+    wait_for(lambda: len(_marked(marker)) == 3, "the task and its two children", limit_s=30)
+    if how == "eof":
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    else:
+        if how == "stop":
+            proc.stdin.write(b"stop\n")
+            proc.stdin.flush()
+        _outcome(proc)
+    # By the time the helper has exited, not even the child that left the task's group is left.
     assert _marked(marker) == []
 
 
@@ -255,7 +278,8 @@ def test_plan_names_every_host_address_and_runs_the_host_python(tmp: Path) -> No
     remote, local = data["tasks"]
     assert remote["tf_config"]["cluster"] == {"worker": ["10.1.0.1:4000", "10.1.0.9:4001"]}
     assert (remote["transport"], remote["host_name"], remote["cwd"]) == ("ssh", "node1", "~/job")
-    assert remote["argv"][:2] == ["/venv/bin/python", str(tmp / "task.py")]
+    boot = ["/venv/bin/python", "-m", "distlaunch.worker.bootstrap"]
+    assert remote["argv"][:4] == [*boot, str(tmp / "task.py")]
     assert local["transport"] == "local" and local["argv"][0] == sys.executable
     assert data["isolation"]["mode"] == "host"  # remote tasks must reach the local one
     assert load_spec(path).hosts["node1"].address_of("node1") == "10.1.0.1"

@@ -49,6 +49,7 @@ EXIT_NOT_FOUND = 127
 # After the task's leader exits on its own, how long what it forked gets to follow a SIGTERM.
 LEFTOVER_GRACE_S = 1.0
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
@@ -63,6 +64,9 @@ def main() -> int:
     # Signals are trapped before the task exists: a stop signal arriving in between must still
     # reach the task instead of killing this helper alone.
     watch = _Watch(stdin, request["grace_s"], request["heartbeat_s"])
+    # Orphans of the task (a child that called setsid, a double-forked daemon) become this
+    # helper's children instead of init's, so that `_sweep` can find and kill them.
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if request["umask"] is not None:
         os.umask(request["umask"])  # the task inherits it, as a local task inherits the launcher's
     try:
@@ -109,6 +113,7 @@ def _start(request: dict[str, Any]) -> subprocess.Popen:
     parent = os.getpid()
 
     def die_with_helper() -> None:
+        # Safe in a preexec_fn: this helper never starts a thread.
         # If this helper is SIGKILLed, the kernel kills the task's leader too (not what the
         # leader forked: that takes the helper's own cleanup, which SIGKILL skips).
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -228,6 +233,7 @@ class _Watch:
             while _signal_group(self.child.pid, 0) and time.monotonic() < deadline:
                 time.sleep(0.05)
             _signal_group(self.child.pid, signal.SIGKILL)
+        _sweep()
         return code
 
     def _stop_group(self, grace_s: float) -> int:
@@ -241,13 +247,48 @@ class _Watch:
                 pass
         # Also reaches what the task forked, even when the leader has already exited.
         _signal_group(self.child.pid, signal.SIGKILL)
-        return self.child.wait()
+        code = self.child.wait()
+        _sweep()
+        return code
 
     def _finish(self, code: int) -> int:
         if code < 0:
             _say(f"the task was ended by {_signal_name(-code)}; exiting with {128 - code}")
             return 128 - code
         return code
+
+
+def _sweep() -> None:
+    """SIGKILL and reap every process left of the task: all are this subreaper's children by now,
+    or become so when their parent is killed."""
+    while True:
+        children = _children(os.getpid())
+        if not children:
+            return
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in children:  # one by one: waiting for any would also wait for a new orphan
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        # Field 4 (ppid) follows the command name, which may itself hold spaces or parentheses.
+        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == parent:
+            found.append(int(name))
+    return found
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

@@ -7,42 +7,68 @@ from collections.abc import Sequence
 
 from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.plan import TaskPlan
-from distlaunch.launcher.transports.netns import Sandbox
+from distlaunch.launcher.transports.netns import Sandbox, SandboxError
 
 
 class LocalHandle(procs.TaskProcess):
     """One running local task: the task's own process."""
 
-    def __init__(self, task: TaskPlan, proc: subprocess.Popen, netns_pid: int | None = None) -> None:
-        super().__init__(task, proc)
+    def __init__(
+        self, task: TaskPlan, proc: subprocess.Popen, tree_fd: int, sandbox: Sandbox | None = None
+    ) -> None:
+        super().__init__(task, proc, tree_fd)
         # Any process in the task's network namespace shows its sockets; the sandbox's holder is
-        # in it from the start, while the task itself is only once nsenter has entered it.
-        self.netns_pid = netns_pid
+        # in it from the start, while the task itself is only once taskinit has entered it.
+        self.sandbox = sandbox
 
     def joined(self) -> bool:
         """Whether the task's TensorFlow server listens on its port."""
-        return procs.listening(self.netns_pid or self.proc.pid, self.task.port)
+        if self.sandbox is None:
+            return procs.listening(self.proc.pid, self.task.port)
+        if not self.sandbox.alive():  # its pid may be another process's by now
+            raise SandboxError(self.sandbox.dead_message())
+        return procs.listening(self.sandbox.pid, self.task.port)
 
 
 class LocalTransport:
-    """Starts and stops tasks as local process groups, inside ``sandbox`` when the run has one."""
+    """Starts and stops tasks as local process groups, inside ``sandbox`` when the run has one.
+
+    Each task runs in a PID namespace of its own (procs.spawn_contained): whatever it forked dies
+    with it, and a task is started again only once all of its predecessor is gone, so no child of
+    the last attempt can hold its port.
+    """
 
     def __init__(self, sandbox: Sandbox | None = None) -> None:
         self.sandbox = sandbox
+        self._last: dict[str, LocalHandle] = {}
 
     def start(self, task: TaskPlan) -> LocalHandle:
         """Start one task; its output goes to its log file."""
+        if self.sandbox is not None and not self.sandbox.alive():
+            raise SandboxError(self.sandbox.dead_message())
+        previous = self._last.get(task.name)
+        if previous is not None:
+            # Waits until the last attempt's processes are all gone, then frees its descriptors
+            # (a run with 200 restarts must not hold 400 of them).
+            previous.close()
         # Created here so that its mode follows the run dir's (the spec's `permissions`).
         rundir.create_file(task.log_file)
-        if self.sandbox is None:
-            return LocalHandle(task, procs.spawn(task.argv, task.env, task.cwd, task.log_file))
-        argv = (*self.sandbox.prefix(), *task.argv)
-        return LocalHandle(task, procs.spawn(argv, task.env, task.cwd, task.log_file), self.sandbox.pid)
+        namespaces = self.sandbox.namespaces() if self.sandbox is not None else None
+        proc, tree_fd = procs.spawn_contained(
+            task.argv, task.env, task.cwd, task.log_file, namespaces
+        )
+        handle = LocalHandle(task, proc, tree_fd, self.sandbox)
+        self._last[task.name] = handle
+        return handle
 
     def stop(self, handles: Sequence[LocalHandle], grace_s: float) -> None:
-        """Stop the tasks' process groups: SIGTERM, ``grace_s``, SIGKILL."""
+        """Stop the tasks: SIGTERM, ``grace_s``, SIGKILL; return once nothing of theirs is left."""
         procs.stop_groups([h.proc for h in handles], grace_s)
+        for handle in handles:
+            handle.wait_tree()
 
     def kill(self, handles: Sequence[LocalHandle]) -> None:
-        """SIGKILL the tasks' process groups now and reap their leaders."""
+        """SIGKILL the tasks now and reap them; return once nothing of theirs is left."""
         procs.kill_groups(h.proc for h in handles)
+        for handle in handles:
+            handle.wait_tree()

@@ -8,8 +8,10 @@ How (util-linux and iproute2, nothing persistent):
 - a *holder* process per run, `unshare --net sh -c 'ip link set lo up ...'`, owns the namespace;
   an unprivileged user gets the same inside a new user namespace (`unshare --user --map-root-user`)
   where the kernel allows it;
-- each task is started as `nsenter -t HOLDER -n -- argv...`; nsenter execs, so the task keeps the
-  pid, process group, parent-death signal and log fd the launcher gave it;
+- once the holder says its loopback is up, the launcher opens the namespace by file descriptor
+  (/proc/HOLDER/ns/net, after a pidfd on the holder, checked again afterwards, proves the pid was
+  not reused) and every task enters it through that descriptor (`setns`, in taskinit): a pid is
+  never used to enter it again. A dead holder fails the run at the next start of a task;
 - a namespace lives exactly as long as a process is in it, and nothing is bind-mounted (no
   `ip netns add`): when the run's processes are gone, so is the namespace.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import select
 import selectors
 import shlex
 import shutil
@@ -59,7 +62,7 @@ def probe() -> Capabilities:
 
     It runs exactly what a holder runs (minus the waiting), so a yes here means runs work.
     """
-    missing = [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
     if missing:
         return Capabilities(False, False, f"{', '.join(missing)} not found (util-linux and iproute2 provide them)")
     lo_up = [shutil.which("ip") or "ip", "link", "set", "lo", "up"]
@@ -102,23 +105,50 @@ class Sandbox:
     def __init__(self, mode: str, proc: subprocess.Popen) -> None:
         self.mode = mode
         self.proc = proc
+        self._pidfd: int | None = None
+        self._fds: dict[str, int] = {}
 
     @property
     def pid(self) -> int:
-        """The holder's pid: /proc/PID/net shows the namespace's sockets."""
+        """The holder's pid: /proc/PID/net shows the namespace's sockets while `alive`."""
         return self.proc.pid
 
-    def prefix(self) -> tuple[str, ...]:
-        """The argv prefix that runs a command inside this namespace (nsenter execs it)."""
-        nsenter = shutil.which("nsenter") or "nsenter"
-        if self.mode == USERNS:
-            # Entering the user namespace first is what grants the right to enter its network
-            # namespace; --preserve-credentials keeps the task's own uid and groups.
-            return (nsenter, "--preserve-credentials", "-U", "-n", "-t", str(self.pid), "--")
-        return (nsenter, "-n", "-t", str(self.pid), "--")
+    def hold(self) -> None:
+        """Open the holder's namespaces by descriptor; SandboxError if the holder is gone."""
+        self._pidfd = os.pidfd_open(self.pid)
+        # Entering the user namespace first is what grants the right to enter its network one.
+        kinds = ("user", "net") if self.mode == USERNS else ("net",)
+        try:
+            self._fds = {
+                kind: os.open(f"/proc/{self.pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC)
+                for kind in kinds
+            }
+        except OSError:
+            pass
+        # Alive after the opens: the files were the holder's, not a later process's with its pid.
+        if len(self._fds) != len(kinds) or not self.alive():
+            raise SandboxError(self.dead_message())
+
+    def alive(self) -> bool:
+        """Whether the holder still runs (its pidfd turns readable when it exits)."""
+        return self._pidfd is not None and not select.select([self._pidfd], [], [], 0)[0]
+
+    def dead_message(self) -> str:
+        """What failed, when the holder is gone."""
+        return (
+            f"the holder of the run's private network namespace (pid {self.pid}) has died: "
+            "the run cannot go on isolated"
+        )
+
+    def namespaces(self) -> dict[str, int]:
+        """Descriptors of the namespaces a task enters, in order (``user`` first, then ``net``)."""
+        return dict(self._fds)
 
     def close(self) -> None:
         """End the holder (tasks must be stopped first) and reap it."""
+        for fd in [*self._fds.values(), *([self._pidfd] if self._pidfd is not None else [])]:
+            os.close(fd)
+        self._fds, self._pidfd = {}, None
         if self.proc.stdin is not None:
             self.proc.stdin.close()
         try:
@@ -173,6 +203,11 @@ def _open(mode: str, run_id: str) -> Sandbox:
             f"could not create the run's private network namespace ({output or 'no output'}); "
             'set "isolation": "off" in the spec to run without it'
         )
+    try:
+        held.hold()
+    except BaseException:
+        held.close()
+        raise
     return held
 
 

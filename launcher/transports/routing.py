@@ -10,16 +10,17 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from distlaunch.launcher import ports, rundir
+from distlaunch.launcher import firewall, ports, rundir
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.transports import netns, preflight, ssh
 from distlaunch.launcher.transports.base import Opened, TaskHandle, Transport
 from distlaunch.launcher.transports.local import LocalTransport
+from distlaunch.worker import contract
 
 ISOLATED_NOTE = (
     "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
@@ -122,19 +123,22 @@ class HostsLaunch:
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
-        """The sandbox (when isolated) and both transports; the sandbox closes only after the
-        supervisor has stopped every task in it."""
+        """The SSH hosts' firewall, the sandbox (when isolated) and both transports. The
+        firewall is up before any task starts and goes after every task has stopped; the sandbox
+        closes only after the supervisor has stopped every task in it."""
         grace_s = self.loaded.spec.timeouts.grace_s
         with (
+            self._protect(plan) as protection,
             netns.sandbox(plan.isolation, plan.run_id) as sandbox,
             ssh.SshTransport(self.session, grace_s, self.umask) as remote,
         ):
             record: dict = {}
             if sandbox is not None:
                 record["netns_holder_pid"] = sandbox.pid
-            notes = [network_note(plan)]
+            notes = [note for note in (network_note(plan), *protection.notes()) if note]
             if self.reports:
                 record["ssh"] = ssh.record(self.loaded, [r.name for r in self.reports])
+                record["network"] = protection.to_json()
                 if not self.loaded.spec.shared_dir_is_shared:
                     notes.append(
                         "SSH hosts keep their run files on their own disks; "
@@ -142,6 +146,19 @@ class HostsLaunch:
                     )
             shown = HostConsole(self.console, plan) if self.reports else None
             yield Opened(HostRouter(LocalTransport(sandbox), remote), record, tuple(notes), shown)
+
+    def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
+        """The firewall of the run's SSH hosts: one guard per host, over ssh."""
+        session = self.session
+
+        def guard_argv(name: str) -> list[str]:
+            python = ssh.remote_python(session.hosts[name].python)
+            return session.argv(name, f"exec {python} -m {firewall.GUARD_MODULE}")
+
+        # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
+        env = {contract.RUN_ID: plan.run_id}
+        rules = firewall.plan_rules(plan)
+        return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, guard_argv, env)
 
 
 @contextmanager
@@ -166,11 +183,14 @@ class HostConsole(Console):
         return super().prefix(f"{name}@{self.hosts[name]}", number, width + self.extra)
 
 
-def network_note(plan: Plan) -> str:
-    """The one line `up` prints about who can reach the tasks' ports."""
+def network_note(plan: Plan) -> str | None:
+    """The line `up` prints about who can reach the local tasks' ports (the firewall's notes
+    speak for the SSH hosts')."""
     if plan.isolation.private:
         return ISOLATED_NOTE
-    listed = ", ".join(str(t.port) for t in plan.tasks)
+    listed = ", ".join(str(t.port) for t in plan.tasks if t.transport == "local")
+    if not listed:
+        return None
     return EXPOSURE_NOTE.format(
         ports=listed, reason=plan.isolation.reason, remedy=plan.isolation.remedy
     )

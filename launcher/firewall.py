@@ -1,0 +1,424 @@
+"""The per-run firewall of remote hosts: which rules each host gets, and the guards that hold them.
+
+TensorFlow's gRPC ports take work from anyone who reaches them. A local run hides them in a
+private network namespace (netns.py), a compose run on an internal network; a run across hosts
+must keep them open to its peers, so each remote host gets a firewall for the run's lifetime: its
+task ports admit the run's own hosts and loopback only (`plan_rules`, pure, what `plan` shows).
+
+The host owns its rules, not the launcher: a guard (`distlaunch.worker.guard`) per host installs
+one nftables table named after the run (an iptables chain where nft is missing) and deletes it
+when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
+however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
+that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` starts the guards through any remote transport: it only needs
+the command line of a local process whose stdin and stdout reach ``python -m
+distlaunch.worker.guard`` on the host (``ssh HOST 'exec PYTHON -m ...'``; ``srun -w NODE ...``).
+
+Changing a host's firewall needs root or CAP_NET_ADMIN there. Where a guard cannot, the spec's
+``network.protect`` decides: ``auto`` goes on and says which ports stay open, ``required`` stops
+before any task starts (HostError, exit 2), ``off`` starts no guard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from distlaunch.launcher.errors import HostError
+from distlaunch.launcher.plan import Plan
+from distlaunch.worker import guard
+
+GUARD_MODULE = "distlaunch.worker.guard"
+AUTO, OFF, REQUIRED = "auto", "off", "required"
+HEARTBEAT_S = 2.0
+# A guard whose launcher has been silent this long removes its rules (as the SSH helper kills).
+HEARTBEAT_TIMEOUT_S = 20.0
+# How long a guard may take to answer: a connection, a Python start and one nft call.
+ANSWER_TIMEOUT_S = 60.0
+# How long a closed guard may take to remove its table (it first waits for the ports to close).
+CLOSE_TIMEOUT_S = guard.LINGER_S + 10.0
+
+
+@dataclass(frozen=True)
+class HostRules:
+    """What one host's guard must do: ports of the run's tasks there admit ``allow`` only."""
+
+    host: str  # the host's name in the spec
+    ports: tuple[int, ...]
+    allow: tuple[
+        str, ...
+    ]  # addresses (or names the host resolves) of every host of the run
+
+    def request(self, run_id: str) -> dict:
+        """The JSON request the guard reads on its stdin."""
+        return {
+            "run_id": run_id,
+            "ports": list(self.ports),
+            "allow": list(self.allow),
+            "allow_client": True,
+            "heartbeat_s": HEARTBEAT_TIMEOUT_S,
+        }
+
+    def describe(self, run_id: str) -> str:
+        """The rules in one line, as `plan` prints them."""
+        ports = ", ".join(str(p) for p in self.ports)
+        return (
+            f"{self.host}: nftables table inet {guard.table_name(run_id)}: tcp ports {ports} admit "
+            f"{', '.join(self.allow)}, the launcher's SSH address and loopback; drop all others "
+            f"(iptables chain {guard.chain_name(run_id)} where nft is missing)"
+        )
+
+
+def plan_rules(
+    plan: Plan, remote: Collection[str] = ("ssh",), also_allow: Collection[str] = ()
+) -> dict[str, HostRules]:
+    """The rules of every host whose tasks run over a ``remote`` transport (pure).
+
+    Every host of the run may reach every task port: TensorFlow's tasks dial each other (MWMS
+    all-reduce, PSS workers to ps), and an evaluator or a local task is a peer like any other.
+    ``also_allow`` adds addresses, e.g. the launcher's where no SSH session tells the guard (srun).
+    """
+    allow = tuple(sorted({t.host for t in plan.tasks} | set(also_allow)))
+    ports: dict[str, set[int]] = {}
+    for task in plan.tasks:
+        if task.transport in remote:
+            ports.setdefault(task.host_name, set()).add(task.port)
+    return {
+        host: HostRules(host, tuple(sorted(p)), allow)
+        for host, p in sorted(ports.items())
+    }
+
+
+def plan_json(mode: str, run_id: str, rules: Mapping[str, HostRules]) -> dict:
+    """The firewall part of `plan --json`: the mode and each host's rules."""
+    hosts = {}
+    if mode != OFF:
+        hosts = {
+            name: {
+                "table": guard.table_name(run_id),
+                "ports": list(r.ports),
+                "allow": list(r.allow),
+            }
+            for name, r in rules.items()
+        }
+    return {"protect": mode, "hosts": hosts}
+
+
+@dataclass(frozen=True)
+class HostState:
+    """Whether a host's task ports are firewalled for this run, and how or why not."""
+
+    host: str
+    ports: tuple[int, ...]
+    protected: bool
+    why: str = ""  # why not, when not protected
+    how: str = "nftables"  # or "iptables", where nft is missing
+    table: str = ""  # the nftables table, or the iptables chain
+    allowed: tuple[
+        str, ...
+    ] = ()  # the addresses the guard admits, as the host resolved them
+
+    @property
+    def rules(self) -> str:
+        """Where the host's rules are, e.g. ``nftables table inet distlaunch_...``."""
+        kind = "iptables chain" if self.how == "iptables" else "nftables table inet"
+        return f"{kind} {self.table}"
+
+    def to_json(self) -> dict:
+        """The host's entry in run.json's ``network.hosts``."""
+        data: dict = {"protected": self.protected, "ports": list(self.ports)}
+        if self.protected:
+            data.update(how=self.how, table=self.table, allowed=list(self.allowed))
+        else:
+            data["why"] = self.why
+        return data
+
+
+@dataclass(frozen=True)
+class Protection:
+    """The firewall of one run: the spec's mode and the state of each remote host."""
+
+    mode: str
+    hosts: tuple[HostState, ...] = field(default_factory=tuple)
+
+    def open_hosts(self) -> list[HostState]:
+        """The hosts whose task ports anyone who reaches them can connect to."""
+        return [h for h in self.hosts if not h.protected]
+
+    def to_json(self) -> dict:
+        """What run.json keeps under ``network`` (`status` reads it)."""
+        return {
+            "protect": self.mode,
+            "hosts": {h.host: h.to_json() for h in self.hosts},
+        }
+
+    def notes(self) -> list[str]:
+        """The lines `up` prints: who can reach the remote task ports, and what to do about it."""
+        lines = []
+        guarded = [h for h in self.hosts if h.protected]
+        if guarded:
+            lines.append(
+                f"firewall: on {', '.join(h.host for h in guarded)} the run's task ports admit only the "
+                f"run's hosts and loopback ({', '.join(sorted({h.rules for h in guarded}))}, removed when "
+                "the run ends)"
+            )
+        if self.mode == OFF and self.hosts:
+            lines.append(
+                f'note: "network": {{"protect": "off"}}: {_open_ports(self.hosts)} stay open to anyone who '
+                "reaches those hosts: TensorFlow's gRPC servers have no authentication (README: Security)"
+            )
+            return lines
+        for host in self.open_hosts():
+            lines.append(
+                f"note: ports {', '.join(str(p) for p in host.ports)} stay open to anyone who reaches "
+                f"{host.host}: {host.why}. "
+                'Give the login root or CAP_NET_ADMIN there, or set "network": {"protect": "required"} '
+                "to refuse such runs (README: Security)"
+            )
+        return lines
+
+
+def _open_ports(hosts: Sequence[HostState]) -> str:
+    return "; ".join(
+        f"ports {', '.join(str(p) for p in h.ports)} on {h.host}" for h in hosts
+    )
+
+
+def status_lines(network: Mapping | None, running: bool) -> list[str]:
+    """`status`'s lines on the firewall of a run from its run.json ``network`` entry."""
+    if not network or not network.get("hosts"):
+        return []
+    if network.get("protect") == OFF:
+        return [
+            f'firewall: off ("network": {{"protect": "off"}}); {_open_ports(_states(network))} open'
+        ]
+    lines = []
+    for state in _states(network):
+        ports = ", ".join(str(p) for p in state.ports)
+        if not state.protected:
+            lines.append(f"firewall: {state.host} OPEN (ports {ports}): {state.why}")
+        elif running:
+            lines.append(
+                f"firewall: {state.host} protected (ports {ports}, {state.rules})"
+            )
+        else:
+            lines.append(
+                f"firewall: {state.host} was protected while the run ran (ports {ports}; rules removed)"
+            )
+    return lines
+
+
+def _states(network: Mapping) -> list[HostState]:
+    return [
+        HostState(
+            name,
+            tuple(h.get("ports", ())),
+            bool(h.get("protected")),
+            h.get("why", ""),
+            how=h.get("how", "nftables"),
+            table=h.get("table", ""),
+        )
+        for name, h in network["hosts"].items()
+    ]
+
+
+@contextmanager
+def protect(
+    mode: str,
+    run_id: str,
+    rules: Mapping[str, HostRules],
+    guard_argv: Callable[[str], list[str]],
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Protection]:
+    """Firewall every host of ``rules`` for the block; the rules are gone when it ends.
+
+    ``guard_argv(host)`` is the local command that runs ``python -m distlaunch.worker.guard`` on
+    ``host`` with its stdin and stdout connected (an ssh or srun command line); ``env`` is added
+    to its environment. Raise HostError, with every guard closed, when ``mode`` is ``required``
+    and a host cannot be firewalled.
+    """
+    if mode == OFF or not rules:
+        yield Protection(
+            mode,
+            tuple(
+                HostState(r.host, r.ports, False, "protection is off")
+                for r in rules.values()
+            ),
+        )
+        return
+    guards = Guards(run_id, rules, guard_argv, env or {})
+    try:
+        protection = Protection(mode, guards.open())
+        if mode == REQUIRED and protection.open_hosts():
+            why = "; ".join(f"{h.host}: {h.why}" for h in protection.open_hosts())
+            raise HostError(
+                f'"network": {{"protect": "required"}}, but not every host can be firewalled ({why}); '
+                "nothing was started",
+                [],
+            )
+        yield protection
+    finally:
+        guards.close()
+
+
+class Guards:
+    """The guard processes of one run, one per host, and the heartbeat that keeps them."""
+
+    def __init__(
+        self,
+        run_id: str,
+        rules: Mapping[str, HostRules],
+        guard_argv: Callable[[str], list[str]],
+        env: Mapping[str, str],
+    ) -> None:
+        self.run_id = run_id
+        self.rules = dict(rules)
+        self.guard_argv = guard_argv
+        self.env = dict(env)
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+        self._quit = threading.Event()
+        self._heart: threading.Thread | None = None
+
+    def open(self) -> tuple[HostState, ...]:
+        """Start every guard at once and wait for each one's answer."""
+        for name, rules in self.rules.items():
+            # A session of its own: a Ctrl-C at the terminal must not end a guard before the
+            # tasks it protects are stopped. Its stdin is a pipe only the launcher holds: when
+            # the launcher dies, the guard reads EOF.
+            proc = subprocess.Popen(
+                self.guard_argv(name),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+            self._procs[name] = proc
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(rules.request(self.run_id)).encode() + b"\n")
+            proc.stdin.flush()
+        answers = self._answers()
+        states = tuple(self._state(name, answers.get(name)) for name in self.rules)
+        for state in states:
+            if not state.protected:
+                self._end(state.host)
+        self._heart = threading.Thread(
+            target=self._beat, name="guard-heartbeat", daemon=True
+        )
+        self._heart.start()
+        return states
+
+    def close(self) -> None:
+        """Close every guard's stdin and wait for it to remove its table (the tasks are stopped)."""
+        self._quit.set()
+        if self._heart is not None:
+            self._heart.join()
+        for name in list(self._procs):
+            with self._lock:
+                stdin = self._procs[name].stdin
+                if stdin is not None and not stdin.closed:
+                    stdin.close()
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        for name in list(self._procs):
+            proc = self._procs.pop(name)
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()  # the guard saw EOF already; this only frees the local client
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+    def _answers(self) -> dict[str, dict]:
+        """Each guard's answer line, read from all of them at once until ANSWER_TIMEOUT_S."""
+        sel = selectors.DefaultSelector()
+        buffers: dict[str, bytes] = {}
+        for name, proc in self._procs.items():
+            assert proc.stdout is not None
+            sel.register(proc.stdout, selectors.EVENT_READ, name)
+            buffers[name] = b""
+        answers: dict[str, dict] = {}
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+                name = key.data
+                chunk = os.read(key.fd, 65536)
+                buffers[name] += chunk
+                if b"\n" in buffers[name] or not chunk:
+                    sel.unregister(key.fileobj)
+                    try:
+                        answers[name] = json.loads(buffers[name].split(b"\n", 1)[0])
+                    except ValueError:
+                        pass  # no answer: `_state` tells why from the guard's stderr
+        sel.close()
+        return answers
+
+    def _state(self, name: str, answer: dict | None) -> HostState:
+        ports = self.rules[name].ports
+        if answer is not None and answer.get("protected"):
+            return HostState(
+                name,
+                ports,
+                True,
+                how=str(answer.get("how", "nftables")),
+                table=str(answer.get("table", "")),
+                allowed=tuple(answer.get("allowed", ())),
+            )
+        if answer is not None:
+            return HostState(
+                name, ports, False, str(answer.get("why", "the guard gave no reason"))
+            )
+        return HostState(
+            name, ports, False, f"its guard did not answer: {self._stderr(name)}"
+        )
+
+    def _stderr(self, name: str) -> str:
+        proc = self._procs[name]
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        lines = [
+            line.strip()
+            for line in proc.stderr.read().decode(errors="replace").splitlines()
+            if line.strip()
+        ]
+        return lines[-1] if lines else f"exit code {proc.returncode}"
+
+    def _end(self, name: str) -> None:
+        """Forget a guard that protects nothing (it has exited, or exits on EOF)."""
+        proc = self._procs.pop(name)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        try:
+            proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _beat(self) -> None:
+        while not self._quit.wait(HEARTBEAT_S):
+            with self._lock:
+                for proc in self._procs.values():
+                    if (
+                        proc.stdin is None
+                        or proc.stdin.closed
+                        or proc.poll() is not None
+                    ):
+                        continue
+                    try:
+                        proc.stdin.write(b"\n")
+                        proc.stdin.flush()
+                    except (BrokenPipeError, OSError):
+                        pass

@@ -1,0 +1,114 @@
+"""How every task's program starts: the error hook, then the script or module, as Python would.
+
+The launcher runs ``PYTHON .../distlaunch/worker/bootstrap.py SCRIPT ARGS...`` (by path, so that
+any interpreter works, also one without distlaunch installed) or, where distlaunch is installed
+(SSH hosts, containers), ``PYTHON -m distlaunch.worker.bootstrap -m MODULE ARGS...``.
+
+Before a line of the program runs, an excepthook is in place that writes an uncaught exception to
+DISTLAUNCH_ERROR_FILE. So an import or syntax error in the entry script or module is recorded too,
+also for scripts that never import ``distlaunch.worker``, and the launcher never retries it.
+
+The program cannot tell it was started this way: ``sys.argv``, ``__main__``, ``__name__``,
+``__file__``, ``sys.path[0]`` and the working directory are what ``python SCRIPT`` or ``python -m
+MODULE`` give, and the traceback Python prints starts at the program's own frames. This file uses
+the standard library only (it may run where distlaunch is not importable); the error file has the
+format of `distlaunch.worker.runtime`'s hook, which leaves this hook in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from types import TracebackType
+
+# The names of worker/contract.py, spelled out: this file imports nothing of distlaunch.
+_ERROR_FILE, _ROLE, _INDEX, _ATTEMPT = (
+    "DISTLAUNCH_ERROR_FILE",
+    "DISTLAUNCH_ROLE",
+    "DISTLAUNCH_INDEX",
+    "DISTLAUNCH_ATTEMPT",
+)
+# Frames of these files come before the program's own in a traceback and are left out of it.
+_OWN_FILES = {
+    os.path.abspath(__file__),
+    os.path.abspath(runpy.__file__),
+    "<frozen runpy>",
+}
+
+
+def main(args: list[str]) -> None:
+    """Run ``SCRIPT ARGS...`` or ``-m MODULE ARGS...`` as ``python`` would, the hook installed."""
+    if not args or args[:1] == ["-m"] and len(args) < 2:
+        sys.exit("usage: bootstrap.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    install_error_hook()
+    if args[0] == "-m":
+        sys.argv = [
+            args[1],
+            *args[2:],
+        ]  # argv[0] becomes the module's file, as with `python -m`
+        sys.path[0] = os.getcwd()
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        sys.path[0] = os.path.dirname(os.path.realpath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
+
+
+def install_error_hook() -> None:
+    """Wrap sys.excepthook: write an uncaught exception to DISTLAUNCH_ERROR_FILE, then print it
+    without the bootstrap's own frames."""
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        while tb is not None and _own(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        exc.__traceback__ = tb
+        try:
+            _write_error_file(exc_type, exc, tb)
+        except Exception as error:  # noqa: BLE001 - the original error must still be printed
+            print(
+                f"distlaunch: could not write the error file: {error!r}",
+                file=sys.stderr,
+            )
+        previous(exc_type, exc, tb)
+
+    hook._distlaunch_hook = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
+def _own(filename: str) -> bool:
+    return filename in _OWN_FILES or os.path.abspath(filename) in _OWN_FILES
+
+
+def _write_error_file(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+) -> None:
+    path = os.environ.get(_ERROR_FILE)
+    if not path:
+        return
+    module = exc_type.__module__
+    record = {
+        "type": exc_type.__qualname__
+        if module == "builtins"
+        else f"{module}.{exc_type.__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc_type, exc, tb)),
+        "time": time.time(),
+        "pid": os.getpid(),
+        "role": os.environ.get(_ROLE) or "worker",
+        "index": int(os.environ.get(_INDEX) or 0),
+        "attempt": int(os.environ.get(_ATTEMPT) or 0),
+    }
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

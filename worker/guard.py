@@ -1,0 +1,415 @@
+"""The remote end of a run's firewall: one guard per host holds an nftables table for the run's life.
+
+TensorFlow's gRPC servers listen on every interface with no authentication. On a host of a run
+across machines, this guard admits TCP connections to the run's task ports on that host only from
+the run's own hosts and loopback, and drops all others. The launcher (or any remote transport)
+runs ``python -m distlaunch.worker.guard`` on each host before any task starts and talks to it
+over stdin, as to `distlaunch.worker.remote`:
+
+- line 1 is a JSON request: ``{"run_id": "...", "ports": [2222, ...], "allow": ["10.0.0.11",
+  "node2", ...], "allow_client": true, "heartbeat_s": 20}``. ``allow`` names the run's hosts (IPv4
+  or IPv6 addresses, or names this host resolves); ``allow_client`` adds the address the SSH
+  session comes from (``SSH_CONNECTION``), the launcher's, which checks that tasks have joined.
+- it answers one JSON line on stdout: ``{"protected": true, "how": "nftables", "table": "...",
+  "allowed": [...]}`` (``how`` is ``iptables`` and ``table`` a chain where nft is missing), or
+  ``{"protected": false, "why": "..."}`` and exits (no CAP_NET_ADMIN, no nft nor iptables):
+  nothing was changed on the host.
+- every later line is a heartbeat. The rules stay until stdin reaches EOF (the launcher closed
+  it, died, or its connection dropped), no line arrives for ``heartbeat_s``, or SIGTERM, SIGHUP or
+  SIGINT arrives. The guard then waits (at most LINGER_S) until no socket listens on the ports any
+  more, so the tasks it protects are gone first, and deletes its rules.
+
+The rules are one nftables table per run (``inet distlaunch_<run id>``) with its own input chain:
+nothing else of the host's firewall is read or changed, and deleting the table removes every rule
+of the run at once. Where nft is missing, iptables does the same with a chain of the run
+(``DL-<digest of the run id>``, IPv4 and IPv6) that INPUT jumps to for the task ports. A guard
+that is SIGKILLed cannot clean up: that is the one way to leave its rules behind
+(`nft delete table inet distlaunch_...` removes them by hand).
+
+Request values are data: ports must be integers, addresses go through `ipaddress`, the run id is
+reduced to ``[A-Za-z0-9_]`` before it names the table. Imports only the standard library, never
+launcher code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TABLE_PREFIX = "distlaunch_"
+# Before the usual filter chains (priority 0): our drop is final whatever they accept.
+CHAIN_PRIORITY = -10
+# How long the guard keeps its rules after its end was asked for while a task port still listens.
+LINGER_S = 10.0
+TOOL_TIMEOUT_S = 20.0
+# A login user's PATH often lacks the sbin folders where nft lives.
+_SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+_LISTEN = "0A"
+
+
+class Unprotected(Exception):
+    """The host cannot be firewalled; the message says why, in words for the user."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one guard protects: the run's table name, the ports on this host, who may connect."""
+
+    run_id: str
+    ports: tuple[int, ...]
+    allow: tuple[str, ...]
+    allow_client: bool = True
+    heartbeat_s: float | None = None
+
+    @property
+    def table(self) -> str:
+        """The nftables table of the run: its id reduced to characters nft reads as a name."""
+        return table_name(self.run_id)
+
+
+def table_name(run_id: str) -> str:
+    """``distlaunch_<run id>`` with every character but letters, digits and ``_`` made ``_``."""
+    return TABLE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", run_id)
+
+
+def parse(line: bytes | None) -> Request:
+    """The request line as a Request; ValueError or TypeError when it is malformed."""
+    if line is None:
+        raise ValueError("stdin closed before the request line")
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise TypeError("expected a JSON object")
+    ports, allow = data.get("ports"), data.get("allow", [])
+    if not (isinstance(ports, list) and ports and all(_is_port(p) for p in ports)):
+        raise ValueError("ports must be a non-empty list of port numbers")
+    if not (isinstance(allow, list) and all(isinstance(a, str) and a for a in allow)):
+        raise ValueError("allow must be a list of addresses or host names")
+    if not isinstance(data.get("run_id"), str) or not data["run_id"]:
+        raise ValueError("run_id must be a non-empty string")
+    heartbeat = data.get("heartbeat_s")
+    return Request(
+        run_id=data["run_id"],
+        ports=tuple(sorted(set(ports))),
+        allow=tuple(allow),
+        allow_client=bool(data.get("allow_client", True)),
+        heartbeat_s=float(heartbeat) if heartbeat else None,
+    )
+
+
+def _is_port(value: Any) -> bool:
+    return (
+        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+    )
+
+
+def nft_ruleset(table: str, ports: tuple[int, ...], allowed: list[str]) -> str:
+    """The nftables script that creates ``table``: ``ports`` admit ``allowed`` and loopback only.
+
+    Pure, so that `distlaunch plan` shows exactly what a guard installs. ``allowed`` are IP
+    addresses (already resolved); the first line empties a table of that name left by an earlier
+    guard of the same run, in the same atomic transaction.
+    """
+    addresses = [ipaddress.ip_address(a) for a in allowed]
+    port_set = "{ " + ", ".join(str(p) for p in ports) + " }"
+    lines = [
+        f"table inet {table}",
+        f"delete table inet {table}",
+        f"table inet {table} {{",
+        "  chain input {",
+        f"    type filter hook input priority {CHAIN_PRIORITY}; policy accept;",
+        '    iifname "lo" accept',
+    ]
+    for family, version in (("ip", 4), ("ip6", 6)):
+        chosen = sorted({str(a) for a in addresses if a.version == version})
+        if chosen:
+            lines.append(
+                f"    tcp dport {port_set} {family} saddr {{ {', '.join(chosen)} }} accept"
+            )
+    lines += [f"    tcp dport {port_set} drop", "  }", "}", ""]
+    return "\n".join(lines)
+
+
+def resolve(request: Request) -> list[str]:
+    """Every address the run's hosts have, as this host resolves them, plus the SSH client's."""
+    found: set[str] = set()
+    for name in request.allow:
+        try:
+            found.add(str(ipaddress.ip_address(name)))
+            continue
+        except ValueError:
+            pass
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue  # a peer this host cannot resolve cannot be dialled by its tasks either
+        found.update(
+            str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in infos
+        )
+    client = os.environ.get("SSH_CONNECTION", "").split()
+    if request.allow_client and client:
+        found.add(str(ipaddress.ip_address(client[0])))
+    return sorted(found)
+
+
+def program(name: str) -> str | None:
+    """A firewall program, looked up on PATH and in the sbin folders."""
+    return shutil.which(
+        name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])
+    )
+
+
+def chain_name(run_id: str) -> str:
+    """The iptables chain of the run: iptables allows 28 characters, so a digest of the run id."""
+    return "DL-" + hashlib.sha256(run_id.encode()).hexdigest()[:24]
+
+
+def iptables_scripts(
+    chain: str, ports: tuple[int, ...], allowed: list[str], version: int
+) -> tuple[str, str]:
+    """The `iptables-restore --noflush` scripts (IP ``version`` 4 or 6) that add and remove the run's
+    chain: INPUT jumps to it for the task ports, it returns for loopback and ``allowed`` and drops
+    the rest. Pure, like `nft_ruleset`; each script is applied atomically."""
+    addresses = sorted(
+        {str(a) for a in map(ipaddress.ip_address, allowed) if a.version == version}
+    )
+    # multiport takes at most 15 ports per rule.
+    jumps = [
+        f"-p tcp -m multiport --dports {','.join(str(p) for p in ports[i : i + 15])} -j {chain}"
+        for i in range(0, len(ports), 15)
+    ]
+    add = [
+        "*filter",
+        f":{chain} - [0:0]",
+        f"-A {chain} -i lo -j RETURN",
+        *[f"-A {chain} -s {a} -j RETURN" for a in addresses],
+        f"-A {chain} -j DROP",
+        *[f"-I INPUT {jump}" for jump in jumps],
+        "COMMIT",
+    ]
+    remove = [
+        "*filter",
+        *[f"-D INPUT {jump}" for jump in jumps],
+        f"-F {chain}",
+        f"-X {chain}",
+        "COMMIT",
+    ]
+    return "\n".join(add) + "\n", "\n".join(remove) + "\n"
+
+
+@dataclass(frozen=True)
+class Installed:
+    """Rules a guard added: how, under which name, and the commands that take them away."""
+
+    how: str  # "nftables" or "iptables"
+    name: str  # the nftables table or the iptables chain
+    undo: tuple[tuple[tuple[str, ...], str], ...]  # (argv, stdin) of each removal
+
+    def remove(self) -> None:
+        """Take the rules away (what is already gone is no error)."""
+        for argv, script in self.undo:
+            _apply(argv, script)
+
+
+def install(request: Request, allowed: list[str]) -> Installed:
+    """Add the run's rules: an nftables table, or iptables chains where nft is missing. Raise
+    Unprotected when neither can be done."""
+    nft = program("nft")
+    if nft is not None:
+        _check(
+            _apply(
+                (nft, "-f", "-"), nft_ruleset(request.table, request.ports, allowed)
+            ),
+            "nft",
+        )
+        return Installed(
+            "nftables",
+            request.table,
+            (((nft, "-f", "-"), f"delete table inet {request.table}\n"),),
+        )
+    tools = [program("iptables-restore"), program("ip6tables-restore")]
+    if None in tools:
+        raise Unprotected(
+            "neither nft nor iptables-restore and ip6tables-restore are installed here (apt-get install nftables)"
+        )
+    chain = chain_name(request.run_id)
+    undo: list[tuple[tuple[str, ...], str]] = []
+    try:
+        for tool, version in zip(tools, (4, 6), strict=True):
+            argv = (str(tool), "--noflush", "-w", "10")
+            add, remove = iptables_scripts(chain, request.ports, allowed, version)
+            _check(_apply(argv, add), Path(str(tool)).name)
+            undo.append((argv, remove))
+    except Unprotected:
+        Installed("iptables", chain, tuple(undo)).remove()
+        raise
+    return Installed("iptables", chain, tuple(undo))
+
+
+def _apply(argv: tuple[str, ...], script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        list(argv),
+        check=False,
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=TOOL_TIMEOUT_S,
+    )
+
+
+def _check(done: subprocess.CompletedProcess, tool: str) -> None:
+    if done.returncode == 0:
+        return
+    lines = done.stderr.strip().splitlines()
+    message = lines[-1] if lines else f"exit code {done.returncode}"
+    if any(
+        word in done.stderr
+        for word in ("Operation not permitted", "Permission denied", "must be root")
+    ):
+        raise Unprotected(
+            f"user {_user()} may not change the firewall here: it needs root or CAP_NET_ADMIN ({tool}: {message})"
+        )
+    raise Unprotected(f"{tool} refused the rules: {message}")
+
+
+def listening(ports: tuple[int, ...]) -> bool:
+    """Whether a TCP socket of this network namespace listens on any of ``ports``."""
+    wanted = {f"{p:04X}" for p in ports}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name, encoding="ascii") as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    # fields[1] is local_address (hex ip:port), fields[3] the state.
+                    if (
+                        len(fields) > 3
+                        and fields[3] == _LISTEN
+                        and fields[1].rsplit(":", 1)[1] in wanted
+                    ):
+                        return True
+        except FileNotFoundError:
+            continue
+    return False
+
+
+def trap_signals() -> tuple[list[int], int]:
+    """Record SIGTERM, SIGHUP and SIGINT instead of dying of them; return the list they land in
+    and a descriptor that becomes readable when one arrives."""
+    stopped: list[int] = []
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, lambda signum, _frame: stopped.append(signum))
+    signal.set_wakeup_fd(wake_w)
+    return stopped, wake_r
+
+
+def hold(request: Request, stopped: list[int], wake_r: int) -> str:
+    """Wait until the guard must end (see `trap_signals` for ``stopped`` and ``wake_r``); return
+    why, in words."""
+    sel = selectors.DefaultSelector()
+    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+    sel.register(wake_r, selectors.EVENT_READ, "signal")
+    last_heard = time.monotonic()
+    while not stopped:
+        timeout = None
+        if request.heartbeat_s is not None:
+            timeout = max(0.0, last_heard + request.heartbeat_s - time.monotonic())
+        for key, _ in sel.select(timeout):
+            if key.data == "stdin":
+                if not os.read(sys.stdin.fileno(), 65536):
+                    return "the launcher's connection closed"
+                last_heard = time.monotonic()
+        if (
+            request.heartbeat_s is not None
+            and time.monotonic() - last_heard > request.heartbeat_s
+        ):
+            return f"no word from the launcher for {request.heartbeat_s:g} s"
+    return f"this guard got {signal.Signals(stopped[0]).name}"
+
+
+def main() -> int:
+    """Protect the ports the request on stdin names until told to stop; 0 unless the request was bad."""
+    try:
+        request = parse(_first_line(sys.stdin.fileno()))
+    except (ValueError, TypeError) as exc:
+        _say(f"bad request from the launcher: {exc}")
+        return 2
+    # Trapped before the table exists: a stop signal in between must still lead to its removal.
+    stopped, wake_r = trap_signals()
+    allowed = resolve(request)
+    try:
+        installed = install(request, allowed)
+    except Unprotected as exc:
+        _answer({"protected": False, "why": str(exc)})
+        return 0
+    try:
+        _answer(
+            {
+                "protected": True,
+                "how": installed.how,
+                "table": installed.name,
+                "allowed": allowed,
+            }
+        )
+        why = hold(request, stopped, wake_r)
+        deadline = time.monotonic() + LINGER_S
+        while listening(request.ports) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _say(f"{why}: removing the {installed.how} rules {installed.name}")
+    finally:
+        installed.remove()
+    return 0
+
+
+def _first_line(fd: int) -> bytes | None:
+    # Byte by byte: nothing past the first line may be read ahead of `hold`'s select.
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            return None
+        line += byte
+    return line
+
+
+def _answer(data: dict) -> None:
+    try:
+        sys.stdout.write(json.dumps(data) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        pass  # the launcher is gone; the table still goes in `main`'s finally
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.geteuid())
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(f"distlaunch.worker.guard: {message}\n")
+        sys.stderr.flush()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
