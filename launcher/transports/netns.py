@@ -51,6 +51,11 @@ class SandboxError(LaunchError):
     """The private network namespace a run was planned with could not be created."""
 
 
+class SandboxLost(LaunchError):
+    """The run's namespace holder died while the run went on: the run fails (a setup error comes
+    before anything starts; this one ends a run that was already training)."""
+
+
 def decide(loaded: LoadedSpec) -> Isolation:
     """`choose` with this machine's capabilities, probed only when the spec asks for isolation."""
     return choose(loaded, probe() if loaded.spec.isolation == "auto" else None)
