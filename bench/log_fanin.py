@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import psutil
-
 from _common import DISTLAUNCH, median, timed
 
 PROGRAM = """

@@ -26,10 +26,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import sshhosts  # noqa: E402
-from distlaunch.launcher import ports, preflight, rundir, ssh  # noqa: E402
-from distlaunch.launcher.local import LocalTransport  # noqa: E402
+from distlaunch.launcher import ports, rundir  # noqa: E402
 from distlaunch.launcher.plan import make_plan  # noqa: E402
 from distlaunch.launcher.spec import load_spec  # noqa: E402
+from distlaunch.launcher.transports import preflight, ssh  # noqa: E402
+from distlaunch.launcher.transports.local import LocalTransport  # noqa: E402
 
 TASK = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
 GRACE_S = 2.0
@@ -106,7 +107,7 @@ def _round(transport, plan) -> float:
     waiting = {task.log_file for task in plan.tasks}
     while waiting:
         waiting = {f for f in waiting if not _says_up(f)}
-        if any(h.returncode() is not None for h in handles):
+        if any(h.exit_status() is not None for h in handles):
             raise SystemExit(f"a task ended early; see {plan.run_dir}/logs")
         time.sleep(0.002)
     transport.stop(handles, GRACE_S)

@@ -1,25 +1,89 @@
-"""The `distlaunch` command line. The only place where errors become exit codes.
+"""The `distlaunch` command line. The only place where errors become exit codes (`EXIT_CODES`).
 
 Exit codes: 0 success, 1 a task failed, 2 bad spec or usage (or an SSH host failed preflight or
-`collect`, or Docker cannot start a compose run: nothing was started, the fix is in the spec or on
-the host), 128+N interrupted by signal N.
+`collect`, Docker cannot start a compose run, or the network sandbox cannot be made: nothing was
+started, the fix is in the spec or on the host), 128+N interrupted by signal N.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
+import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console
-from distlaunch.launcher.errors import LaunchError, UsageError
-from distlaunch.launcher.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
+from distlaunch.launcher.errors import (
+    HostError,
+    Interrupted,
+    LaunchError,
+    RecordError,
+    RunFailed,
+    SpecError,
+    UsageError,
+)
 from distlaunch.launcher.spec import json_schema, load_spec
 from distlaunch.launcher.summary import tail
+from distlaunch.launcher.transports.docker import DockerError
+from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
+from distlaunch.launcher.transports.netns import SandboxError
+
+
+class ExitCode(enum.IntEnum):
+    """What `distlaunch` exits with."""
+
+    OK = 0
+    FAILED = 1  # a task failed (or the run could not be recorded)
+    USAGE = 2  # bad spec or usage, or a host, engine or sandbox that cannot run it: nothing started
+    SIGNALLED = 128  # plus N: interrupted by signal N, after every task was stopped
+
+
+# Each error's exit code; an error not listed gets its nearest listed base class's.
+EXIT_CODES: dict[type[LaunchError], ExitCode] = {
+    LaunchError: ExitCode.FAILED,
+    RunFailed: ExitCode.FAILED,
+    RecordError: ExitCode.FAILED,
+    SpecError: ExitCode.USAGE,
+    UsageError: ExitCode.USAGE,
+    HostError: ExitCode.USAGE,
+    DockerError: ExitCode.USAGE,
+    SandboxError: ExitCode.USAGE,
+}
+
+
+def exit_code(error: LaunchError) -> int:
+    """The exit code for ``error``."""
+    if isinstance(error, Interrupted):
+        return ExitCode.SIGNALLED + error.signum
+    return next(EXIT_CODES[cls] for cls in type(error).__mro__ if cls in EXIT_CODES)
+
+
+@dataclass
+class Settings:
+    """Options shared by subcommands, kept in click's ``ctx.obj``."""
+
+    shared_dir: Path = Path("./runs")
+
+
+def _keep_shared_dir(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.ensure_object(Settings).shared_dir = Path(value)
+
+
+# Declared once, accepted before the subcommand (`distlaunch --shared-dir X status`) and after it
+# (`distlaunch status RUN --shared-dir X`, which wins); the subcommands read ctx.obj.
+SHARED_DIR = click.option(
+    "--shared-dir",
+    expose_value=False,
+    callback=_keep_shared_dir,
+    help="Where runs are looked up by id.  [default: ./runs]",
+)
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
 IMAGE = click.option(
@@ -30,8 +94,11 @@ IMAGE = click.option(
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="distlaunch")
-def cli() -> None:
+@SHARED_DIR
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Turn one cluster spec file into a running TensorFlow multi-worker cluster."""
+    ctx.ensure_object(Settings)
 
 
 @cli.command()
@@ -135,7 +202,8 @@ def schema() -> None:
 def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str, base_image: str,
        requeue: bool) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
-    from distlaunch.launcher.up import choose_run, up as run_up
+    from distlaunch.launcher.up import choose_run
+    from distlaunch.launcher.up import up as run_up
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")
@@ -145,7 +213,8 @@ def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | 
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
     # One launcher per run dir, for this launcher's whole life.
-    with rundir.claim(target.run_dir, target.previous, loaded.spec.permissions == "private"):
+    previous_attempt = target.previous.attempt if target.previous else None
+    with rundir.claim(target.run_dir, previous_attempt, loaded.spec.permissions == "private"):
         run_up(loaded, target, console, ImageRequest(image, base_image), requeue)
 
 
@@ -163,8 +232,8 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
     image must exist: `distlaunch up --backend compose` builds it, or
     `docker build -f docker/Dockerfile -t IMAGE .` in this checkout.
     """
-    from distlaunch.launcher import compose
-    from distlaunch.launcher.compose_backend import write_compose_file
+    from distlaunch.launcher.transports import compose_file as compose
+    from distlaunch.launcher.transports.compose import write_compose_file
     from distlaunch.launcher.up import choose_run
 
     loaded = load_spec(spec)
@@ -224,7 +293,9 @@ def k8s_manifests(spec: str, output: Path | None, image: str | None, namespace: 
 
 def _offer_resume(loaded, console: Console) -> bool:
     """When this spec's last run did not finish, ask (on a terminal) whether to resume it."""
-    unfinished = rundir.latest_unfinished(loaded.shared_dir, loaded.spec.name)
+    from distlaunch.launcher.state import latest_unfinished
+
+    unfinished = latest_unfinished(loaded.shared_dir, loaded.spec.name)
     if unfinished is None:
         return False
     if sys.stdin.isatty():
@@ -249,7 +320,7 @@ def sbatch(spec: str, nodes: int | None, time_limit: str | None, partition: str 
 
     The batch script is written to <run_dir>/job.sbatch first (readable, and runnable by hand).
     """
-    from distlaunch.launcher import sbatch as batch
+    from distlaunch.launcher.transports import sbatch as batch
     from distlaunch.launcher.up import choose_run
 
     loaded = load_spec(spec, "slurm")
@@ -266,24 +337,32 @@ def sbatch(spec: str, nodes: int | None, time_limit: str | None, partition: str 
 
 @cli.command()
 @click.argument("run", required=False)
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+@SHARED_DIR
+@click.pass_obj
 @click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
-def status(run: str | None, shared_dir: str, as_json: bool) -> None:
+def status(settings: Settings, run: str | None, as_json: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
     from distlaunch.launcher import firewall
-    from distlaunch.launcher.control import launcher_alive, status_rows
+    from distlaunch.launcher.control.liveness import launcher_alive
+    from distlaunch.launcher.control.status import LOST, run_state, status_rows
+    from distlaunch.launcher.state import RunRecord
 
-    path = rundir.resolve_run(run, Path(shared_dir))
-    record = rundir.read_json(path / rundir.RUN_JSON) or {}
+    path = rundir.resolve_run(run, settings.shared_dir)
+    record = RunRecord.load(path)
     rows = status_rows(record)
+    state = run_state(record)
     if as_json:
-        keys = ("run_id", "state", "attempt", "exit_code", "failure", "network")
-        click.echo(json.dumps({**{k: record.get(k) for k in keys}, "run_dir": str(path), "tasks": rows}, indent=2))
+        head = {"run_id": record.run_id, "state": state, "attempt": record.attempt,
+                "exit_code": record.exit_code, "failure": record.failure,
+                "network": record.extra.get("network")}
+        click.echo(json.dumps({**head, "run_dir": str(path), "tasks": rows}, indent=2))
         return
-    click.echo(f"run {record.get('run_id')}: {record.get('state')} (attempt {record.get('attempt')}) in {path}")
-    if record.get("failure"):
-        click.echo(f"  {record['failure']['summary']}")
-    for line in firewall.status_lines(record.get("network"), launcher_alive(record)):
+    click.echo(f"run {record.run_id}: {state} (attempt {record.attempt}) in {path}")
+    if state == LOST:
+        click.echo(f"  its launcher (pid {record.launcher_pid}) is gone; `distlaunch down {record.run_id}` stops what is left")
+    if record.failure:
+        click.echo(f"  {record.failure['summary']}")
+    for line in firewall.status_lines(record.extra.get("network"), launcher_alive(record)):
         click.echo(f"  {line}")
     click.echo(f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT")
     for row in rows:
@@ -297,43 +376,46 @@ def status(run: str | None, shared_dir: str, as_json: bool) -> None:
 @cli.command()
 @click.argument("run", required=False)
 @click.argument("task", required=False)
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+@SHARED_DIR
+@click.pass_obj
 @click.option("-n", "--lines", default=50, show_default=True, help="How many lines per task.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
-def logs(run: str | None, task: str | None, shared_dir: str, lines: int, follow: bool) -> None:
+def logs(settings: Settings, run: str | None, task: str | None, lines: int, follow: bool) -> None:
     """Print the last lines of TASK's log (every task's when omitted) in its latest attempt."""
-    from distlaunch.launcher import control
+    from distlaunch.launcher.control import logs as control_logs
 
-    path = rundir.resolve_run(run, Path(shared_dir))
-    for file in control.log_files(path, task):
+    path = rundir.resolve_run(run, settings.shared_dir)
+    for file in control_logs.log_files(path, task):
         for line in tail(str(file), lines).splitlines():
             click.echo(f"{file.stem} | {line}")
     if follow:
-        control.follow(path, task, Console())
+        control_logs.follow(path, task, Console())
 
 
 @cli.command()
 @click.argument("run")
 @click.argument("task")
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
-def restart(run: str, task: str, shared_dir: str) -> None:
+@SHARED_DIR
+@click.pass_obj
+def restart(settings: Settings, run: str, task: str) -> None:
     """Restart TASK of the running RUN the way its strategy needs (an MWMS task: the whole gang)."""
-    from distlaunch.launcher.control import request_restart
+    from distlaunch.launcher.control.requests import request_restart
 
-    path = rundir.resolve_run(run, Path(shared_dir))
+    path = rundir.resolve_run(run, settings.shared_dir)
     name = request_restart(path, task)
     click.echo(f"asked the launcher of {path.name} to restart {name}; see `distlaunch status {path.name}`")
 
 
 @cli.command()
 @click.argument("run")
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
+@SHARED_DIR
+@click.pass_obj
 @click.option("--grace", type=float, default=None, help="Seconds from SIGTERM to SIGKILL (default: the spec's timeouts.grace_s).")
-def down(run: str, shared_dir: str, grace: float | None) -> None:
+def down(settings: Settings, run: str, grace: float | None) -> None:
     """Stop RUN (a run id or directory): its launcher if alive, then every leftover process."""
-    from distlaunch.launcher.down import down as run_down
+    from distlaunch.launcher.control.down import down as run_down
 
-    result = run_down(rundir.resolve_run(run, Path(shared_dir)), grace)
+    result = run_down(rundir.resolve_run(run, settings.shared_dir), grace)
     done = []
     if result.launcher_pid is not None:
         done.append(f"stopped its launcher (pid {result.launcher_pid})")
@@ -348,12 +430,13 @@ def down(run: str, shared_dir: str, grace: float | None) -> None:
 
 @cli.command()
 @click.argument("run")
-@click.option("--shared-dir", default="./runs", show_default=True, help="Where runs are looked up by id.")
-def collect(run: str, shared_dir: str) -> None:
+@SHARED_DIR
+@click.pass_obj
+def collect(settings: Settings, run: str) -> None:
     """Copy the run files of RUN's SSH hosts (when they share no run dir) into RUN/hosts/<host>/."""
-    from distlaunch.launcher.collect import collect as run_collect
+    from distlaunch.launcher.control.collect import collect as run_collect
 
-    for got in run_collect(rundir.resolve_run(run, Path(shared_dir))):
+    for got in run_collect(rundir.resolve_run(run, settings.shared_dir)):
         click.echo(f"{got.host}: {got.files} files, {got.bytes} bytes into {got.into}")
 
 
@@ -368,17 +451,15 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
-        sys.exit(130)
+        sys.exit(ExitCode.SIGNALLED + signal.SIGINT)
     except click.ClickException as exc:
         exc.show()
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     except LaunchError as exc:
         # RunFailed has already printed its summary; the others are one line.
-        from distlaunch.launcher.errors import RunFailed
-
         if not isinstance(exc, RunFailed):
             click.echo(f"distlaunch: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        sys.exit(exit_code(exc))
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
 

@@ -6,13 +6,9 @@ from __future__ import annotations
 class LaunchError(Exception):
     """Base of every error the launcher reports to the user as one line."""
 
-    exit_code = 1
-
 
 class SpecError(LaunchError):
     """A cluster spec is malformed: names the file, the JSON path and what was expected."""
-
-    exit_code = 2
 
     def __init__(self, file: str, json_path: str, message: str) -> None:
         self.file = file
@@ -24,25 +20,24 @@ class SpecError(LaunchError):
 class UsageError(LaunchError):
     """The command line names something that does not exist (a task, a run)."""
 
-    exit_code = 2
-
 
 class HostError(LaunchError):
     """An SSH host cannot be used: unreachable, refused the key, lacks Python or distlaunch, a
     port is taken there... One line per problem, each naming its host. Exit 2 like a bad spec:
     nothing was started, and the fix is in the spec or on the host."""
 
-    exit_code = 2
-
     def __init__(self, what: str, problems: list[str]) -> None:
         self.problems = problems
         super().__init__(what + "".join(f"\n  {line}" for line in problems))
 
 
+class RecordError(LaunchError):
+    """The run dir cannot be written (a full disk, a lost mount): the run was stopped, since
+    nothing it did could be recorded."""
+
+
 class RunFailed(LaunchError):
     """A task of the run failed; the message is the root-cause summary."""
-
-    exit_code = 1
 
 
 class Interrupted(LaunchError):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from distlaunch.launcher import rundir, tfconfig
 from distlaunch.launcher.errors import SpecError, UsageError
 from distlaunch.launcher.plan import IMAGE_PYTHON, TaskPlan, make_plan

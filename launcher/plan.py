@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from distlaunch.launcher import program_scan, tfconfig
-from distlaunch.launcher.netns import HOST_NETWORK, Isolation
+from distlaunch.launcher.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.program_scan import ProgramChoice
 from distlaunch.launcher.spec import LoadedSpec, TaskEntry
 from distlaunch.worker import bootstrap, contract

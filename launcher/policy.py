@@ -30,12 +30,17 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True)
 class Decision:
-    """An action, the tasks it concerns, how long to wait first, and the reason (logged)."""
+    """An action, the tasks it concerns, how long to wait first, and the reason (logged).
+
+    ``note`` is, for a FAIL, why the policy did not restart the task (shown under the failure
+    summary); empty when the run was never going to restart anything (policy "never").
+    """
 
     action: Action
     reason: str
     tasks: tuple[str, ...] = ()
     delay_s: float = 0.0
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,13 +120,16 @@ class RestartPolicy:
         if self.rules.policy == "never":
             return Decision(Action.FAIL, f"{event.name} {what}; restart policy is never")
         if event.returncode in self.rules.non_retryable_exit_codes:
-            return Decision(Action.FAIL, f"{event.name} {what}, which means the program is wrong: not retried")
+            reason = f"{event.name} {what}, which means the program is wrong: not retried"
+            return Decision(Action.FAIL, reason, note=reason)
         if event.error_type in NON_RETRYABLE_ERRORS:
-            return Decision(Action.FAIL, f"{event.name} {what} with {event.error_type}: the program is wrong, not retried")
+            reason = f"{event.name} {what} with {event.error_type}: the program is wrong, not retried"
+            return Decision(Action.FAIL, reason, note=reason)
         recent = [t for t in restart_times if self.rules.window_s is None or now - t <= self.rules.window_s]
         if len(recent) >= self.rules.max_restarts:
             window = f" within {self.rules.window_s:g} s" if self.rules.window_s is not None else ""
-            return Decision(Action.FAIL, f"{event.name} {what}; restart budget exhausted ({len(recent)} of {self.rules.max_restarts} restarts used{window})")
+            why = f"restart budget exhausted ({len(recent)} of {self.rules.max_restarts} restarts used{window})"
+            return Decision(Action.FAIL, f"{event.name} {what}; {why}", note=why)
         # The exponent is capped: 2 ** 1024 does not fit a float, and 2 ** 64 exceeds any max_s.
         exponent = min(len(recent), 64)
         delay = min(self.rules.initial_backoff_s * 2.0**exponent, self.rules.max_backoff_s)

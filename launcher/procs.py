@@ -148,16 +148,6 @@ def kill_groups(procs: Iterable[subprocess.Popen]) -> None:
         proc.wait()
 
 
-def exit_description(returncode: int) -> str:
-    """Describe a Popen return code: ``exit code 3`` or ``signal SIGKILL``."""
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
 def listening(pid: int, port: int) -> bool:
     """Whether a TCP socket listens on ``port`` in the network namespace of process ``pid``.
 
@@ -194,8 +184,9 @@ def pid_alive(pid: object) -> bool:
 
 
 class TaskProcess:
-    """One running task as the supervisor watches it, whatever its transport: the local process
-    that stands for it (its pid is also its process group id) and a pidfd on that process."""
+    """A `transports.base.TaskHandle` for a task that a local process stands for (the task itself,
+    its ssh client or its `compose run`): the process (its pid is also its process group id) and
+    a pidfd on it."""
 
     def __init__(self, task: TaskPlan, proc: subprocess.Popen, tree_fd: int | None = None) -> None:
         self.task = task
@@ -211,7 +202,7 @@ class TaskProcess:
         """The local process's pid, which is also its process group id."""
         return self.proc.pid
 
-    def returncode(self) -> int | None:
+    def exit_status(self) -> int | None:
         """Reap the local process if it has exited; its return code, or None while it runs."""
         return self.proc.poll()
 

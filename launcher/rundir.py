@@ -12,11 +12,12 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,6 @@ LOCK = "launcher.lock"
 # A run id names a folder in the shared dir: spelled like a spec's name, so that it can never be
 # "", "..", a path or an option.
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-# Run states written to run.json; only `running` and `stopping` runs have live processes.
-RUNNING, STOPPING, SUCCEEDED, FAILED, INTERRUPTED = "running", "stopping", "succeeded", "failed", "interrupted"
-FINISHED = (SUCCEEDED, FAILED, INTERRUPTED)
 
 # With "permissions": "private", the launcher and every task it starts (they inherit it, or get
 # it from the SSH helper or the container's entrypoint) create owner-only files: checkpoints,
@@ -43,7 +41,7 @@ PRIVATE_UMASK = 0o077
 
 def new_run_id(name: str) -> str:
     """Return a fresh run id: the spec's name, the UTC time and a short random suffix."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return f"{name}-{stamp}-{secrets.token_hex(2)}"
 
 
@@ -76,15 +74,15 @@ def check_existing(run_dir: Path, private: bool) -> None:
 
 
 @contextmanager
-def claim(run_dir: Path, previous: dict | None, private: bool) -> Iterator[None]:
-    """Own ``run_dir`` for the block: create it (a new run, ``previous`` None) or check that its
-    run.json is still at ``previous``'s attempt (a resumed run), under an exclusive lock that a
+def claim(run_dir: Path, previous_attempt: int | None, private: bool) -> Iterator[None]:
+    """Own ``run_dir`` for the block: create it (a new run, ``previous_attempt`` None) or check
+    that its run.json is still at ``previous_attempt`` (a resumed run), under an exclusive lock that a
     second launcher of the same run cannot take (UsageError). The kernel drops the lock when this
     process ends, however it ends. A new run dir that never got a run.json is removed again,
     with the folders above it that were made for it: a run that did not start leaves nothing.
     """
     # A run dir that `distlaunch sbatch` made for its batch script is this run's already.
-    created = previous is None and not (run_dir / BATCH_SCRIPT).is_file()
+    created = previous_attempt is None and not (run_dir / BATCH_SCRIPT).is_file()
     # The run dir and the missing folders above it, deepest first.
     made = [p for p in (run_dir, *run_dir.parents) if not os.path.lexists(p)]
     if created:
@@ -106,9 +104,9 @@ def claim(run_dir: Path, previous: dict | None, private: bool) -> Iterator[None]
                 f"run {run_dir.name} is in use by another launcher; "
                 f"`distlaunch down {run_dir.name}` stops it"
             ) from None
-        if previous is not None:
+        if previous_attempt is not None:
             record = read_json(run_dir / RUN_JSON) or {}
-            if record.get("attempt") != previous.get("attempt"):
+            if record.get("attempt") != previous_attempt:
                 raise UsageError(
                     f"run {run_dir.name} changed while this launcher started; run the command again"
                 )
@@ -150,10 +148,15 @@ def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` atomically (temp file + rename), with its folder's file mode."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode(path.parent))
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        # A full disk fails the write or the close: leave no half-written temp file behind.
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_json(path: Path) -> Any:
@@ -197,10 +200,28 @@ def resolve_run(ref: str | None, shared_dir: Path) -> Path:
     raise UsageError(f"no run {ref!r}: expected a run directory or a run id under {shared_dir}")
 
 
-def latest_unfinished(shared_dir: Path, name: str) -> Path | None:
-    """Return the latest run of spec ``name`` that did not succeed, or None."""
-    for path in reversed(runs_in(shared_dir)):
-        record = read_json(path / RUN_JSON) or {}
-        if record.get("name") == name:
-            return None if record.get("state") == SUCCEEDED else path
-    return None
+# `distlaunch restart` asks a live launcher to restart a task: a request file in the run's
+# control/ folder, then this signal; the supervisor takes the requests when it wakes.
+CONTROL_DIR = "control"
+CONTROL_SIGNAL = signal.SIGUSR1
+# What a Slurm batch job of `distlaunch sbatch --requeue` gets shortly before its time limit: the
+# supervisor stops the run as for SIGTERM, then the slurm backend requeues the job.
+PRE_TIMEOUT_SIGNAL = signal.SIGUSR2
+_RESTART_PREFIX = "restart-"
+
+
+def add_restart_request(run_dir: Path, task: str) -> None:
+    """Leave a request to restart ``task`` for the run's launcher."""
+    control = run_dir / CONTROL_DIR
+    control.mkdir(mode=0o700, exist_ok=True)
+    create_file(control / f"{_RESTART_PREFIX}{task}")
+
+
+def take_restart_requests(run_dir: Path) -> list[str]:
+    """The tasks whose restart was requested, oldest name first; the requests are removed."""
+    control = run_dir / CONTROL_DIR
+    names = []
+    for request in sorted(control.glob(f"{_RESTART_PREFIX}*")) if control.is_dir() else ():
+        request.unlink(missing_ok=True)
+        names.append(request.name.removeprefix(_RESTART_PREFIX))
+    return names

@@ -1,12 +1,14 @@
 """The supervisor: starts a plan's tasks, watches them in one event loop, and ends the run.
 
-One thread, one `select` over: every task's pidfd (an exit is seen the moment it happens), a
-self-pipe that signal handlers write to (Ctrl-C, SIGTERM and `distlaunch restart`'s SIGUSR1 are
-handled between events, never in the middle of bookkeeping), and a short timeout that pumps the
-tasks' logs to the terminal and checks deadlines, heartbeats and due restarts.
+One thread, one `select` over: every task's exit fd (a pidfd: an exit is seen the moment it
+happens), a self-pipe that signal handlers write to (Ctrl-C, SIGTERM and `distlaunch restart`'s
+SIGUSR1 are handled between events, never in the middle of bookkeeping), and a short timeout that
+pumps the tasks' logs to the terminal and checks deadlines, heartbeats and due restarts.
 
 What an event means is not decided here: the RestartPolicy answers CONTINUE, DONE, RESTART or
-FAIL, and the supervisor carries it out and logs the decision with its reason.
+FAIL, and the supervisor carries it out and logs the decision with its reason. Tasks are reached
+only through the `transports.base` interface, and every state change goes through the task's
+`state.TaskLedger`, which records it, logs it and saves run.json in one call.
 """
 
 from __future__ import annotations
@@ -21,31 +23,55 @@ from pathlib import Path
 from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
-from distlaunch.launcher.local import LocalTransport
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
-from distlaunch.launcher.policy import Action, Cluster, Decision, RestartPolicy, RestartRules, TaskEvent
-from distlaunch.launcher.procs import TaskProcess, exit_description
+from distlaunch.launcher.policy import (
+    Action,
+    Cluster,
+    Decision,
+    RestartPolicy,
+    RestartRules,
+    TaskEvent,
+)
 from distlaunch.launcher.spec import Restart, Timeouts
+from distlaunch.launcher.state import RunBook, RunRecord, RunState, TaskLedger, TaskState
 from distlaunch.launcher.summary import Failure
+from distlaunch.launcher.transports.base import TaskHandle, Transport, exit_description
 from distlaunch.worker import contract
 
 # How often logs are echoed and deadlines checked while nothing else happens.
 PUMP_INTERVAL_S = 0.05
 # How often joins and heartbeats are checked.
 CHECK_INTERVAL_S = 0.25
-# SIGUSR2 is what a Slurm batch job of `distlaunch sbatch` gets shortly before its time limit.
-PRE_TIMEOUT_SIGNAL = signal.SIGUSR2
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, PRE_TIMEOUT_SIGNAL)
-# `distlaunch restart` drops a request file in the run's control/ folder and sends this signal.
-CONTROL_SIGNAL = signal.SIGUSR1
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, rundir.PRE_TIMEOUT_SIGNAL)
 
 
 @dataclass(frozen=True)
 class RunResult:
     """How a run ended."""
 
-    state: str  # rundir.SUCCEEDED or rundir.FAILED
+    state: RunState  # SUCCEEDED or FAILED
     failure: Failure | None
+
+
+class _Task:
+    """One task as the loop tracks it: its plan, its latest incarnation and its ledger."""
+
+    def __init__(self, plan: TaskPlan, number: int, ledger: TaskLedger) -> None:
+        self.plan = plan
+        self.number = number
+        self.ledger = ledger
+        self.handle: TaskHandle | None = None
+        self.follower: LogFollower | None = None
+        self.exit_code: int | None = None  # set once this incarnation has ended
+        self.started = 0.0  # time.monotonic() of this incarnation's start
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def alive(self) -> bool:
+        return self.handle is not None and self.exit_code is None
 
 
 class Supervisor:
@@ -54,31 +80,28 @@ class Supervisor:
     def __init__(
         self,
         plan: Plan,
-        record: dict,
+        record: RunRecord,
         console: Console,
         timeouts: Timeouts,
-        transport: LocalTransport | None = None,
+        transport: Transport,
         restart: Restart | None = None,
     ) -> None:
         self.plan = plan
         self.run_dir = Path(plan.run_dir)
-        self.record = record
+        self.book = RunBook(self.run_dir, record, console.say)
         self.console = console
         self.timeouts = timeouts
-        self.transport = transport or LocalTransport()
+        self.transport = transport
         roles: dict[str, list[str]] = {}
         for task in plan.tasks:
             roles.setdefault(task.role, []).append(task.name)
         self.policy = RestartPolicy(Cluster(plan.strategy, roles), _rules(restart or Restart()))
         self.attempt = plan.attempt
-        self.tasks = {t.name: t for t in plan.tasks}
-        self.numbers = {t.name: i for i, t in enumerate(plan.tasks)}
+        self.tasks = {
+            t.name: _Task(t, i, self.book.ledger(t.name, t.role, t.index, t.port))
+            for i, t in enumerate(plan.tasks)
+        }
         self.width = max(len(t.name) for t in plan.tasks)
-        self.handles: dict[str, TaskProcess] = {}
-        self.followers: dict[str, LogFollower] = {}
-        self.exited: dict[str, int] = {}
-        self.joined: set[str] = set()
-        self.started: dict[str, float] = {}
         self.restart_times: list[float] = []
         self.pending: list[tuple[float, tuple[str, ...]]] = []  # (due time, tasks) restarts
         self.drain_until: float | None = None
@@ -86,21 +109,26 @@ class Supervisor:
         self._signals: list[int] = []
         self._sel = selectors.DefaultSelector()
 
+    @property
+    def record(self) -> RunRecord:
+        """The run's record, as run.json has it."""
+        return self.book.record
+
     # ---- the loop -------------------------------------------------------------------------
 
     def run(self) -> RunResult:
         """Start every task, supervise until the run ends, and always tear everything down."""
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(wake_r, selectors.EVENT_READ, None)
-        watched = (*STOP_SIGNALS, CONTROL_SIGNAL)
+        watched = (*STOP_SIGNALS, rundir.CONTROL_SIGNAL)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in watched}
         previous_fd = signal.set_wakeup_fd(wake_w)
         try:
             self.run_started = time.monotonic()
-            for task in self.plan.tasks:
-                self._check_stop_signals()
-                self._start(task)
-            self._save()
+            with self.book.batch():
+                for task in self.plan.tasks:
+                    self._check_stop_signals()
+                    self._start(task)
             result = self._loop(wake_r)
         finally:
             self._teardown()
@@ -120,12 +148,17 @@ class Supervisor:
         next_check = 0.0
         while True:
             more = False
-            for follower in self.followers.values():
-                more |= follower.pump()
+            for task in self.tasks.values():
+                if task.follower is not None:
+                    more |= task.follower.pump()
             self.console.out.flush()
             for key, _ in self._sel.select(0 if more else self._select_timeout()):
                 if key.data is None:
                     _drain(wake_r)
+                    continue
+                if self._sel.get_map().get(key.fd) is not key:
+                    # An earlier exit of this batch already dealt with this task (a gang restart
+                    # killed it): its exit is recorded, and its fd is no longer watched.
                     continue
                 self._sel.unregister(key.fd)
                 result = self._on_exit(key.data)
@@ -145,7 +178,8 @@ class Supervisor:
     def _select_timeout(self) -> float:
         timeout = PUMP_INTERVAL_S
         if self.pending:
-            timeout = min(timeout, max(0.0, min(due for due, _ in self.pending) - time.monotonic()))
+            due = min(due for due, _ in self.pending)
+            timeout = min(timeout, max(0.0, due - time.monotonic()))
         return timeout
 
     def _check_stop_signals(self) -> None:
@@ -165,68 +199,97 @@ class Supervisor:
 
     # ---- events ---------------------------------------------------------------------------
 
-    def _on_exit(self, task: TaskPlan) -> RunResult | None:
-        handle = self.handles[task.name]
-        code = handle.proc.wait()  # the pidfd is readable: it has exited, this only reaps it
-        self.exited[task.name] = code
-        self.followers[task.name].close()
+    def _exited(self) -> dict[str, int]:
+        """Each task that has ended in the current attempt, and how."""
+        return {n: t.exit_code for n, t in self.tasks.items() if t.exit_code is not None}
+
+    def _decide(self, event: TaskEvent) -> Decision:
+        return self.policy.decide(event, self._exited(), self.restart_times, time.monotonic())
+
+    def _on_exit(self, task: _Task) -> RunResult | None:
+        assert task.handle is not None and task.follower is not None
+        code = task.handle.exit_status()  # its exit fd is readable: it has exited, this reaps it
+        assert code is not None, f"{task.name}: exit fd readable but no exit status"
+        task.exit_code = code
+        task.follower.close()
         how = exit_description(code)
-        self._task_record(task, state="succeeded" if code == 0 else "failed", exit_code=code, exit=how, ended_at=time.time())
+        state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
+        ended = {"exit_code": code, "exit": how, "ended_at": time.time()}
         if self.drain_until is not None:
             # Training already succeeded; the evaluator has now finished too.
-            self._event(task, "exited", exit=how, exit_code=code, decision="done", reason="the evaluator finished after training")
-            return RunResult(rundir.SUCCEEDED, None)
-        event = TaskEvent(task.name, task.role, code, self._error_type(task))
-        return self._apply(task, self.policy.decide(event, self.exited, self.restart_times, time.monotonic()),
-                           "exited", exit=how, exit_code=code)
+            why = "the evaluator finished after training"
+            task.ledger.change(
+                state, "exited", ended, exit=how, exit_code=code, decision="done", reason=why
+            )
+            return RunResult(RunState.SUCCEEDED, None)
+        error = self._error_type(task.plan)
+        decision = self._decide(TaskEvent(task.name, task.plan.role, code, error))
+        task.ledger.change(
+            state,
+            "exited",
+            ended,
+            decision=decision.action.value,
+            reason=decision.reason,
+            exit=how,
+            exit_code=code,
+        )
+        return self._apply(task, decision, how)
 
-    def _on_hang(self, task: TaskPlan, silent_s: float) -> RunResult | None:
+    def _on_hang(self, task: _Task, silent_s: float) -> RunResult | None:
         """A task stopped making progress: stop it, then treat it like a failed task."""
-        self._kill([task.name])
-        self.exited[task.name] = -signal.SIGKILL
-        self._task_record(task, state="failed", exit=f"no heartbeat for {silent_s:.0f} s", ended_at=time.time())
-        event = TaskEvent(task.name, task.role, None)
-        return self._apply(task, self.policy.decide(event, self.exited, self.restart_times, time.monotonic()),
-                           "hung", silent_s=round(silent_s, 1))
+        self._kill([task])
+        task.exit_code = -signal.SIGKILL
+        decision = self._decide(TaskEvent(task.name, task.plan.role, None))
+        ended = {"exit": f"no heartbeat for {silent_s:.0f} s", "ended_at": time.time()}
+        task.ledger.change(
+            TaskState.FAILED,
+            "hung",
+            ended,
+            decision=decision.action.value,
+            reason=decision.reason,
+            silent_s=round(silent_s, 1),
+        )
+        how = f"stopped making progress (no heartbeat for {round(silent_s, 1)} s)"
+        return self._apply(task, decision, how)
 
     def _on_control_requests(self) -> RunResult | None:
-        control = self.run_dir / "control"
-        for request in sorted(control.glob("restart-*")) if control.is_dir() else ():
-            name = request.name.removeprefix("restart-")
-            request.unlink(missing_ok=True)
+        for name in rundir.take_restart_requests(self.run_dir):
             if name not in self.tasks:
                 continue
             task = self.tasks[name]
-            result = self._apply(task, self.policy.decide(TaskEvent(name, task.role, None, manual=True), self.exited, self.restart_times, time.monotonic()), "restart-requested")
+            decision = self._decide(TaskEvent(name, task.plan.role, None, manual=True))
+            task.ledger.note(
+                "restart-requested", decision=decision.action.value, reason=decision.reason
+            )
+            result = self._apply(task, decision, "", manual=True)
             if result is not None:
                 return result
         return None
 
-    def _apply(self, task: TaskPlan, decision: Decision, event: str, **fields: object) -> RunResult | None:
-        """Log the policy's decision about ``task`` and carry it out."""
-        self._event(task, event, decision=decision.action.value, reason=decision.reason, **fields)
-        self._save()
+    def _apply(
+        self, task: _Task, decision: Decision, how: str, manual: bool = False
+    ) -> RunResult | None:
+        """Carry out the policy's decision about ``task`` (already logged)."""
         if decision.action is Action.DONE:
             return self._done()
         if decision.action is Action.FAIL:
-            how = fields.get("exit") or f"stopped making progress (no heartbeat for {fields.get('silent_s')} s)"
-            note = "" if self.policy.rules.policy == "never" else decision.reason.split("; ", 1)[-1]
-            return RunResult(rundir.FAILED, self._failure(task, str(how), note))
+            return RunResult(RunState.FAILED, self._failure(task, how, decision.note))
         if decision.action is Action.RESTART:
-            self.console.say(decision.reason + (f" in {decision.delay_s:g} s" if decision.delay_s else ""))
-            self._schedule_restart(decision, manual=event == "restart-requested")
+            delay = f" in {decision.delay_s:g} s" if decision.delay_s else ""
+            self.console.say(decision.reason + delay)
+            self._schedule_restart(decision, manual)
         return None
 
     def _done(self) -> RunResult | None:
         """Training succeeded: stop the servers; give a running evaluator time to finish."""
-        evaluators = [n for n, t in self.tasks.items() if t.role == "evaluator" and self._alive(n)]
-        others = [n for n in self.tasks if self._alive(n) and n not in evaluators]
-        self._stop(others, "stopped", "training is done")
+        alive = [t for t in self.tasks.values() if t.alive]
+        evaluators = [t for t in alive if t.plan.role == "evaluator"]
+        self._stop([t for t in alive if t not in evaluators], TaskState.STOPPED, "training is done")
         if evaluators and self.timeouts.evaluator_drain_s > 0:
             self.drain_until = time.monotonic() + self.timeouts.evaluator_drain_s
             self.pending.clear()
             return None
-        return RunResult(rundir.SUCCEEDED, None)
+        return RunResult(RunState.SUCCEEDED, None)
 
     # ---- restarts ---------------------------------------------------------------------------
 
@@ -234,15 +297,15 @@ class Supervisor:
         names = decision.tasks
         # Survivors of a gang are killed at once: they hold no state that the checkpoint does
         # not, and an MWMS worker blocked in a collective would sit out SIGTERM's grace anyway.
-        self._kill([n for n in names if self._alive(n)])
+        self._kill([self.tasks[n] for n in names if self.tasks[n].alive])
         if not manual:
             self.restart_times.append(time.monotonic())
         self.attempt += 1
         rundir.make_dirs(self.run_dir, self.attempt, private=_is_private(self.run_dir))
-        self.record["attempt"] = self.attempt
+        self.record.attempt = self.attempt
         self.pending = [(due, rest) for due, rest in self.pending if not set(rest) & set(names)]
         self.pending.append((time.monotonic() + decision.delay_s, names))
-        self._save()
+        self.book.save()
 
     def _start_due_restarts(self, now: float) -> RunResult | None:
         due = [names for when, names in self.pending if when <= now]
@@ -251,133 +314,164 @@ class Supervisor:
         self.pending = [(when, names) for when, names in self.pending if when > now]
         # Same ports and TF_CONFIG; a new DISTLAUNCH_ATTEMPT, log file and error file.
         plan = for_attempt(self.plan, self.attempt)
-        for names in due:
-            for name in names:
-                self._check_stop_signals()
-                restarts = int(self.record["tasks"][name].get("restarts", 0)) + 1
-                self._start(plan.task(name), restarts=restarts)
-        self._save()
+        with self.book.batch():
+            for names in due:
+                for name in names:
+                    self._check_stop_signals()
+                    restarts = self.tasks[name].ledger.entry.restarts + 1
+                    self._start(plan.task(name), restarts=restarts)
         return None
 
-    def _start(self, task: TaskPlan, restarts: int = 0) -> None:
-        old = self.followers.get(task.name)
-        if old is not None:
-            old.close()
-        handle = self.transport.start(task)
-        self.handles[task.name] = handle
-        self.tasks[task.name] = task
-        self.exited.pop(task.name, None)
-        self.joined.discard(task.name)
-        self.started[task.name] = time.monotonic()
-        prefix = self.console.prefix(task.name, self.numbers[task.name], self.width)
-        self.followers[task.name] = LogFollower(task.log_file, prefix, self.console)
+    def _start(self, plan: TaskPlan, restarts: int = 0) -> None:
+        task = self.tasks[plan.name]
+        if task.follower is not None:
+            task.follower.close()
+        if task.handle is not None:
+            # The previous incarnation is stopped and reaped: release its pidfd (and an SSH
+            # client's stdin pipe) before its successor takes its place.
+            task.handle.close()
+        handle = self.transport.start(plan)
+        task.plan, task.handle, task.exit_code = plan, handle, None
+        task.started = time.monotonic()
+        prefix = self.console.prefix(plan.name, task.number, self.width)
+        task.follower = LogFollower(plan.log_file, prefix, self.console)
         self._sel.register(handle.exit_fd, selectors.EVENT_READ, task)
-        self._task_record(task, state="starting", pid=handle.pid, pgid=handle.pid, started_at=time.time(),
-                          restarts=restarts, exit_code=None, exit=None, ended_at=None)
-        self._event(task, "restarted" if restarts else "started", pid=handle.pid)
+        started = {
+            "attempt": int(plan.env.get(contract.ATTEMPT, self.attempt)),
+            "pid": handle.pid,
+            "pgid": handle.pid,
+            "started_at": time.time(),
+            "restarts": restarts,
+            "exit_code": None,
+            "exit": None,
+            "ended_at": None,
+            "joined_after_s": None,
+        }
+        event = "restarted" if restarts else "started"
+        task.ledger.change(TaskState.STARTING, event, started, pid=handle.pid)
 
     # ---- periodic checks ------------------------------------------------------------------
 
     def _check_deadlines(self, now: float) -> RunResult | None:
         if self.drain_until is not None:
             if now >= self.drain_until:
-                for name in [n for n in self.tasks if self._alive(n)]:
-                    self._stop([name], "stopped", f"the evaluator did not finish within {self.timeouts.evaluator_drain_s:g} s (timeouts.evaluator_drain_s)")
-                return RunResult(rundir.SUCCEEDED, None)
+                drain = self.timeouts.evaluator_drain_s
+                why = (
+                    f"the evaluator did not finish within {drain:g} s (timeouts.evaluator_drain_s)"
+                )
+                for task in [t for t in self.tasks.values() if t.alive]:
+                    self._stop([task], TaskState.STOPPED, why)
+                return RunResult(RunState.SUCCEEDED, None)
             return None
         wall = time.time()
-        for name, handle in list(self.handles.items()):
-            task = self.tasks[name]
-            if not self._alive(name) or task.role == "evaluator":
+        for task in self.tasks.values():
+            if not task.alive or task.plan.role == "evaluator":
                 continue
-            if name not in self.joined:
-                if handle.joined():
-                    self.joined.add(name)
-                    self._task_record(task, state="running", joined_after_s=round(now - self.started[name], 3))
-                    self._event(task, "joined", port=task.port)
-                    self._save()
-                elif now - self.started[name] > self.timeouts.startup_s:
-                    return RunResult(rundir.FAILED, self._failure(
-                        task, f"did not start its TensorFlow server on port {task.port} within "
-                        f"{self.timeouts.startup_s:g} s (timeouts.startup_s)"))
+            assert task.handle is not None
+            if task.ledger.state is TaskState.STARTING:
+                if task.handle.joined():
+                    joined = {"joined_after_s": round(now - task.started, 3)}
+                    task.ledger.change(TaskState.RUNNING, "joined", joined, port=task.plan.port)
+                elif now - task.started > self.timeouts.startup_s:
+                    return RunResult(RunState.FAILED, self._failure(
+                        task, f"did not start its TensorFlow server on port {task.plan.port} "
+                        f"within {self.timeouts.startup_s:g} s (timeouts.startup_s)"))  # fmt: skip
             if self.timeouts.heartbeat_s is not None:
-                silent = self._silent_for(task, handle, wall)
+                silent = self._silent_for(task, wall)
                 if silent is not None and silent > self.timeouts.heartbeat_s:
                     return self._on_hang(task, silent)
         if self.timeouts.run_s is not None and now - self.run_started > self.timeouts.run_s:
-            running = next(t for n, t in self.tasks.items() if self._alive(n))
-            return RunResult(rundir.FAILED, self._failure(
-                running, f"was still running when the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"))
+            limit = f"the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"
+            running = [t for t in self.tasks.values() if t.alive]
+            if running:
+                return RunResult(
+                    RunState.FAILED, self._failure(running[0], f"was still running when {limit}")
+                )
+            # Every task is down, waiting for a restart that is due later.
+            waiting = self.tasks[self.pending[0][1][0]]
+            return RunResult(
+                RunState.FAILED, self._failure(waiting, f"was waiting to restart when {limit}")
+            )
         return None
 
-    def _silent_for(self, task: TaskPlan, handle: TaskProcess, wall: float) -> float | None:
+    def _silent_for(self, task: _Task, wall: float) -> float | None:
         """Seconds since this incarnation's last heartbeat; None before its first one."""
-        status = rundir.read_json(contract.status_path(self.run_dir, task.role, task.index))
-        if not isinstance(status, dict) or status.get("attempt") != self.record["tasks"][task.name]["attempt"]:
+        plan = task.plan
+        status = rundir.read_json(contract.status_path(self.run_dir, plan.role, plan.index))
+        if not isinstance(status, dict) or status.get("attempt") != task.ledger.entry.attempt:
             return None
         beat = status.get("time")
         return wall - beat if isinstance(beat, (int, float)) else None
 
     # ---- stopping ---------------------------------------------------------------------------
 
-    def _alive(self, name: str) -> bool:
-        return name in self.handles and name not in self.exited
-
-    def _kill(self, names: list[str]) -> None:
+    def _kill(self, tasks: list[_Task]) -> None:
         """Kill tasks now, through their transport (for restarts: nothing of theirs is worth a grace)."""
-        handles = [self.handles[n] for n in names]
-        for handle in handles:
-            self._unwatch(handle)
+        handles = self._unwatch(tasks)
         self.transport.kill(handles)
-        for name in names:
-            code = self.handles[name].proc.returncode
-            self.exited[name] = code
-            self.followers[name].close()
-            self._task_record(self.tasks[name], state="killed", exit_code=code, exit=exit_description(code), ended_at=time.time())
-            self._event(self.tasks[name], "killed", exit=exit_description(code), reason="restarting")
+        with self.book.batch():
+            for task in tasks:
+                self._ended(task, TaskState.KILLED, "killed", "restarting")
 
-    def _stop(self, names: list[str], state: str, reason: str) -> None:
+    def _stop(self, tasks: list[_Task], state: TaskState, reason: str) -> None:
         """Stop tasks the polite way: SIGTERM, the grace period, SIGKILL."""
-        handles = [self.handles[n] for n in names]
-        for handle in handles:
-            self._unwatch(handle)
+        handles = self._unwatch(tasks)
         self.transport.stop(handles, self.timeouts.grace_s)
-        for handle in handles:
-            name = handle.task.name
-            code = handle.proc.returncode
-            self.exited[name] = code
-            self.followers[name].close()
-            self._task_record(handle.task, state=state, exit_code=code, exit=exit_description(code), ended_at=time.time())
-            self._event(handle.task, state, exit=exit_description(code), reason=reason)
+        with self.book.batch():
+            for task in tasks:
+                self._ended(task, state, state.value, reason)
 
-    def _unwatch(self, handle: TaskProcess) -> None:
-        try:
-            self._sel.unregister(handle.exit_fd)
-        except (KeyError, ValueError):
-            pass
+    def _unwatch(self, tasks: list[_Task]) -> list[TaskHandle]:
+        handles = []
+        for task in tasks:
+            assert task.handle is not None
+            handles.append(task.handle)
+            try:
+                self._sel.unregister(task.handle.exit_fd)
+            except (KeyError, ValueError):
+                pass
+        return handles
+
+    def _ended(self, task: _Task, state: TaskState, event: str, reason: str) -> None:
+        """Record a task the launcher has just stopped or killed."""
+        assert task.handle is not None and task.follower is not None
+        code = task.handle.exit_status()
+        assert code is not None, f"{task.name}: still running after its transport stopped it"
+        task.exit_code = code
+        task.follower.close()
+        how = exit_description(code)
+        ended = {"exit_code": code, "exit": how, "ended_at": time.time()}
+        task.ledger.change(state, event, ended, exit=how, reason=reason)
 
     def _teardown(self) -> None:
-        """Stop every task still running (TERM, grace, KILL), echo the rest of their logs."""
-        alive = [n for n in self.handles if self._alive(n)]
+        """Stop every task still running (TERM, grace, KILL), echo the rest of their logs.
+
+        Stopping comes first and nothing here raises for a record it cannot write (a full
+        disk): the tasks must end whatever happened to the run dir.
+        """
+        self.book.best_effort = True
+        alive = [t for t in self.tasks.values() if t.alive]
         if alive:
-            self.record["state"] = rundir.STOPPING
-            self._save()
-            self._stop(alive, "stopped", "the run is ending")
-        for follower in self.followers.values():
-            follower.close()
-        for handle in self.handles.values():
-            handle.close()
-        self._save()
+            self.book.set_state(RunState.STOPPING)
+            self._stop(alive, TaskState.STOPPED, "the run is ending")
+        for task in self.tasks.values():
+            if task.follower is not None:
+                task.follower.close()
+            if task.handle is not None:
+                task.handle.close()
+        self.book.save()
 
     # ---- records ----------------------------------------------------------------------------
 
-    def _failure(self, task: TaskPlan, how: str, note: str = "") -> Failure:
-        attempt = self.record["tasks"][task.name]["attempt"]
+    def _failure(self, task: _Task, how: str, note: str = "") -> Failure:
+        attempt = task.ledger.entry.attempt
         return Failure(
             task=task.name,
             how=how,
-            log_file=task.log_file,
-            error_file=str(contract.error_path(self.run_dir, attempt, task.role, task.index)),
+            log_file=task.plan.log_file,
+            error_file=str(
+                contract.error_path(self.run_dir, attempt, task.plan.role, task.plan.index)
+            ),
             elapsed_s=time.monotonic() - self.run_started,
             note=note,
         )
@@ -385,19 +479,6 @@ class Supervisor:
     def _error_type(self, task: TaskPlan) -> str | None:
         error = rundir.read_json(Path(task.env[contract.ERROR_FILE]))
         return error.get("type") if isinstance(error, dict) else None
-
-    def _event(self, task: TaskPlan, event: str, **fields: object) -> None:
-        attempt = self.record.get("tasks", {}).get(task.name, {}).get("attempt", self.attempt)
-        rundir.append_event(self.run_dir, task=task.name, event=event, attempt=attempt, **fields)
-
-    def _task_record(self, task: TaskPlan, **fields: object) -> None:
-        entry = self.record.setdefault("tasks", {}).setdefault(task.name, {"role": task.role, "index": task.index, "port": task.port})
-        if fields.get("state") == "starting":
-            entry["attempt"] = int(task.env.get(contract.ATTEMPT, self.attempt))
-        entry.update(fields)
-
-    def _save(self) -> None:
-        rundir.write_json(self.run_dir / rundir.RUN_JSON, self.record)
 
 
 def _rules(restart: Restart) -> RestartRules:

@@ -5,30 +5,22 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import compose, firewall, netns, ports, preflight, procs, rundir, ssh
+from distlaunch.launcher import rundir
 from distlaunch.launcher.console import Console
+from distlaunch.launcher.control.liveness import launcher_alive
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
-from distlaunch.launcher.image import ImageRequest
-from distlaunch.launcher.local import LocalTransport
-from distlaunch.launcher.plan import Plan, make_plan, masked_spec
-from distlaunch.launcher.routing import HostRouter
+from distlaunch.launcher.plan import Plan, masked_spec
 from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.state import RunRecord, RunState, latest_unfinished
 from distlaunch.launcher.summary import details, headline
-from distlaunch.launcher.supervisor import PRE_TIMEOUT_SIGNAL, Supervisor
-from distlaunch.worker import contract
-
-ISOLATED_NOTE = (
-    "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
-    'reached from outside the run, and they cannot reach the network; "isolation": "off" turns it off)'
-)
-EXPOSURE_NOTE = (
-    "note: ports {ports} can be reached from other machines: TensorFlow's gRPC servers listen on every "
-    "interface with no authentication, and {reason}. To prevent it, {remedy} (README: Security)"
-)
+from distlaunch.launcher.supervisor import Supervisor
+from distlaunch.launcher.transports import compose, compose_file, routing, slurm
+from distlaunch.launcher.transports.base import Backend
+from distlaunch.launcher.transports.image import ImageRequest
 
 
 @dataclass(frozen=True)
@@ -38,7 +30,7 @@ class RunTarget:
     run_id: str
     run_dir: Path
     attempt: int
-    previous: dict | None  # run.json of the run being resumed
+    previous: RunRecord | None  # the record of the run being resumed
 
 
 def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarget:
@@ -47,7 +39,7 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
     if run_id is not None:
         rundir.check_run_id(run_id)
     if resume and run_id is None:
-        found = rundir.latest_unfinished(shared, loaded.spec.name)
+        found = latest_unfinished(shared, loaded.spec.name)
         if found is None:
             raise UsageError(f"--resume: no unfinished run of {loaded.spec.name!r} under {shared}")
         run_id = found.name
@@ -68,114 +60,56 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
             f"run dir {run_dir} already exists and holds no run; pick another --run-id"
         )
     rundir.check_existing(run_dir, loaded.spec.permissions == "private")
-    previous = rundir.read_json(run_dir / rundir.RUN_JSON)
-    if not isinstance(previous, dict):
-        raise UsageError(f"{run_dir / rundir.RUN_JSON} is not a run record")
-    if previous.get("state") in (rundir.RUNNING, rundir.STOPPING) and procs.pid_alive(previous.get("launcher_pid")):
-        raise UsageError(f"run {run_id} is still running (launcher pid {previous['launcher_pid']}); `distlaunch down {run_id}` first")
-    return RunTarget(run_id, run_dir, int(previous.get("attempt", 0)) + 1, previous)
+    previous = RunRecord.load(run_dir)
+    if launcher_alive(previous):
+        raise UsageError(f"run {run_id} is still running (launcher pid {previous.launcher_pid}); `distlaunch down {run_id}` first")
+    return RunTarget(run_id, run_dir, previous.attempt + 1, previous)
 
 
-def build_plan(loaded: LoadedSpec, target: RunTarget, remote_ports: dict[ports.TaskKey, int] | None = None) -> Plan:
-    """Decide the isolation, allocate ports and build the plan of this attempt (nothing started).
+# The backends by kind (the spec's `backend`): a new backend is one entry here and its module.
+BACKENDS: dict[str, Backend] = {
+    "local": Backend(routing.plan, routing.open_launch),
+    "compose": Backend(compose_file.compose_plan, compose.open_launch),
+    "slurm": Backend(slurm.plan, slurm.open_launch),
+}
 
-    ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
-    With the compose backend, tasks are containers reached at their service names (compose.compose_plan).
-    """
-    if loaded.spec.backend == "compose":
-        return compose.compose_plan(loaded, target.run_id, target.run_dir, target.attempt)
-    if loaded.spec.backend == "slurm":
-        # A dry run: placed on the current allocation, with stand-in ports (`up` picks them on the nodes).
-        from distlaunch.launcher import slurm
 
-        placement = slurm.place(loaded, slurm.allocation())
-        stand_ins = ports.allocate(slurm.placed_spec(loaded, placement), private=True)
-        return slurm.slurm_plan(loaded, placement, stand_ins, target.run_id, target.run_dir, target.attempt)
-    isolation = netns.decide(loaded)
-    return make_plan(
-        loaded, ports.allocate(loaded, private=isolation.private, remote=remote_ports), target.run_id,
-        target.run_dir, target.attempt, os.environ.get("CUDA_VISIBLE_DEVICES"), isolation=isolation,
-    )
+def build_plan(loaded: LoadedSpec, target: RunTarget) -> Plan:
+    """The plan `up` would start for ``target``, with no host contacted (`plan`, `tfconfig`)."""
+    backend = BACKENDS[loaded.spec.backend]
+    return backend.plan(loaded, target.run_id, target.run_dir, target.attempt)
 
 
 def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest | None = None,
        requeue: bool = False) -> None:
     """Run the job to its end; raise RunFailed or Interrupted (after full teardown) if it did not succeed.
 
-    SSH hosts are checked first (HostError, nothing started, when one is not usable). With the
-    compose backend the tasks run in containers of ``image`` (see `_up_compose`); with the slurm
-    backend as job steps of the current allocation (see `_up_slurm`, and ``requeue``).
+    The backend checks its hosts first (HostError, nothing started, when an SSH host is not
+    usable), then plans; with the compose backend the tasks run in containers of ``image``;
+    with the slurm backend ``requeue`` requeues a batch job stopped by its pre-timeout signal.
     """
-    if loaded.spec.backend == "compose":
-        _up_compose(loaded, target, console, image or ImageRequest())
-        return
-    if loaded.spec.backend == "slurm":
-        _up_slurm(loaded, target, console, requeue)
-        return
     private = loaded.spec.permissions == "private"
-    umask = rundir.PRIVATE_UMASK if private else None
-    remote_hosts = {name: host for name, host in loaded.hosts.items() if host.transport == "ssh"}
-    # The session's master connections outlive every task; they are closed last.
-    with ssh.Session(remote_hosts) as session:
-        reports = preflight.check(loaded, session, umask)
-        for report in reports:
-            console.say(f"host {session.target(report.name)}: {report.summary()}")
-        plan = build_plan(loaded, target, preflight.picked_ports(reports))
-        # The hosts' firewalls are up before any task starts and go after every task has stopped.
-        with _protect(loaded, plan, session) as protection, _umask(umask), \
-                netns.sandbox(plan.isolation, plan.run_id) as sandbox, \
-                ssh.SshTransport(session, loaded.spec.timeouts.grace_s, umask) as remote:
+    with BACKENDS[loaded.spec.backend].open(loaded, console, image=image, requeue=requeue) as launch:
+        plan = launch.plan(target.run_id, target.run_dir, target.attempt)
+        with _umask(rundir.PRIVATE_UMASK if private else None):
             rundir.make_dirs(target.run_dir, target.attempt, private)
             record = _new_record(loaded, plan, target)
-            if sandbox is not None:
-                record["netns_holder_pid"] = sandbox.pid
-            if reports:
-                record["ssh"] = ssh.record(loaded, [r.name for r in reports])
-                record["network"] = protection.to_json()
             verb = "resuming" if target.previous else "starting"
-            console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks, {plan.strategy}; run dir {plan.run_dir}")
-            for note in [_network_note(plan), *protection.notes()]:
-                if note:
-                    console.say(note)
+            where = " in containers" if all(t.transport == "compose" for t in plan.tasks) else ""
+            console.say(
+                f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks{where}, "
+                f"{plan.strategy}; run dir {plan.run_dir}"
+            )
             _say_program(console, plan)
-            if reports and not loaded.spec.shared_dir_is_shared:
-                console.say(f"SSH hosts keep their run files on their own disks; `distlaunch collect {plan.run_id}` copies them here")
-            # The sandbox closes only after the supervisor has stopped every task in it.
-            transport = HostRouter(LocalTransport(sandbox), remote)
-            shown = HostConsole(console, plan) if reports else console
-            _supervise(Supervisor(plan, record, shown, loaded.spec.timeouts, transport, loaded.spec.restart), target, console)
-
-
-class HostConsole(Console):
-    """``console`` with each task's host in its line prefix (``worker-0@node1 | ``), for runs on several hosts."""
-
-    def __init__(self, console: Console, plan: Plan) -> None:
-        super().__init__(console.out, console.err, console.color)
-        self.hosts = {t.name: t.host_name for t in plan.tasks}
-        self.extra = max(len(h) + 1 for h in self.hosts.values())
-
-    def prefix(self, name: str, number: int, width: int) -> bytes:
-        """The base prefix of ``name@host``, widened by the longest ``@host``."""
-        return super().prefix(f"{name}@{self.hosts[name]}", number, width + self.extra)
-
-
-def _up_compose(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest) -> None:
-    """`up` with every task in a container: the same run dir, supervisor and decisions as a local run."""
-    # Imported here: a local run never needs the docker modules.
-    from distlaunch.launcher.compose_backend import open_transport
-
-    private = loaded.spec.permissions == "private"
-    plan = build_plan(loaded, target)
-    with _umask(rundir.PRIVATE_UMASK if private else None):
-        rundir.make_dirs(target.run_dir, target.attempt, private)
-        record = _new_record(loaded, plan, target)
-        verb = "resuming" if target.previous else "starting"
-        console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks in containers, {plan.strategy}; run dir {plan.run_dir}")
-        _say_program(console, plan)
-        with open_transport(loaded, plan, image, console) as transport:
-            record["compose"] = transport.describe()
-            console.say(f"compose project {transport.project}: {compose.ISOLATION.reason}")
-            _supervise(Supervisor(plan, record, console, loaded.spec.timeouts, transport, loaded.spec.restart), target, console)
+            with launch.open(plan) as opened:
+                record.update(opened.record)
+                for note in opened.notes:
+                    console.say(note)
+                shown = opened.console or console
+                supervisor = Supervisor(
+                    plan, record, shown, loaded.spec.timeouts, opened.transport, loaded.spec.restart
+                )
+                _supervise(supervisor, console)
 
 
 def _say_program(console: Console, plan: Plan) -> None:
@@ -185,71 +119,6 @@ def _say_program(console: Console, plan: Plan) -> None:
         console.say(note)
     if plan.program.serve_ps_workers:
         console.say(plan.program.serve_reason)
-
-
-def _up_slurm(loaded: LoadedSpec, target: RunTarget, console: Console, requeue: bool) -> None:
-    """`up` inside a Slurm allocation: every task a job step on a node, the same supervisor.
-
-    With ``requeue`` (a batch job submitted with `distlaunch sbatch --requeue`), the pre-timeout
-    signal (SIGUSR2) stops the tasks, then the job is requeued: its next start resumes this run.
-    """
-    from distlaunch.launcher import slurm
-
-    alloc = slurm.allocation()
-    placement = slurm.place(loaded, alloc)
-    private = loaded.spec.permissions == "private"
-    umask = rundir.PRIVATE_UMASK if private else None
-    reports = slurm.preflight(loaded, alloc, placement, umask)
-    for report in reports:
-        console.say(f"node {report.name}: {report.summary()}")
-    picked = {key: port for report in reports for key, port in report.ports.items()}
-    plan = slurm.slurm_plan(loaded, placement, picked, target.run_id, target.run_dir, target.attempt)
-    python = slurm.python_of(loaded)
-    with _umask(umask), slurm.StepTransport(alloc, plan.run_id, python, loaded.spec.timeouts.grace_s, umask) as steps:
-        rundir.make_dirs(target.run_dir, target.attempt, private)
-        record = _new_record(loaded, plan, target)
-        record["slurm"] = alloc.to_json()
-        verb = "resuming" if target.previous else "starting"
-        console.say(f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks as steps of Slurm job "
-                    f"{alloc.job_id} on {', '.join(sorted(set(placement.values())))}, {plan.strategy}; run dir {plan.run_dir}")
-        ports = ", ".join(str(t.port) for t in plan.tasks)
-        console.say(EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy))
-        _say_program(console, plan)
-        try:
-            _supervise(Supervisor(plan, record, HostConsole(console, plan), loaded.spec.timeouts, steps, loaded.spec.restart),
-                       target, console)
-        except Interrupted as exc:
-            if requeue and exc.signum == PRE_TIMEOUT_SIGNAL:
-                console.say(f"the job is near its time limit: tasks stopped; requeueing job {alloc.job_id}, "
-                            f"which resumes run {plan.run_id} from its latest checkpoint")
-                slurm.requeue(alloc)
-            raise
-
-
-def _network_note(plan: Plan) -> str | None:
-    """The line `up` prints about who can reach the local tasks' ports (the firewall's notes
-    speak for the SSH hosts')."""
-    if plan.isolation.private:
-        return ISOLATED_NOTE
-    ports = ", ".join(str(t.port) for t in plan.tasks if t.transport == "local")
-    if not ports:
-        return None
-    return EXPOSURE_NOTE.format(ports=ports, reason=plan.isolation.reason, remedy=plan.isolation.remedy)
-
-
-def _protect(
-    loaded: LoadedSpec, plan: Plan, session: ssh.Session
-) -> AbstractContextManager[firewall.Protection]:
-    """The firewall of the run's SSH hosts: one guard per host, over ssh."""
-
-    def guard_argv(name: str) -> list[str]:
-        python = ssh.remote_python(session.hosts[name].python)
-        return session.argv(name, f"exec {python} -m {firewall.GUARD_MODULE}")
-
-    # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
-    env = {contract.RUN_ID: plan.run_id}
-    rules = firewall.plan_rules(plan)
-    return firewall.protect(loaded.spec.network.protect, plan.run_id, rules, guard_argv, env)
 
 
 @contextmanager
@@ -265,52 +134,42 @@ def _umask(mask: int | None) -> Iterator[None]:
         os.umask(previous)
 
 
-def _supervise(supervisor: Supervisor, target: RunTarget, console: Console) -> None:
-    plan, record = supervisor.plan, supervisor.record
+def _supervise(supervisor: Supervisor, console: Console) -> None:
+    plan, book = supervisor.plan, supervisor.book
     try:
         result = supervisor.run()
     except Interrupted as exc:
-        _finish(record, target, rundir.INTERRUPTED, exc.exit_code)
+        book.set_state(RunState.INTERRUPTED, exit_code=exc.exit_code, ended_at=time.time())
         raise
     except BaseException:
-        _finish(record, target, rundir.FAILED, 1)
+        book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time())
         raise
     if result.failure is None:
-        _finish(record, target, rundir.SUCCEEDED, 0)
-        console.say(f"run {plan.run_id} succeeded in {time.time() - record['started_at']:.1f} s; run dir {plan.run_dir}")
+        book.set_state(RunState.SUCCEEDED, exit_code=0, ended_at=time.time())
+        took = time.time() - book.record.started_at
+        console.say(f"run {plan.run_id} succeeded in {took:.1f} s; run dir {plan.run_dir}")
         return
     line = headline(plan.run_id, result.failure)
-    record["failure"] = {"task": result.failure.task, "how": result.failure.how, "summary": line}
-    _finish(record, target, rundir.FAILED, 1)
+    failure = {"task": result.failure.task, "how": result.failure.how, "summary": line}
+    book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time(), failure=failure)
     console.say(line + "\n" + details(result.failure))
     raise RunFailed(line)
 
 
-def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> dict:
+def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> RunRecord:
     history = []
     if target.previous:
-        history = target.previous.get("history", []) + [
-            {k: target.previous.get(k) for k in ("attempt", "state", "started_at", "ended_at", "exit_code", "failure")}
-        ]
-    return {
-        "run_id": plan.run_id,
-        "name": loaded.spec.name,
-        "spec_file": str(loaded.file.resolve()),
-        "spec": masked_spec(loaded.raw),
-        "strategy": plan.strategy,
-        "state": rundir.RUNNING,
-        "attempt": plan.attempt,
-        "launcher_pid": os.getpid(),
-        "started_at": time.time(),
-        "ended_at": None,
-        "exit_code": None,
-        "failure": None,
-        "plan": plan.to_json(),
-        "tasks": {},
-        "history": history,
-    }
-
-
-def _finish(record: dict, target: RunTarget, state: str, exit_code: int) -> None:
-    record.update(state=state, exit_code=exit_code, ended_at=time.time())
-    rundir.write_json(target.run_dir / rundir.RUN_JSON, record)
+        history = [*target.previous.history, target.previous.outcome()]
+    return RunRecord(
+        run_id=plan.run_id,
+        name=loaded.spec.name,
+        spec_file=str(loaded.file.resolve()),
+        spec=masked_spec(loaded.raw),
+        strategy=plan.strategy,
+        state=RunState.RUNNING,
+        attempt=plan.attempt,
+        launcher_pid=os.getpid(),
+        started_at=time.time(),
+        plan=plan.to_json(),
+        history=history,
+    )

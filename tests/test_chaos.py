@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, events, only_run_dir, processes_of_run, run_record, start_up, wait_for, wait_for_run_dir, write_spec
+from conftest import (
+    distlaunch,
+    events,
+    only_run_dir,
+    processes_of_run,
+    run_record,
+    start_up,
+    wait_for,
+    wait_for_run_dir,
+    write_spec,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -232,3 +242,63 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
     metrics = json.loads((run_dir / "metrics" / "chief-0.json").read_text())
     assert metrics[-1]["step"] == epochs * steps
     assert not processes_of_run(rec["run_id"])
+
+
+# A stand-in for a worker that needs no TensorFlow: it listens on its TF_CONFIG port (so the
+# launcher sees it join), then in attempt 0 exits 1 once the test says so; later attempts succeed.
+BOTH_EXIT = """
+import json, os, pathlib, socket, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+me = cfg["task"]
+port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", port))
+server.listen()
+if os.environ["DISTLAUNCH_ATTEMPT"] != "0":
+    sys.exit(0)
+go = pathlib.Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.05)
+sys.exit(1)
+"""
+
+
+def test_two_workers_exiting_in_one_batch_gang_restart_once_and_succeed(tmp):
+    # Issue 14 item 1: both exits reach the launcher in one select() batch (it is stopped while
+    # they exit), as MWMS peers that fail within milliseconds of each other do.
+    (tmp / "task.py").write_text(BOTH_EXIT)
+    go = tmp / "go"
+    spec = write_spec(tmp, program={"script": "task.py", "args": [str(go)]}, restart=ON_FAILURE)
+    launcher = start_up(spec)
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        wait_for(lambda: all_running(run_dir) and len(run_record(run_dir)["tasks"]) == 2, "both workers joined", launcher=launcher)
+        pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
+        os.kill(launcher.pid, signal.SIGSTOP)
+        try:
+            go.touch()
+            wait_for(lambda: all(_ended(pid) for pid in pids), "both workers exited")
+        finally:
+            os.kill(launcher.pid, signal.SIGCONT)
+        launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+        print((tmp / "stderr.txt").read_text()[-5000:])
+    assert launcher.returncode == 0
+    record = run_record(run_dir)
+    assert record["state"] == "succeeded" and record["attempt"] == 1
+    assert {t["restarts"] for t in record["tasks"].values()} == {1}
+    story = events(run_dir)
+    assert sum(e["event"] == "restarted" for e in story) == 2
+    assert sum(e.get("decision") == "restart" for e in story) == 1
+    assert not processes_of_run(record["run_id"])
+
+
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie its stopped parent has not reaped yet counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

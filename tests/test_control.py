@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-from conftest import distlaunch, processes_of_run, run_record, start_up, wait_for, wait_for_run_dir, write_spec
+from conftest import (
+    distlaunch,
+    processes_of_run,
+    run_record,
+    start_up,
+    wait_for,
+    wait_for_run_dir,
+    write_spec,
+)
 from test_chaos import events
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,8 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
-from distlaunch.launcher import netns, procs
+from distlaunch.launcher import procs
+from distlaunch.launcher.transports import netns
 from distlaunch.launcher.policy import NON_RETRYABLE_ERRORS
 
 CAPS = netns.probe()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from conftest import distlaunch, run_record, wait_for, wait_for_run_dir, write_spec
 
 TASK = "print('hi')\n"

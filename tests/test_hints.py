@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from distlaunch.launcher import evidence, hints
 from distlaunch.launcher.summary import Failure, details, headline
 

@@ -22,10 +22,19 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import REPO, distlaunch, processes_of_run, run_record, wait_for, wait_for_run_dir, write_spec
-from distlaunch.launcher import netns, ports, procs
+from conftest import (
+    REPO,
+    distlaunch,
+    processes_of_run,
+    run_record,
+    wait_for,
+    wait_for_run_dir,
+    write_spec,
+)
+from distlaunch.launcher import isolation, ports, procs
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.spec import load_spec
+from distlaunch.launcher.transports import netns
 
 CAPS = netns.probe()
 DEADLINE_S = 180  # generous: two TensorFlow imports on a busy 2-core machine
@@ -89,20 +98,20 @@ def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
     (tmp / "task.py").write_text("")
     auto = load_spec(write_spec(tmp))
     off = load_spec(write_spec(tmp, "off.json", isolation="off"))
-    both = netns.Capabilities(netns=True, userns=True, detail="")
-    assert netns.choose(off, None).mode == netns.HOST
-    assert netns.choose(off, both).mode == netns.HOST
-    assert netns.choose(auto, both).mode == netns.NETNS
-    assert netns.choose(auto, netns.Capabilities(False, True, "")).mode == netns.USERNS
-    unable = netns.choose(auto, netns.Capabilities(False, False, "unshare: Operation not permitted"))
-    assert unable.mode == netns.HOST and not unable.private
+    both = isolation.Capabilities(netns=True, userns=True, detail="")
+    assert isolation.choose(off, None).mode == isolation.HOST
+    assert isolation.choose(off, both).mode == isolation.HOST
+    assert isolation.choose(auto, both).mode == isolation.NETNS
+    assert isolation.choose(auto, isolation.Capabilities(False, True, "")).mode == isolation.USERNS
+    unable = isolation.choose(auto, isolation.Capabilities(False, False, "unshare: Operation not permitted"))
+    assert unable.mode == isolation.HOST and not unable.private
     assert "unshare: Operation not permitted" in unable.reason and "root" in unable.remedy
     # Tasks other hosts must reach cannot be shut in, whatever the machine can do.
     me = {"transport": "local", "address": "10.1.2.3"}
     for hosts in ({"me": me, "gpu1": {"transport": "ssh"}}, {"me": me, "gpu1": me}):
         mixed = load_spec(write_spec(tmp, "mixed.json", hosts=hosts, tasks={"worker": [{"host": "me"}, {"host": "gpu1"}]}))
-        reached = netns.choose(mixed, both)
-        assert reached.mode == netns.HOST and "worker:0 at 10.1.2.3" in reached.reason and "firewall" in reached.remedy
+        reached = isolation.choose(mixed, both)
+        assert reached.mode == isolation.HOST and "worker:0 at 10.1.2.3" in reached.reason and "firewall" in reached.remedy
 
 
 def test_plan_shows_the_isolation_mode(tmp: Path) -> None:
@@ -110,7 +119,7 @@ def test_plan_shows_the_isolation_mode(tmp: Path) -> None:
     spec = write_spec(tmp)
     auto = distlaunch("plan", "--json", str(spec))
     assert auto.returncode == 0, auto.stderr
-    assert json.loads(auto.stdout)["isolation"] == netns.choose(load_spec(spec), CAPS).to_json()
+    assert json.loads(auto.stdout)["isolation"] == isolation.choose(load_spec(spec), CAPS).to_json()
     off = distlaunch("plan", str(write_spec(tmp, "off.json", isolation="off")))
     assert off.returncode == 0, off.stderr
     assert 'isolation: host (the spec sets "isolation": "off")' in off.stdout
@@ -170,7 +179,7 @@ def test_cluster_with_isolation_off_is_reachable(tmp: Path) -> None:
     launcher, run_dir = _start(spec)
     record = _wait_running(run_dir, launcher)
     assert "netns_holder_pid" not in record
-    assert record["plan"]["isolation"]["mode"] == netns.HOST
+    assert record["plan"]["isolation"]["mode"] == isolation.HOST
     for task in record["plan"]["tasks"]:
         # TensorFlow listens on every interface, whatever TF_CONFIG says: that is the problem.
         for address in _host_addresses():
@@ -288,11 +297,11 @@ def test_unprivileged_user_gets_a_user_namespace(capsys: pytest.CaptureFixture) 
         )
         report = json.loads(driver.stdout.readline() or "{}")
         try:
-            if report.get("mode") == netns.HOST:
+            if report.get("mode") == isolation.HOST:
                 with capsys.disabled():
                     print(f"\nskipping unprivileged test: {report['reason']}")
                 pytest.skip(report["reason"])
-            assert report.get("mode") == netns.USERNS, driver.stderr.read() if not report else report
+            assert report.get("mode") == isolation.USERNS, driver.stderr.read() if not report else report
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", report["port"]), timeout=2).close()
             assert procs.listening(report["holder"], report["port"])
@@ -304,13 +313,15 @@ def test_unprivileged_user_gets_a_user_namespace(capsys: pytest.CaptureFixture) 
 
 _DRIVER = """
 import json, os, sys, time
-from distlaunch.launcher import netns, procs
+from distlaunch.launcher import procs
+from distlaunch.launcher.isolation import HOST, NETNS, USERNS, Isolation
+from distlaunch.launcher.transports import netns
 caps = netns.probe()
 if not (caps.netns or caps.userns):
-    print(json.dumps({"mode": netns.HOST, "reason": caps.detail}), flush=True)
+    print(json.dumps({"mode": HOST, "reason": caps.detail}), flush=True)
     sys.stdin.readline()
     sys.exit(0)
-isolation = netns.Isolation(netns.NETNS if caps.netns else netns.USERNS, "as nobody")
+isolation = Isolation(NETNS if caps.netns else USERNS, "as nobody")
 run_id = f"nobody-{os.getpid()}"
 port = 20000
 with netns.sandbox(isolation, run_id) as box:

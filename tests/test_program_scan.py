@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import distlaunch, write_spec
 from distlaunch.launcher import program_scan
 from distlaunch.launcher.plan import make_plan

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from conftest import distlaunch, write_spec
 
 pytestmark = pytest.mark.integration

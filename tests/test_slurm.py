@@ -542,8 +542,8 @@ def test_status_logs_restart_and_down_work_on_a_slurm_run(lab: SlurmLab, tmp: Pa
 def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
     tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from distlaunch.launcher import slurm
     from distlaunch.launcher.spec import load_spec
+    from distlaunch.launcher.transports import slurm
 
     (tmp / "task.py").write_text("")
     loaded = load_spec(_spec(tmp, {"script": "task.py"}, {"worker": [{"gpus": 2}, {}]}))
@@ -570,8 +570,8 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
 def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_named_node(
     tmp: Path,
 ) -> None:
-    from distlaunch.launcher import slurm
     from distlaunch.launcher.spec import load_spec
+    from distlaunch.launcher.transports import slurm
 
     (tmp / "task.py").write_text("")
     alloc = slurm.Allocation("7", ("a", "b", "c"), {"a": 2, "b": 2, "c": 2}, submitted=False)

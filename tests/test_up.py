@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, events, only_run_dir, processes_of_run, run_record, wait_for, write_spec
+from conftest import (
+    distlaunch,
+    events,
+    only_run_dir,
+    processes_of_run,
+    run_record,
+    wait_for,
+    write_spec,
+)
 
 pytestmark = pytest.mark.integration
 

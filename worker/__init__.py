@@ -28,12 +28,12 @@ from typing import Any
 from . import runtime
 
 # Public name -> submodule that defines it; `train` and `evaluator` import TensorFlow, `runtime`
-# does not.
+# and `strategies` do not (a strategy's builder does, when called).
 _EXPORTS = {
     "TaskContext": "runtime",
     "context": "runtime",
     "report": "runtime",
-    "strategy": "runtime",
+    "strategy": "strategies",
     "checkpoint_dir_for_this_task": "runtime",
     "fit": "train",
     "keras_callbacks": "train",

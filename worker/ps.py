@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import tensorflow as tf
 
-from . import contract, progress, runtime
+from . import contract, progress
 
 # How often the chief checks whether its scheduled steps are done while it waits for them.
 _POLL_S = 0.01
@@ -44,24 +45,22 @@ def serve_forever() -> NoReturn:
     raise RuntimeError(f"the TensorFlow server of {name} stopped")
 
 
-def coordinator_strategy(
-    variable_partitioner: Any, keras: str
-) -> tf.distribute.ParameterServerStrategy:
-    """Return the chief's ParameterServerStrategy over TF_CONFIG's cluster.
-
-    ``variable_partitioner`` is a partitioner, None, or ``runtime.AUTO_PARTITIONER``: with
-    several ps tasks, ``MinSizePartitioner(max_shards=<number of ps>)`` for tf_keras and None
-    for Keras 3 (``keras``), which cannot train sharded variables (see `refuse_sharded`);
-    unsharded variables are still spread over the ps tasks, whole, round-robin.
-    """
+def auto_partitioner(keras: str) -> Any:
+    """The "auto" variable partitioner: with several ps tasks,
+    ``MinSizePartitioner(max_shards=<number of ps>)`` for tf_keras, and None for Keras 3
+    (``keras``), which cannot train sharded variables (see `refuse_sharded`); unsharded
+    variables are still spread over the ps tasks, whole, round-robin."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if isinstance(variable_partitioner, str) and variable_partitioner == runtime.AUTO_PARTITIONER:
-        num_ps = len(resolver.cluster_spec().as_dict().get(contract.PS, []))
-        variable_partitioner = (
-            tf.distribute.experimental.partitioners.MinSizePartitioner(max_shards=num_ps)
-            if num_ps > 1 and keras == contract.TF_KERAS
-            else None
-        )
+    num_ps = len(resolver.cluster_spec().as_dict().get(contract.PS, []))
+    if num_ps > 1 and keras == contract.TF_KERAS:
+        return tf.distribute.experimental.partitioners.MinSizePartitioner(max_shards=num_ps)
+    return None
+
+
+def coordinator_strategy(variable_partitioner: Any) -> tf.distribute.ParameterServerStrategy:
+    """Return the chief's ParameterServerStrategy over TF_CONFIG's cluster, its variables
+    sharded by ``variable_partitioner`` (a partitioner, or None)."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return tf.distribute.ParameterServerStrategy(
         resolver, variable_partitioner=variable_partitioner
     )

@@ -1,7 +1,7 @@
-"""What a task knows about itself, the files it reports through, and its tf.distribute strategy.
+"""What a task knows about itself and the files it reports through (status, errors).
 
-This module imports no TensorFlow at import time (only `strategy()` does, when called), so a
-script can read its context, report its state and install the error hook cheaply.
+This module is stdlib only (its strategy lives in `strategies`), so a script can read its
+context, report its state and install the error hook cheaply.
 
 Run by hand, without the launcher's DISTLAUNCH_* variables, a task still works: role and index
 come from TF_CONFIG (or default to ``worker`` 0), the attempt is 0, the strategy is
@@ -14,7 +14,6 @@ the current directory behind the user's back.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -22,19 +21,12 @@ import time
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 from . import contract
 
-if TYPE_CHECKING:
-    import tensorflow as tf
-
 # Strategy name when neither DISTLAUNCH_STRATEGY nor a TF_CONFIG cluster is set: one process.
 DEFAULT_STRATEGY = "default"
-
-# strategy()'s default variable_partitioner: under PSS with several ps tasks, shard large
-# variables over them when the Keras flavour can train sharded variables (tf_keras).
-AUTO_PARTITIONER = "auto"
 
 # Non-chief workers write their (discarded) checkpoint copies into `<checkpoint dir>/.tmp-<task>`.
 # One directory per task, not a shared parent, so that removing it leaves nothing behind and no
@@ -147,71 +139,6 @@ def checkpoint_dir_for_this_task(ctx: TaskContext | None = None) -> Path | None:
     if ctx.checkpoint_dir is None or ctx.is_chief:
         return ctx.checkpoint_dir
     return ctx.checkpoint_dir / f"{TEMP_CHECKPOINT_PREFIX}{ctx.name}"
-
-
-@functools.cache
-def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Strategy:
-    """Build this task's tf.distribute strategy once, report "ready", and return it.
-
-    Call it before any other TensorFlow op: collective ops must be configured at program
-    startup. Building MultiWorkerMirroredStrategy blocks until every worker has joined, so
-    "ready" really means the cluster is up. Later calls with the same arguments return the
-    same strategy.
-
-    Under ParameterServerStrategy only the chief gets a strategy (it coordinates the training);
-    on a ps or worker task this call starts the task's TensorFlow server, reports "ready" and
-    serves until the launcher stops the process: it never returns, so the same script runs on
-    every task. ``variable_partitioner`` (a ``tf.distribute.experimental.partitioners``
-    partitioner, or None) shards the chief's variables over the ps tasks; the default
-    ``"auto"`` is ``MinSizePartitioner(max_shards=<number of ps>)`` for tf_keras with more
-    than one ps, and no sharding otherwise: Keras 3 cannot train sharded variables. Other
-    strategies ignore it. The evaluator, a sidecar outside the training cluster, always gets
-    TensorFlow's default strategy.
-    """
-    ctx = context()
-    if ctx.role == contract.EVALUATOR:
-        builder = _default_strategy
-    else:
-        builder = _STRATEGY_BUILDERS.get(ctx.strategy)
-    if builder is None:
-        raise ValueError(
-            f"{contract.STRATEGY}={ctx.strategy!r} is not one of {sorted(_STRATEGY_BUILDERS)}"
-        )
-    report(contract.STATE_STARTING)
-    built = builder(ctx, variable_partitioner)
-    report(contract.STATE_READY)
-    return built
-
-
-def _default_strategy(_ctx: TaskContext, _partitioner: Any) -> tf.distribute.Strategy:
-    """One process, no cluster: TensorFlow's default (no-op) strategy."""
-    import tensorflow as tf
-
-    return tf.distribute.get_strategy()
-
-
-def _multi_worker_mirrored_strategy(_ctx: TaskContext, _partitioner: Any) -> tf.distribute.Strategy:
-    """Synchronous data parallelism over all chief and worker tasks; reads TF_CONFIG itself."""
-    import tensorflow as tf
-
-    return tf.distribute.MultiWorkerMirroredStrategy()
-
-
-def _parameter_server_strategy(ctx: TaskContext, partitioner: Any) -> tf.distribute.Strategy:
-    """The chief coordinates; ps and worker tasks only serve (this never returns on them)."""
-    from . import ps  # imports TensorFlow
-
-    if ctx.role in (contract.PS, contract.WORKER):
-        ps.serve_forever()
-    return ps.coordinator_strategy(partitioner, ctx.keras)
-
-
-# One builder per strategy name; adding a strategy means adding one function and one entry.
-_STRATEGY_BUILDERS: dict[str, Callable[[TaskContext, Any], tf.distribute.Strategy]] = {
-    DEFAULT_STRATEGY: _default_strategy,
-    contract.MWMS: _multi_worker_mirrored_strategy,
-    contract.PSS: _parameter_server_strategy,
-}
 
 
 def install_error_hook() -> None:

@@ -11,8 +11,9 @@ checkpoint directory, and mark the run's training done when they finish.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 

@@ -8,8 +8,9 @@ when DISTLAUNCH_KERAS=tf_keras, and on the evaluator task evaluates each new che
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher.docker import DockerError, docker
+from distlaunch.launcher.transports.docker import DockerError, docker
 
 DEFAULT_TAG = "distlaunch:local"
 DEFAULT_BASE = "python:3.11-slim"
@@ -51,7 +51,7 @@ class Image:
 
 def source_root() -> Path:
     """The source checkout this launcher runs from; DockerError when it is not one (a plain install)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     missing = [name for name in CONTEXT_FILES if not (root / name).is_file()]
     if missing:
         raise DockerError(

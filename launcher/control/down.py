@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 
-from distlaunch.launcher import rundir
-from distlaunch.launcher.errors import UsageError
+from distlaunch.launcher.control.liveness import live_launcher
+from distlaunch.launcher.state import RunRecord, RunState, TaskState
 from distlaunch.worker import contract
 
 DEFAULT_GRACE_S = 5.0
@@ -45,56 +45,40 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
     Leftovers get SIGTERM, ``grace_s`` (default: the spec's timeouts.grace_s), then SIGKILL.
     A run recorded as running or stopping is then marked interrupted.
     """
-    record = _read(run_dir)
+    record = RunRecord.load(run_dir)
     if grace_s is None:
-        grace_s = float(((record.get("spec") or {}).get("timeouts") or {}).get("grace_s", DEFAULT_GRACE_S))
-    launcher = _live_launcher(record)
+        grace_s = float((record.spec.get("timeouts") or {}).get("grace_s", DEFAULT_GRACE_S))
+    launcher = live_launcher(record)
     if launcher is not None:
         _stop([launcher], grace_s + LAUNCHER_SLACK_S)
-        record = _read(run_dir)  # the launcher recorded its own ending
+        record = RunRecord.load(run_dir)  # the launcher recorded its own ending
     cancelled: list[str] = []
-    if record.get("slurm"):
+    if record.extra.get("slurm"):
         # Steps run on other nodes, out of reach of the process sweep below: Slurm ends them.
-        from distlaunch.launcher.slurm import cancel_steps
+        from distlaunch.launcher.transports.slurm import cancel_steps
 
-        cancelled = cancel_steps(record)
+        cancelled = cancel_steps(record.run_id, record.extra["slurm"])
     leftovers = _processes_of(record, run_dir)
     _stop(leftovers, grace_s)
-    if record.get("compose"):
+    if record.compose:
         # A compose run's containers outlive a SIGKILLed launcher: remove the whole project.
-        from distlaunch.launcher.compose_backend import ComposeTransport
+        from distlaunch.launcher.transports.compose import ComposeTransport
 
-        compose = record["compose"]
-        ComposeTransport(compose["project"], Path(compose["file"]), run_dir / "logs" / "compose-down.log", {}).down(grace_s)
-    marked = record.get("state") in (rundir.RUNNING, rundir.STOPPING)
+        project, file = record.compose["project"], Path(record.compose["file"])
+        log = run_dir / "logs" / "compose-down.log"
+        ComposeTransport(project, file, log, {}).down(grace_s)
+    marked = record.state.live
     if marked:
         _mark_interrupted(run_dir, record)
-    return DownResult(record["run_id"], launcher.pid if launcher else None, len(leftovers), marked, tuple(cancelled))
+    return DownResult(
+        record.run_id, launcher.pid if launcher else None, len(leftovers), marked, tuple(cancelled)
+    )
 
 
-def _read(run_dir: Path) -> dict:
-    record = rundir.read_json(run_dir / rundir.RUN_JSON)
-    if not isinstance(record, dict) or not record.get("run_id"):
-        raise UsageError(f"{run_dir / rundir.RUN_JSON} is not a run record")
-    return record
-
-
-def _live_launcher(record: dict) -> psutil.Process | None:
-    """The run's launcher if it still runs: the recorded pid, started before the run was."""
-    pid, started_at = record.get("launcher_pid"), record.get("started_at")
-    if not isinstance(pid, int) or not isinstance(started_at, (int, float)) or pid == os.getpid():
-        return None
-    try:
-        proc = psutil.Process(pid)
-        return proc if proc.create_time() <= started_at else None
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
-def _processes_of(record: dict, run_dir: Path) -> list[psutil.Process]:
+def _processes_of(record: RunRecord, run_dir: Path) -> list[psutil.Process]:
     """Every live process of the run: those whose environment names it, plus the other members of
     the recorded task process groups they are in (a forked helper may have cleared its env)."""
-    recorded = {t.get("pgid") for t in (record.get("tasks") or {}).values()}
+    recorded = {t.pgid for t in record.tasks.values()}
     named, others, groups = [], [], set()
     for proc in psutil.process_iter():
         try:
@@ -112,16 +96,16 @@ def _processes_of(record: dict, run_dir: Path) -> list[psutil.Process]:
     return named + [proc for proc, pgid in others if pgid in groups]
 
 
-def _names_run(proc: psutil.Process, record: dict, run_dir: Path) -> bool:
+def _names_run(proc: psutil.Process, record: RunRecord, run_dir: Path) -> bool:
     """Whether ``proc``'s environment names this run: its id and its run dir, or its id alone for
     a process the record names by pid (the namespace holder, SSH clients: they carry no run dir)."""
     env = proc.environ()
-    if env.get(contract.RUN_ID) != record["run_id"]:
+    if env.get(contract.RUN_ID) != record.run_id:
         return False
     if contract.RUN_DIR in env:
         return os.path.realpath(env[contract.RUN_DIR]) == os.path.realpath(run_dir)
-    pids = {t.get("pid") for t in (record.get("tasks") or {}).values()}
-    pids.add(record.get("netns_holder_pid"))
+    pids = {t.pid for t in record.tasks.values()}
+    pids.add(record.netns_holder_pid)
     return proc.pid in pids
 
 
@@ -160,9 +144,11 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def _mark_interrupted(run_dir: Path, record: dict) -> None:
-    for task in (record.get("tasks") or {}).values():
-        if task.get("state") in ("starting", "running"):
-            task["state"] = "stopped"
-    record.update(state=rundir.INTERRUPTED, ended_at=record.get("ended_at") or time.time(), stopped_by="distlaunch down")
-    rundir.write_json(run_dir / rundir.RUN_JSON, record)
+def _mark_interrupted(run_dir: Path, record: RunRecord) -> None:
+    for task in record.tasks.values():
+        if task.state is not None and task.state.live:
+            task.state = TaskState.STOPPED
+    record.state = RunState.INTERRUPTED
+    record.ended_at = record.ended_at or time.time()
+    record.stopped_by = "distlaunch down"
+    record.save(run_dir)

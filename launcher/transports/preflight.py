@@ -24,7 +24,7 @@ from pathlib import Path
 from distlaunch.launcher import ports
 from distlaunch.launcher.errors import HostError
 from distlaunch.launcher.spec import LoadedSpec
-from distlaunch.launcher.ssh import Session, last_message, remote_python
+from distlaunch.launcher.transports.ssh import Session, last_message, remote_python
 from distlaunch.worker import remote
 
 PROBE_TIMEOUT_S = 60.0
@@ -109,7 +109,7 @@ def _probe(loaded: LoadedSpec, session: Session, name: str, wanted: ports.HostPo
         "script": str(loaded.script) if loaded.script else None,
         "umask": umask,
     }
-    source = resources.files("distlaunch.launcher").joinpath("ssh_probe.py").read_bytes()
+    source = resources.files("distlaunch.launcher.transports").joinpath("ssh_probe.py").read_bytes()
     command = f"exec {remote_python(host.python)} - {shlex.quote(json.dumps(request))}"
     try:
         done = session.run(name, command, stdin=source, timeout=host.connect_timeout_s + PROBE_TIMEOUT_S)

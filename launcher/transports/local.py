@@ -6,8 +6,8 @@ import subprocess
 from collections.abc import Sequence
 
 from distlaunch.launcher import procs, rundir
-from distlaunch.launcher.netns import Sandbox, SandboxError
 from distlaunch.launcher.plan import TaskPlan
+from distlaunch.launcher.transports.netns import Sandbox, SandboxLost
 
 
 class LocalHandle(procs.TaskProcess):
@@ -26,7 +26,7 @@ class LocalHandle(procs.TaskProcess):
         if self.sandbox is None:
             return procs.listening(self.proc.pid, self.task.port)
         if not self.sandbox.alive():  # its pid may be another process's by now
-            raise SandboxError(self.sandbox.dead_message())
+            raise SandboxLost(self.sandbox.dead_message())
         return procs.listening(self.sandbox.pid, self.task.port)
 
 
@@ -45,7 +45,7 @@ class LocalTransport:
     def start(self, task: TaskPlan) -> LocalHandle:
         """Start one task; its output goes to its log file."""
         if self.sandbox is not None and not self.sandbox.alive():
-            raise SandboxError(self.sandbox.dead_message())
+            raise SandboxLost(self.sandbox.dead_message())
         previous = self._last.get(task.name)
         if previous is not None:
             # Waits until the last attempt's processes are all gone, then frees its descriptors

@@ -18,8 +18,9 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import rundir, ssh
 from distlaunch.launcher.errors import HostError, UsageError
+from distlaunch.launcher.state import RunRecord
+from distlaunch.launcher.transports import ssh
 
 HOSTS_DIR = "hosts"
 
@@ -36,13 +37,13 @@ class Collected:
 
 def collect(run_dir: Path) -> list[Collected]:
     """Copy every SSH host's run files into ``run_dir/hosts/<host>/``; HostError names each host that failed."""
-    record = rundir.read_json(run_dir / rundir.RUN_JSON) or {}
-    kept = record.get("ssh")
+    record = RunRecord.load(run_dir)
+    kept = record.ssh
     if not kept:
-        raise UsageError(f"run {record.get('run_id', run_dir.name)} has no tasks on SSH hosts; nothing to collect")
+        raise UsageError(f"run {record.run_id} has no tasks on SSH hosts; nothing to collect")
     if kept.get("shared_dir_is_shared", True):
-        raise UsageError(f"run {record.get('run_id')}: its SSH hosts share the run dir; everything is already in {run_dir}")
-    remote_dir = (record.get("plan") or {}).get("run_dir") or str(run_dir)
+        raise UsageError(f"run {record.run_id}: its SSH hosts share the run dir; everything is already in {run_dir}")
+    remote_dir = record.plan.get("run_dir") or str(run_dir)
     out, problems = [], []
     with ssh.Session(ssh.hosts_from_record(kept)) as session:
         for name in sorted(session.hosts):

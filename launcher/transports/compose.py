@@ -34,12 +34,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from distlaunch.launcher import compose, procs, rundir
+from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.console import Console
-from distlaunch.launcher.docker import compose_command, container_pid, docker, run
-from distlaunch.launcher.image import ImageRequest, ensure_image, pip_ca_bundle
 from distlaunch.launcher.plan import Plan, TaskPlan
 from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.transports import compose_file as compose
+from distlaunch.launcher.transports.base import Opened
+from distlaunch.launcher.transports.docker import compose_command, container_pid, docker, run
+from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
 
 # The run dir's file with every docker and compose command the launcher ran, and their output.
 DOCKER_LOG = "docker.log"
@@ -163,6 +165,34 @@ def open_transport(loaded: LoadedSpec, plan: Plan, image: ImageRequest, console:
         finally:
             signal.signal(signal.SIGINT, previous)
 
+
+
+class ComposeLaunch:
+    """One `up` of the compose backend: plan the containers, then open the project."""
+
+    def __init__(self, loaded: LoadedSpec, console: Console, image: ImageRequest) -> None:
+        self.loaded = loaded
+        self.console = console
+        self.image = image
+
+    def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """Tasks as containers reached at their service names (compose_file.compose_plan)."""
+        return compose.compose_plan(self.loaded, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(self, plan: Plan) -> Iterator[Opened]:
+        """The image, the compose file and the network (see `open_transport`)."""
+        with open_transport(self.loaded, plan, self.image, self.console) as transport:
+            note = f"compose project {transport.project}: {compose.ISOLATION.reason}"
+            yield Opened(transport, {"compose": transport.describe()}, (note,))
+
+
+@contextmanager
+def open_launch(
+    loaded: LoadedSpec, console: Console, image: ImageRequest | None = None, **_options: object
+) -> Iterator[ComposeLaunch]:
+    """The compose backend for one `up`, its tasks in containers of ``image``."""
+    yield ComposeLaunch(loaded, console, image or ImageRequest())
 
 def write_compose_file(path: Path, data: dict) -> None:
     """Write a compose file (JSON, which compose reads as YAML) readable by its owner only:

@@ -25,8 +25,6 @@ class DockerError(LaunchError):
     Exit 2, like HostError: it is raised before any task starts, and the fix is on this machine.
     """
 
-    exit_code = 2
-
 
 def docker(*args: str, check: bool = True, log: Path | None = None) -> str:
     """Run ``docker ARGS`` and return its stdout; raise DockerError when it fails and ``check``.

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from distlaunch.launcher import rundir
 from distlaunch.launcher.errors import UsageError
-from distlaunch.launcher.slurm import SUBMITTED_ENV
 from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.transports.slurm import SUBMITTED_ENV
 
 SCRIPT = rundir.BATCH_SCRIPT
 # The launcher's own output (task logs are in logs/); %j is the job id.

@@ -19,7 +19,7 @@ from typing import Any
 
 from distlaunch.launcher import rundir
 from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.netns import Isolation
+from distlaunch.launcher.isolation import Isolation
 from distlaunch.launcher.plan import Plan, make_plan
 from distlaunch.launcher.spec import LoadedSpec, task_json_path
 from distlaunch.worker import contract

@@ -35,20 +35,24 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Self
 
 from distlaunch.launcher import ports, procs, rundir
-from distlaunch.launcher.errors import HostError, UsageError
-from distlaunch.launcher.netns import HOST, Isolation
+from distlaunch.launcher.console import Console
+from distlaunch.launcher.errors import HostError, Interrupted, UsageError
+from distlaunch.launcher.isolation import HOST, Isolation
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
-from distlaunch.launcher.preflight import probe_token
 from distlaunch.launcher.spec import LOCAL_HOSTS, Host, LoadedSpec, task_json_path
-from distlaunch.launcher.ssh import (
+from distlaunch.launcher.transports.base import Opened
+from distlaunch.launcher.transports.preflight import probe_token
+from distlaunch.launcher.transports.routing import EXPOSURE_NOTE, HostConsole
+from distlaunch.launcher.transports.ssh import (
     HEARTBEAT_S,
     HELPER_MODULE,
     STOP_MARGIN_S,
@@ -520,16 +524,16 @@ class StepTransport:
 # ---- cleanup without the launcher --------------------------------------------------------------
 
 
-def cancel_steps(record: Mapping) -> list[str]:
-    """Cancel every job step left of a Slurm run (found by name); with ``submitted``, its whole job.
+def cancel_steps(run_id: str, info: Mapping) -> list[str]:
+    """Cancel every job step left of Slurm run ``run_id`` (found by name); with ``submitted``, its
+    whole job. ``info`` is the run's run.json ``slurm`` entry (`Allocation.to_json`).
 
     Returns what was cancelled (``JOB.STEP`` ids, or the job id).
     """
-    info = record.get("slurm") or {}
     job = info.get("job_id")
     if not job:
         return []
-    prefix = step_name(record["run_id"], "")
+    prefix = step_name(run_id, "")
     listed = subprocess.run(
         ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"],
         capture_output=True,
@@ -553,3 +557,72 @@ def cancel_steps(record: Mapping) -> list[str]:
 def requeue(alloc: Allocation) -> None:
     """Put the job back in the queue (it was submitted with --requeue): its next start resumes the run."""
     subprocess.run(["scontrol", "requeue", alloc.job_id], capture_output=True, check=False)
+
+
+# ---- the backend -------------------------------------------------------------------------------
+
+
+def plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+    """A dry run's plan (`plan`, `tfconfig`): placed on the current allocation, with stand-in
+    ports (`up` picks the real ones on the nodes)."""
+    placement = place(loaded, allocation())
+    stand_ins = ports.allocate(placed_spec(loaded, placement), private=True)
+    return slurm_plan(loaded, placement, stand_ins, run_id, run_dir, attempt)
+
+
+class SlurmLaunch:
+    """One `up` inside a Slurm allocation: place the tasks, probe the nodes (their ports), plan,
+    then run every task as a job step."""
+
+    def __init__(self, loaded: LoadedSpec, console: Console, requeue: bool) -> None:
+        self.loaded = loaded
+        self.console = console
+        self.requeue = requeue
+        self.alloc = allocation()
+        self.placement = place(loaded, self.alloc)
+        private = loaded.spec.permissions == "private"
+        self.umask = rundir.PRIVATE_UMASK if private else None
+
+    def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """Check every node (HostError when one is not usable), then plan with their ports."""
+        reports = preflight(self.loaded, self.alloc, self.placement, self.umask)
+        for report in reports:
+            self.console.say(f"node {report.name}: {report.summary()}")
+        picked = {key: port for report in reports for key, port in report.ports.items()}
+        return slurm_plan(self.loaded, self.placement, picked, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(self, plan: Plan) -> Iterator[Opened]:
+        """The job step transport. With ``requeue`` (a batch job of `distlaunch sbatch
+        --requeue`), a run interrupted by the pre-timeout signal requeues the job on the way out:
+        its next start resumes this run."""
+        python = python_of(self.loaded)
+        grace_s = self.loaded.spec.timeouts.grace_s
+        nodes = ", ".join(sorted(set(self.placement.values())))
+        listed = ", ".join(str(t.port) for t in plan.tasks)
+        notes = (
+            f"tasks run as steps of Slurm job {self.alloc.job_id} on {nodes}",
+            EXPOSURE_NOTE.format(ports=listed, reason=ISOLATION.reason, remedy=ISOLATION.remedy),
+        )
+        with StepTransport(self.alloc, plan.run_id, python, grace_s, self.umask) as steps:
+            try:
+                record = {"slurm": self.alloc.to_json()}
+                yield Opened(steps, record, notes, HostConsole(self.console, plan))
+            except Interrupted as exc:
+                if self.requeue and exc.signum == rundir.PRE_TIMEOUT_SIGNAL:
+                    self.console.say(
+                        f"the job is near its time limit: tasks stopped; requeueing job "
+                        f"{self.alloc.job_id}, which resumes run {plan.run_id} from its latest "
+                        "checkpoint"
+                    )
+                    requeue(self.alloc)
+                raise
+
+
+@contextmanager
+def open_launch(
+    loaded: LoadedSpec, console: Console, requeue: bool = False, **_options: object
+) -> Iterator[SlurmLaunch]:
+    """The slurm backend for one `up` (UsageError outside an allocation, or when the tasks do
+    not fit its nodes)."""
+    yield SlurmLaunch(loaded, console, requeue)

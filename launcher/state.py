@@ -1,0 +1,334 @@
+"""Run and task state: the enums, their allowed transitions, and run.json's one schema.
+
+run.json is what every other shell reads (`status`, `logs`, `restart`, `down`, `collect`, a
+resumed `up`), so it has one typed schema, `RunRecord` (with a `version`), read and written only
+here. The launcher changes it through a `RunBook`: one `TaskLedger.change` call moves a task to
+a new state, appends the event to events.jsonl and saves run.json, so the three never disagree.
+
+Task states (`TaskState`), and who moves a task from one to the next:
+
+    (new) -> starting          the transport started it
+    starting -> running        its TensorFlow server listens (it joined the cluster)
+    starting|running -> succeeded | failed      it exited on its own, 0 or not
+    starting|running -> killed                  killed at once for a restart (of its gang)
+    starting|running -> stopped                 stopped with a grace period: the run is ending,
+                                                training is done, or `down` found it orphaned
+    killed -> failed           a task that stopped making progress is killed, then counts failed
+    succeeded|failed|killed|stopped -> starting     the next attempt (a restart, or `up --resume`)
+
+Run states (`RunState`): running -> stopping (tearing tasks down) -> succeeded | failed |
+interrupted, or from running straight to an end when nothing is left to stop. Only running and
+stopping runs have live processes. A finished run runs again only as a new attempt (`up
+--resume`), which writes a new record and keeps the old one in its `history`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from distlaunch.launcher import rundir
+from distlaunch.launcher.errors import RecordError, UsageError
+
+# Bumped when a field changes meaning; readers accept records without one (version 0).
+SCHEMA_VERSION = 1
+
+
+class RunState(enum.StrEnum):
+    """The state of a whole run, as run.json records it."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def live(self) -> bool:
+        """Whether a launcher may still be running tasks of the run."""
+        return self in (RunState.RUNNING, RunState.STOPPING)
+
+
+class TaskState(enum.StrEnum):
+    """The state of one task's latest incarnation (see the module docstring)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    STOPPED = "stopped"
+
+    @property
+    def live(self) -> bool:
+        """Whether the task's process is meant to be running."""
+        return self in (TaskState.STARTING, TaskState.RUNNING)
+
+
+_ENDED = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.KILLED, TaskState.STOPPED}
+TASK_TRANSITIONS: Mapping[TaskState | None, frozenset[TaskState]] = {
+    None: frozenset({TaskState.STARTING}),
+    TaskState.STARTING: frozenset({TaskState.RUNNING, *_ENDED}),
+    TaskState.RUNNING: frozenset(_ENDED),
+    TaskState.SUCCEEDED: frozenset({TaskState.STARTING}),
+    TaskState.FAILED: frozenset({TaskState.STARTING}),
+    TaskState.KILLED: frozenset({TaskState.STARTING, TaskState.FAILED}),
+    TaskState.STOPPED: frozenset({TaskState.STARTING}),
+}
+_FINISHED = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.INTERRUPTED})
+RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
+    RunState.RUNNING: frozenset({RunState.STOPPING, *_FINISHED}),
+    RunState.STOPPING: _FINISHED,
+    RunState.SUCCEEDED: frozenset(),
+    RunState.FAILED: frozenset(),
+    RunState.INTERRUPTED: frozenset(),
+}
+
+
+class TransitionError(ValueError):
+    """A state change the transition tables do not allow: a bug in the launcher."""
+
+
+@dataclass
+class TaskRecord:
+    """run.json's entry for one task: its place in the plan and its latest incarnation."""
+
+    role: str
+    index: int
+    port: int
+    attempt: int = 0
+    state: TaskState | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    started_at: float | None = None
+    restarts: int = 0
+    exit_code: int | None = None
+    exit: str | None = None
+    ended_at: float | None = None
+    joined_after_s: float | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TaskRecord:
+        """Read an entry (unknown keys are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        try:
+            values["state"] = TaskState(values["state"]) if values.get("state") else None
+        except ValueError:
+            values["state"] = None  # a state this version does not know: shown as unknown
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as JSON data."""
+        return dataclasses.asdict(self)
+
+
+# Optional fields that only some backends or commands set; left out of run.json while None.
+_OPTIONAL = ("netns_holder_pid", "ssh", "compose", "stopped_by")
+
+
+@dataclass
+class RunRecord:
+    """run.json: the run's identity, state, plan, tasks and earlier attempts."""
+
+    run_id: str
+    name: str = ""
+    spec_file: str = ""
+    spec: dict = field(default_factory=dict)  # the spec as written, secrets masked
+    strategy: str = ""
+    state: RunState = RunState.RUNNING
+    attempt: int = 0
+    launcher_pid: int | None = None
+    started_at: float = 0.0
+    ended_at: float | None = None
+    exit_code: int | None = None
+    failure: dict | None = None  # {"task", "how", "summary"}
+    plan: dict = field(default_factory=dict)
+    tasks: dict[str, TaskRecord] = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)  # earlier attempts' outcomes
+    netns_holder_pid: int | None = None
+    ssh: dict | None = None  # the SSH hosts as resolved, for `collect`
+    compose: dict | None = None  # the compose project, for `down`
+    stopped_by: str | None = None
+    version: int = SCHEMA_VERSION
+    extra: dict = field(default_factory=dict)  # keys this version does not know, kept as they are
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
+        """Read a record; raise ValueError when it is not one."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("run_id"), str):
+            raise ValueError("not a run record")
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra", "tasks", "state"}
+        values = {k: v for k, v in data.items() if k in known}
+        values.setdefault("version", 0)
+        tasks = data.get("tasks") or {}
+        return cls(
+            **values,
+            state=RunState(data.get("state", RunState.RUNNING)),
+            tasks={name: TaskRecord.from_json(entry) for name, entry in tasks.items()},
+            extra={k: v for k, v in data.items() if k not in known | {"tasks", "state"}},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON data."""
+        data = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("extra", "tasks")
+        }
+        data["tasks"] = {name: task.to_json() for name, task in self.tasks.items()}
+        for name in _OPTIONAL:
+            if data[name] is None:
+                del data[name]
+        return {**self.extra, **data}
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunRecord:
+        """The record in ``run_dir``; UsageError when there is none."""
+        path = run_dir / rundir.RUN_JSON
+        try:
+            return cls.from_json(rundir.read_json(path))
+        except (ValueError, TypeError):
+            raise UsageError(f"{path} is not a run record") from None
+
+    @classmethod
+    def find(cls, run_dir: Path) -> RunRecord | None:
+        """The record in ``run_dir``, or None when there is none (or it cannot be read)."""
+        try:
+            return cls.from_json(rundir.read_json(run_dir / rundir.RUN_JSON))
+        except (ValueError, TypeError):
+            return None
+
+    def save(self, run_dir: Path) -> None:
+        """Write run.json atomically."""
+        rundir.write_json(run_dir / rundir.RUN_JSON, self.to_json())
+
+    def update(self, fields: Mapping[str, Any]) -> None:
+        """Set record fields by name; a name this schema does not know goes to ``extra``."""
+        known = {f.name for f in dataclasses.fields(self)} - {"extra"}
+        for key, value in fields.items():
+            if key in known:
+                setattr(self, key, value)
+            else:
+                self.extra[key] = value
+
+    def outcome(self) -> dict[str, Any]:
+        """This attempt's outcome, as the next attempt keeps it in its `history`."""
+        keys = ("attempt", "state", "started_at", "ended_at", "exit_code", "failure")
+        return {k: getattr(self, k) for k in keys}
+
+
+def latest_unfinished(shared_dir: Path, name: str) -> Path | None:
+    """The run dir of spec ``name``'s latest run if it did not succeed, else None."""
+    for path in reversed(rundir.runs_in(shared_dir)):
+        record = RunRecord.find(path)
+        if record is not None and record.name == name:
+            return None if record.state is RunState.SUCCEEDED else path
+    return None
+
+
+class RunBook:
+    """The launcher's writer of one run's run.json and events.jsonl.
+
+    With ``best_effort`` (set for teardown), a failed write of run.json (a full disk) is reported
+    once through ``on_error`` and otherwise ignored: stopping the tasks matters more than
+    recording that they stopped.
+    """
+
+    def __init__(
+        self, run_dir: Path, record: RunRecord, on_error: Callable[[str], None] | None = None
+    ) -> None:
+        self.run_dir = run_dir
+        self.record = record
+        self.best_effort = False
+        self._on_error = on_error
+        self._batch = 0
+        self._dirty = False
+        self._failed = False
+
+    def ledger(self, name: str, role: str, index: int, port: int) -> TaskLedger:
+        """The ledger of task ``name``, with a new entry in the record if it has none."""
+        entry = self.record.tasks.setdefault(name, TaskRecord(role=role, index=index, port=port))
+        return TaskLedger(self, name, entry)
+
+    def set_state(self, state: RunState, **fields: Any) -> None:
+        """Move the run to ``state`` (with record ``fields``) and save."""
+        if state is not self.record.state and state not in RUN_TRANSITIONS[self.record.state]:
+            raise TransitionError(f"run {self.record.run_id}: {self.record.state} -> {state}")
+        self.record.state = state
+        for key, value in fields.items():
+            setattr(self.record, key, value)
+        self.save()
+
+    def event(self, task: str, event: str, attempt: int, **fields: Any) -> None:
+        """Append one event line."""
+        try:
+            rundir.append_event(self.run_dir, task=task, event=event, attempt=attempt, **fields)
+        except OSError as exc:
+            self._failed_write(exc)
+
+    def save(self) -> None:
+        """Write run.json now, or at the end of the current `batch`."""
+        if self._batch:
+            self._dirty = True
+            return
+        try:
+            self.record.save(self.run_dir)
+        except OSError as exc:
+            self._failed_write(exc)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Save once at the end of the block instead of at every change in it."""
+        self._batch += 1
+        try:
+            yield
+        finally:
+            self._batch -= 1
+            if not self._batch and self._dirty:
+                self._dirty = False
+                self.save()
+
+    def _failed_write(self, exc: OSError) -> None:
+        message = f"could not record the run in {self.run_dir}: {exc}"
+        if not self.best_effort:
+            raise RecordError(message) from exc
+        if not self._failed and self._on_error is not None:
+            self._on_error(message)
+        self._failed = True
+
+
+class TaskLedger:
+    """One task's state in a `RunBook`: each change is recorded, logged and saved in one call."""
+
+    def __init__(self, book: RunBook, name: str, entry: TaskRecord) -> None:
+        self.book = book
+        self.name = name
+        self.entry = entry
+
+    @property
+    def state(self) -> TaskState | None:
+        """The task's current state (None before its first start)."""
+        return self.entry.state
+
+    def change(
+        self, state: TaskState, event: str, record: Mapping[str, Any] | None = None, **fields: Any
+    ) -> None:
+        """Move the task to ``state``, set ``record`` fields of its entry, append ``event`` with
+        ``fields``, and save run.json."""
+        if state not in TASK_TRANSITIONS[self.entry.state]:
+            raise TransitionError(f"task {self.name}: {self.entry.state} -> {state}")
+        self.entry.state = state
+        for key, value in (record or {}).items():
+            setattr(self.entry, key, value)
+        self.note(event, **fields)
+
+    def note(self, event: str, **fields: Any) -> None:
+        """Append ``event`` (no state change) and save run.json."""
+        self.book.event(self.name, event, self.entry.attempt, **fields)
+        self.book.save()

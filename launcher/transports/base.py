@@ -1,0 +1,103 @@
+"""The interface between the supervisor and the places tasks run: a Transport and its TaskHandles.
+
+The supervisor knows nothing else of a backend. A transport starts a planned task and returns a
+handle; the handle says when the task has exited (an fd that turns readable, which the
+supervisor's one `select` watches), how it exited, and whether its TensorFlow server has joined.
+Stopping is the transport's: it knows whether SIGTERM goes to a local process group, a remote
+helper or a container.
+
+A backend (the spec's `backend`) is one `Backend`: how it plans (`plan`, pure apart from the port
+lookup) and how one `up` opens it (`open`: preflight, then the plan, then a transport, each
+released on the way out). `up` picks it from a table by kind; a new backend is a module with one
+of these, and tests.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from distlaunch.launcher.console import Console
+from distlaunch.launcher.plan import Plan, TaskPlan
+from distlaunch.launcher.spec import LoadedSpec
+
+
+class TaskHandle(Protocol):
+    """One started task as the supervisor watches it."""
+
+    task: TaskPlan
+
+    @property
+    def pid(self) -> int:
+        """The local process that stands for the task (also its process group id)."""
+
+    @property
+    def exit_fd(self) -> int:
+        """An fd that becomes readable once the task has exited (a pidfd for a local process)."""
+
+    def exit_status(self) -> int | None:
+        """The task's exit status once it has exited (negative: killed by that signal), else None.
+
+        Reaps what the transport must reap; cheap to call again."""
+
+    def joined(self) -> bool:
+        """Whether the task's TensorFlow server accepts connections on its port."""
+
+    def close(self) -> None:
+        """Release what the handle holds (fds, pipes); safe to call more than once."""
+
+
+class Transport(Protocol):
+    """Starts and stops tasks. After `stop` or `kill` returns, every handle has an exit status."""
+
+    def start(self, task: TaskPlan) -> TaskHandle:
+        """Start one task; its output goes to its log file."""
+
+    def stop(self, handles: Sequence[TaskHandle], grace_s: float) -> None:
+        """Stop these tasks: SIGTERM, ``grace_s``, SIGKILL."""
+
+    def kill(self, handles: Sequence[TaskHandle]) -> None:
+        """Kill these tasks now (nothing of theirs is worth a grace period)."""
+
+
+@dataclass
+class Opened:
+    """A backend opened for one run: its transport and what `up` records and says about it."""
+
+    transport: Transport
+    record: dict = field(default_factory=dict)  # extra run.json fields (the sandbox, SSH hosts...)
+    notes: tuple[str, ...] = ()  # lines `up` prints before the tasks start
+    console: Console | None = None  # a console that prefixes lines differently (task@host)
+
+
+class Launch(Protocol):
+    """One `up` of a backend, in order: `plan` (after any preflight), then `open` its transport."""
+
+    def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """The attempt's plan; SSH hosts are checked first (HostError, nothing started)."""
+
+    def open(self, plan: Plan) -> AbstractContextManager[Opened]:
+        """The transport for ``plan``; on the way out everything it holds is released."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A kind of backend: a planner (for `plan`/`tfconfig`, no host contacted) and an opener."""
+
+    plan: Callable[[LoadedSpec, str, Path, int], Plan]
+    # (loaded spec, image request, how to say a line) -> a Launch for one `up`
+    open: Callable[..., AbstractContextManager[Launch]]
+
+
+def exit_description(status: int) -> str:
+    """Describe an exit status: ``exit code 3`` or ``signal SIGKILL``."""
+    if status < 0:
+        try:
+            return f"signal {signal.Signals(-status).name}"
+        except ValueError:
+            return f"signal {-status}"
+    return f"exit code {status}"

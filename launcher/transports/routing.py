@@ -1,0 +1,196 @@
+"""The `local` backend: tasks on this machine (local processes) and on SSH hosts, in one run.
+
+`HostRouter` is one transport over two: each task goes to the transport of its host. `open_launch`
+is the backend's `up`: the SSH session and preflight first (which picks the remote tasks' `auto`
+ports, so it comes before the plan), then the plan, then the network sandbox and both transports.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+from distlaunch.launcher import firewall, ports, rundir
+from distlaunch.launcher.console import Console
+from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
+from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.transports import netns, preflight, ssh
+from distlaunch.launcher.transports.base import Opened, TaskHandle, Transport
+from distlaunch.launcher.transports.local import LocalTransport
+from distlaunch.worker import contract
+
+ISOLATED_NOTE = (
+    "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
+    "reached from outside the run, and they cannot reach the network; "
+    '"isolation": "off" turns it off)'
+)
+EXPOSURE_NOTE = (
+    "note: ports {ports} can be reached from other machines: TensorFlow's gRPC servers listen on "
+    "every interface with no authentication, and {reason}. To prevent it, {remedy} "
+    "(README: Security)"
+)
+
+
+class HostRouter:
+    """Starts local tasks with ``local`` and SSH tasks with ``ssh``; stops both at once."""
+
+    def __init__(self, local: Transport, ssh: Transport | None) -> None:
+        self.local = local
+        self.ssh = ssh
+
+    def start(self, task: TaskPlan) -> TaskHandle:
+        """Start ``task`` with the transport of its host."""
+        return self._for(task).start(task)
+
+    def stop(self, handles: Sequence[TaskHandle], grace_s: float) -> None:
+        """Stop every handle with its own transport, the transports side by side, so that the
+        grace periods overlap instead of adding up."""
+        groups: dict[int, tuple[Transport, list[TaskHandle]]] = {}
+        for handle in handles:
+            transport = self._for(handle.task)
+            groups.setdefault(id(transport), (transport, []))[1].append(handle)
+        threads = [
+            threading.Thread(target=transport.stop, args=(group, grace_s), name="stop")
+            for transport, group in list(groups.values())[1:]
+        ]
+        for thread in threads:
+            thread.start()
+        if groups:
+            transport, group = next(iter(groups.values()))
+            transport.stop(group, grace_s)
+        for thread in threads:
+            thread.join()
+
+    def kill(self, handles: Sequence[TaskHandle]) -> None:
+        """Kill every handle with its own transport."""
+        for handle in handles:
+            self._for(handle.task).kill([handle])
+
+    def _for(self, task: TaskPlan) -> Transport:
+        if task.transport != "ssh":
+            return self.local
+        if self.ssh is None:
+            raise ValueError(
+                f"{task.name} runs on SSH host {task.host_name!r} but the run has no SSH transport"
+            )
+        return self.ssh
+
+
+def plan(
+    loaded: LoadedSpec,
+    run_id: str,
+    run_dir: Path,
+    attempt: int,
+    remote_ports: dict[ports.TaskKey, int] | None = None,
+) -> Plan:
+    """Decide the isolation, allocate ports and build the plan of this attempt (nothing started).
+
+    ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
+    """
+    isolation = netns.decide(loaded)
+    return make_plan(
+        loaded,
+        ports.allocate(loaded, private=isolation.private, remote=remote_ports),
+        run_id,
+        run_dir,
+        attempt,
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        isolation=isolation,
+    )
+
+
+class HostsLaunch:
+    """One `up` of the local backend (see the module docstring)."""
+
+    def __init__(self, loaded: LoadedSpec, session: ssh.Session, console: Console) -> None:
+        self.loaded = loaded
+        self.session = session
+        self.console = console
+        private = loaded.spec.permissions == "private"
+        self.umask = rundir.PRIVATE_UMASK if private else None
+        self.reports: list[preflight.HostReport] = []
+
+    def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """Check the SSH hosts (HostError when one is not usable), then plan with their ports."""
+        self.reports = preflight.check(self.loaded, self.session, self.umask)
+        for report in self.reports:
+            self.console.say(f"host {self.session.target(report.name)}: {report.summary()}")
+        picked = preflight.picked_ports(self.reports)
+        return plan(self.loaded, run_id, run_dir, attempt, picked)
+
+    @contextmanager
+    def open(self, plan: Plan) -> Iterator[Opened]:
+        """The SSH hosts' firewall, the sandbox (when isolated) and both transports. The
+        firewall is up before any task starts and goes after every task has stopped; the sandbox
+        closes only after the supervisor has stopped every task in it."""
+        grace_s = self.loaded.spec.timeouts.grace_s
+        with (
+            self._protect(plan) as protection,
+            netns.sandbox(plan.isolation, plan.run_id) as sandbox,
+            ssh.SshTransport(self.session, grace_s, self.umask) as remote,
+        ):
+            record: dict = {}
+            if sandbox is not None:
+                record["netns_holder_pid"] = sandbox.pid
+            notes = [note for note in (network_note(plan), *protection.notes()) if note]
+            if self.reports:
+                record["ssh"] = ssh.record(self.loaded, [r.name for r in self.reports])
+                record["network"] = protection.to_json()
+                if not self.loaded.spec.shared_dir_is_shared:
+                    notes.append(
+                        "SSH hosts keep their run files on their own disks; "
+                        f"`distlaunch collect {plan.run_id}` copies them here"
+                    )
+            shown = HostConsole(self.console, plan) if self.reports else None
+            yield Opened(HostRouter(LocalTransport(sandbox), remote), record, tuple(notes), shown)
+
+    def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
+        """The firewall of the run's SSH hosts: one guard per host, over ssh."""
+        session = self.session
+
+        def guard_argv(name: str) -> list[str]:
+            python = ssh.remote_python(session.hosts[name].python)
+            return session.argv(name, f"exec {python} -m {firewall.GUARD_MODULE}")
+
+        # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
+        env = {contract.RUN_ID: plan.run_id}
+        rules = firewall.plan_rules(plan)
+        return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, guard_argv, env)
+
+
+@contextmanager
+def open_launch(loaded: LoadedSpec, console: Console, **_options: object) -> Iterator[HostsLaunch]:
+    """The local backend for one `up`; the SSH master connections are closed last."""
+    remote_hosts = {name: host for name, host in loaded.hosts.items() if host.transport == "ssh"}
+    with ssh.Session(remote_hosts) as session:
+        yield HostsLaunch(loaded, session, console)
+
+
+class HostConsole(Console):
+    """``console`` with each task's host in its line prefix (``worker-0@node1 | ``), for runs on
+    several hosts."""
+
+    def __init__(self, console: Console, plan: Plan) -> None:
+        super().__init__(console.out, console.err, console.color)
+        self.hosts = {t.name: t.host_name for t in plan.tasks}
+        self.extra = max(len(h) + 1 for h in self.hosts.values())
+
+    def prefix(self, name: str, number: int, width: int) -> bytes:
+        """The base prefix of ``name@host``, widened by the longest ``@host``."""
+        return super().prefix(f"{name}@{self.hosts[name]}", number, width + self.extra)
+
+
+def network_note(plan: Plan) -> str | None:
+    """The line `up` prints about who can reach the local tasks' ports (the firewall's notes
+    speak for the SSH hosts')."""
+    if plan.isolation.private:
+        return ISOLATED_NOTE
+    listed = ", ".join(str(t.port) for t in plan.tasks if t.transport == "local")
+    if not listed:
+        return None
+    return EXPOSURE_NOTE.format(
+        ports=listed, reason=plan.isolation.reason, remedy=plan.isolation.remedy
+    )

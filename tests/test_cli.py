@@ -1,0 +1,49 @@
+"""The command line's shape: shared options declared once, and one map from errors to exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import distlaunch
+from distlaunch.launcher.cli import ExitCode, exit_code
+from distlaunch.launcher.errors import HostError, Interrupted, RunFailed, SpecError, UsageError
+from distlaunch.launcher.transports.docker import DockerError
+from distlaunch.launcher.transports.netns import SandboxError
+
+
+def test_errors_map_to_their_exit_codes() -> None:
+    assert exit_code(SpecError("f", "$", "bad")) == ExitCode.USAGE == 2
+    assert exit_code(UsageError("no run")) == 2
+    assert exit_code(HostError("host", ["down"])) == 2
+    assert exit_code(DockerError("no engine")) == 2
+    # A sandbox that cannot be made is a setup error: nothing started, not a failed task.
+    assert exit_code(SandboxError("unshare: Operation not permitted")) == 2
+    assert exit_code(RunFailed("worker-1 failed")) == ExitCode.FAILED == 1
+    assert exit_code(Interrupted(15)) == 128 + 15
+
+
+def _run(tmp: Path, run_id: str) -> None:
+    run_dir = tmp / run_id
+    run_dir.mkdir(parents=True)
+    record = {"run_id": run_id, "state": "succeeded", "attempt": 0, "tasks": {}}
+    (run_dir / "run.json").write_text(json.dumps(record))
+
+
+def test_shared_dir_is_accepted_after_and_before_the_subcommand(tmp: Path) -> None:
+    _run(tmp / "a", "r-a")
+    _run(tmp / "b", "r-b")
+    after = distlaunch("status", "r-a", "--shared-dir", str(tmp / "a"), "--json", cwd=tmp)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["run_id"] == "r-a"
+    before = distlaunch("--shared-dir", str(tmp / "b"), "status", "--json", cwd=tmp)
+    assert before.returncode == 0, before.stderr
+    assert json.loads(before.stdout)["run_id"] == "r-b"
+    # The subcommand's own option wins over the group's.
+    both = distlaunch(
+        "--shared-dir", str(tmp / "b"), "status", "--shared-dir", str(tmp / "a"), cwd=tmp
+    )
+    assert both.returncode == 0 and "run r-a: succeeded" in both.stdout
+    # Without either, runs are looked up under ./runs.
+    missing = distlaunch("status", "r-a", cwd=tmp)
+    assert missing.returncode == 2 and "under runs" in missing.stderr

@@ -1,0 +1,82 @@
+"""run.json's schema and the state machines: one call records, logs and saves a change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import events
+from distlaunch.launcher.errors import UsageError
+from distlaunch.launcher.state import (
+    SCHEMA_VERSION,
+    RunBook,
+    RunRecord,
+    RunState,
+    TaskState,
+    TransitionError,
+)
+
+
+def test_a_record_round_trips_and_keeps_keys_it_does_not_know(tmp_path: Path) -> None:
+    record = RunRecord(run_id="r", name="t", launcher_pid=7, started_at=1.5)
+    record.update({"ssh": {"hosts": {}}, "from_a_newer_version": [1]})
+    record.save(tmp_path)
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["version"] == SCHEMA_VERSION and data["state"] == "running"
+    assert data["from_a_newer_version"] == [1] and "compose" not in data
+    again = RunRecord.load(tmp_path)
+    assert again.to_json() == data
+
+
+def test_a_record_without_a_version_is_version_0_and_garbage_is_refused(tmp_path: Path) -> None:
+    old = {
+        "run_id": "r",
+        "state": "failed",
+        "tasks": {"worker-0": {"role": "worker", "index": 0, "port": 1}},
+    }
+    (tmp_path / "run.json").write_text(json.dumps(old))
+    record = RunRecord.load(tmp_path)
+    assert record.version == 0 and record.state is RunState.FAILED
+    assert record.tasks["worker-0"].state is None
+    (tmp_path / "run.json").write_text("[1, 2]")
+    with pytest.raises(UsageError, match="not a run record"):
+        RunRecord.load(tmp_path)
+
+
+def test_one_change_sets_the_state_appends_the_event_and_saves(tmp_path: Path) -> None:
+    book = RunBook(tmp_path, RunRecord(run_id="r"))
+    task = book.ledger("worker-0", "worker", 0, 2222)
+    task.change(TaskState.STARTING, "started", {"pid": 42, "attempt": 0}, pid=42)
+    task.change(TaskState.RUNNING, "joined", {"joined_after_s": 0.5}, port=2222)
+    saved = json.loads((tmp_path / "run.json").read_text())["tasks"]["worker-0"]
+    assert saved["state"] == "running" and saved["pid"] == 42 and saved["joined_after_s"] == 0.5
+    assert [(e["event"], e["task"], e["attempt"]) for e in events(tmp_path)] == [
+        ("started", "worker-0", 0),
+        ("joined", "worker-0", 0),
+    ]
+
+
+def test_transitions_outside_the_tables_are_refused(tmp_path: Path) -> None:
+    book = RunBook(tmp_path, RunRecord(run_id="r"))
+    task = book.ledger("worker-0", "worker", 0, 2222)
+    with pytest.raises(TransitionError):
+        task.change(TaskState.RUNNING, "joined")  # never started
+    task.change(TaskState.STARTING, "started")
+    task.change(TaskState.SUCCEEDED, "exited")
+    with pytest.raises(TransitionError):
+        task.change(TaskState.KILLED, "killed")  # it has already ended
+    book.set_state(RunState.SUCCEEDED)
+    with pytest.raises(TransitionError):
+        book.set_state(RunState.RUNNING)  # a finished run runs again only as a new record
+
+
+def test_a_batch_saves_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    book = RunBook(tmp_path, RunRecord(run_id="r"))
+    saves = []
+    monkeypatch.setattr(RunRecord, "save", lambda self, run_dir: saves.append(run_dir))
+    with book.batch():
+        for i in range(3):
+            book.ledger(f"worker-{i}", "worker", i, 1).change(TaskState.STARTING, "started")
+    assert len(saves) == 1
