@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
 from conftest import (
     events,
     only_run_dir,
