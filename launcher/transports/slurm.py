@@ -363,7 +363,7 @@ def _probe(
         "script": str(loaded.script) if loaded.script else None,
         "umask": umask,
     }
-    source = resources.files("distlaunch.launcher").joinpath("ssh_probe.py").read_bytes()
+    source = resources.files("distlaunch.launcher.transports").joinpath("ssh_probe.py").read_bytes()
     python = python_of(loaded)
     argv = [
         *srun_argv(alloc.job_id, node, f"{STEP_PREFIX}.preflight", python, overlap=True),
