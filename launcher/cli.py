@@ -30,6 +30,7 @@ from distlaunch.launcher.errors import (
     UsageError,
 )
 from distlaunch.launcher.spec import LoadedSpec, json_schema, load_spec
+from distlaunch.launcher.spec_sources import SpecOptions
 from distlaunch.launcher.summary import tail
 from distlaunch.launcher.transports.docker import DockerError
 from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
@@ -87,6 +88,30 @@ SHARED_DIR = click.option(
 )
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
+SET = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+    help="Override a spec value before it is validated, e.g. tasks.worker.count=4 or "
+    "'program.args=[\"--epochs\",\"1\"]' (the value is read as YAML/JSON). Repeatable.",
+)
+HOSTS = click.option(
+    "--hosts", "only_hosts", metavar="NAMES", default="",
+    help="Comma-separated: run only on these hosts of the spec (per_host spreads over them).",
+)
+EXCLUDE = click.option(
+    "--exclude", "exclude_hosts", metavar="NAMES", default="",
+    help="Comma-separated: leave these hosts of the spec out.",
+)
+
+
+def _options(overrides: tuple[str, ...], only_hosts: str = "", exclude_hosts: str = "") -> SpecOptions:
+    """The spec options of the command line's --set, --hosts and --exclude."""
+    return SpecOptions(
+        overrides=overrides,
+        only_hosts=tuple(n for n in only_hosts.split(",") if n.strip()),
+        exclude_hosts=tuple(n for n in exclude_hosts.split(",") if n.strip()),
+    )
+
+
 IMAGE = click.option(
     "--image", envvar="DISTLAUNCH_IMAGE", default=DEFAULT_TAG, show_default=True,
     help="Compose backend: the distlaunch image's tag (`up` builds it from this checkout when it changed).",
@@ -104,9 +129,10 @@ def cli(ctx: click.Context) -> None:
 
 @cli.command()
 @SPEC
-def validate(spec: str) -> None:
+@SET
+def validate(spec: str, overrides: tuple[str, ...]) -> None:
     """Check SPEC and print a one-line verdict; exit 2 when it is malformed."""
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, _options(overrides))
     counts = ", ".join(f"{len(v)} {k}" for k, v in loaded.spec.tasks.by_role().items())
     click.echo(f"{spec}: ok ({loaded.spec.strategy}; {counts})")
 
@@ -114,7 +140,10 @@ def validate(spec: str) -> None:
 @cli.command()
 @SPEC
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(spec: str, as_json: bool) -> None:
+@SET
+@HOSTS
+@EXCLUDE
+def plan(spec: str, as_json: bool, overrides: tuple[str, ...], only_hosts: str, exclude_hosts: str) -> None:
     """Dry run: print every task's command, env and TF_CONFIG without starting anything.
 
     `auto` ports are picked as `up` would pick them; `up` picks again when it starts.
@@ -122,7 +151,7 @@ def plan(spec: str, as_json: bool) -> None:
     from distlaunch.launcher import firewall
     from distlaunch.launcher.up import build_plan, choose_run
 
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, _options(overrides, only_hosts, exclude_hosts))
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
     data = the_plan.to_json()
     rules = firewall.plan_rules(the_plan)
@@ -194,17 +223,23 @@ def schema() -> None:
     "--base-image", envvar="DISTLAUNCH_BASE_IMAGE", default=DEFAULT_BASE, show_default=True,
     help="Compose backend: the image the distlaunch image is built on (python3 3.11+ with venv).",
 )
-def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str, base_image: str) -> None:
+@SET
+@HOSTS
+@EXCLUDE
+def up(
+    spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str,
+    base_image: str, overrides: tuple[str, ...], only_hosts: str, exclude_hosts: str,
+) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
     from distlaunch.launcher.up import choose_run
     from distlaunch.launcher.up import up as run_up
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, _options(overrides, only_hosts, exclude_hosts))
     if backend is not None:
         loaded = _with_backend(loaded, backend)
-    console = Console()
+    console = Console(quiet_tf=loaded.spec.tf_log_level == "default")
     if not (resume or fresh or run_id):
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
