@@ -345,7 +345,12 @@ def _offer_resume(loaded, console: Console) -> bool:
 @SHARED_DIR
 @click.pass_obj
 @click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
-def status(settings: Settings, run: str | None, as_json: bool) -> None:
+@click.option(
+    "-w", "--watch", is_flag=True,
+    help="Redraw every second, like top: each task's step, steps/s, loss, last checkpoint and "
+    "ETA from its distlaunch.worker heartbeat, until the run ends (Ctrl-C quits).",
+)
+def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
     from distlaunch.launcher import firewall
     from distlaunch.launcher.control.liveness import launcher_alive
@@ -353,6 +358,11 @@ def status(settings: Settings, run: str | None, as_json: bool) -> None:
     from distlaunch.launcher.state import RunRecord
 
     path = rundir.resolve_run(run, settings.shared_dir)
+    if watch:
+        from distlaunch.launcher.control.status import watch as watch_run
+
+        watch_run(path, lambda text: click.echo(text, nl=False))
+        return
     record = RunRecord.load(path)
     rows = status_rows(record)
     state = run_state(record)

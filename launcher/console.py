@@ -16,6 +16,7 @@ import atexit
 import collections
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -48,6 +49,7 @@ class Terminal:
         self._dropped = 0
         self._broken = False  # the reader is gone (EPIPE): everything is discarded
         self._writing = False
+        self._footer = b""  # the live line kept below the output (a terminal only)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         atexit.register(self.close)
@@ -65,7 +67,18 @@ class Terminal:
                 self._dropped += len(data)
                 return
             self._note_dropped()
+            if self._footer:  # erase the live line, write, draw it again below
+                data = _ERASE_LINE + data + self._footer
             self._push(data)
+
+    def footer(self, text: bytes) -> None:
+        """Keep ``text`` (one line, no newline) drawn below everything written: the live line
+        of a terminal. Empty bytes erase it."""
+        with self._cond:
+            if self._broken or text == self._footer or self._size + len(text) > MAX_PENDING:
+                return
+            self._footer = text
+            self._push(_ERASE_LINE + text)
 
     def _note_dropped(self) -> None:
         if self._dropped:
@@ -188,6 +201,9 @@ def hide_tf_noise(body: bytes) -> bytes:
     return body
 
 
+_ERASE_LINE = b"\r\x1b[K"
+
+
 class Console:
     """Where prefixed task output and the launcher's own messages go.
 
@@ -204,6 +220,14 @@ class Console:
         self.err = self.out if out is err or _same_file(out, err) else _terminal(err)
         self.color = self.out.isatty() if color is None else color
         self.quiet_tf = quiet_tf
+        # A live progress line only on a terminal: piped output stays one line per event.
+        self.live = isinstance(self.out, Terminal) and self.out.isatty()
+
+    def show_live(self, line: str | None) -> None:
+        """Show ``line`` as the live line at the bottom of the terminal (None: remove it)."""
+        if self.live:
+            width = shutil.get_terminal_size().columns - 1
+            self.out.footer((line or "")[:width].encode())
 
     def prefix(self, name: str, number: int, width: int) -> bytes:
         """The prefix put before each line of task ``name`` (the ``number``-th task), padded."""

@@ -32,6 +32,7 @@ from distlaunch.launcher.policy import (
     RestartRules,
     TaskEvent,
 )
+from distlaunch.launcher.progress_view import live_line, task_progress
 from distlaunch.launcher.spec import Restart, Timeouts
 from distlaunch.launcher.state import RunBook, RunRecord, RunState, TaskLedger, TaskState
 from distlaunch.launcher.summary import Failure
@@ -42,6 +43,8 @@ from distlaunch.worker import contract
 PUMP_INTERVAL_S = 0.05
 # How often joins and heartbeats are checked.
 CHECK_INTERVAL_S = 0.25
+# How often the live progress line of a terminal is redrawn from the tasks' heartbeats.
+LIVE_INTERVAL_S = 1.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -145,7 +148,7 @@ class Supervisor:
         self._signals.append(signum)
 
     def _loop(self, wake_r: int) -> RunResult:
-        next_check = 0.0
+        next_check = next_live = 0.0
         while True:
             more = False
             for task in self.tasks.values():
@@ -172,6 +175,9 @@ class Supervisor:
             if result is None and now >= next_check:
                 next_check = now + CHECK_INTERVAL_S
                 result = self._check_deadlines(now)
+            if self.console.live and now >= next_live:
+                next_live = now + LIVE_INTERVAL_S
+                self.console.show_live(live_line(task_progress(self.run_dir, self.record)))
             if result is not None:
                 return result
 
@@ -449,6 +455,7 @@ class Supervisor:
         Stopping comes first and nothing here raises for a record it cannot write (a full
         disk): the tasks must end whatever happened to the run dir.
         """
+        self.console.show_live(None)
         self.book.best_effort = True
         alive = [t for t in self.tasks.values() if t.alive]
         if alive:
