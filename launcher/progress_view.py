@@ -35,10 +35,7 @@ class TaskProgress:
     @property
     def eta_s(self) -> float | None:
         """Seconds left at the current rate; None when unknown."""
-        if (
-            None in (self.step, self.total_steps, self.steps_per_s)
-            or not self.steps_per_s
-        ):
+        if None in (self.step, self.total_steps, self.steps_per_s) or not self.steps_per_s:
             return None
         return max(0, self.total_steps - self.step) / self.steps_per_s  # type: ignore[operator]
 
@@ -145,4 +142,3 @@ def live_line(rows: Iterable[TaskProgress]) -> str | None:
     if best.eta_s is not None:
         parts.append(f"ETA {format_duration(best.eta_s)}")
     return "distlaunch: " + ", ".join(parts)
-
