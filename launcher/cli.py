@@ -103,7 +103,9 @@ EXCLUDE = click.option(
 )
 
 
-def _options(overrides: tuple[str, ...], only_hosts: str = "", exclude_hosts: str = "") -> SpecOptions:
+def _options(
+    overrides: tuple[str, ...], only_hosts: str = "", exclude_hosts: str = ""
+) -> SpecOptions:
     """The spec options of the command line's --set, --hosts and --exclude."""
     return SpecOptions(
         overrides=overrides,
@@ -143,7 +145,9 @@ def validate(spec: str, overrides: tuple[str, ...]) -> None:
 @SET
 @HOSTS
 @EXCLUDE
-def plan(spec: str, as_json: bool, overrides: tuple[str, ...], only_hosts: str, exclude_hosts: str) -> None:
+def plan(
+    spec: str, as_json: bool, overrides: tuple[str, ...], only_hosts: str, exclude_hosts: str
+) -> None:
     """Dry run: print every task's command, env and TF_CONFIG without starting anything.
 
     `auto` ports are picked as `up` would pick them; `up` picks again when it starts.

@@ -303,7 +303,8 @@ class LogFollower:
                     body = b"".join(_pieces(line) for line in lines)
             # One C-level replace per chunk instead of a Python loop per line.
             if body:
-                self.console.out.write(self.prefix + body[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n")
+                lines = body[:-1].replace(b"\n", b"\n" + self.prefix)
+                self.console.out.write(self.prefix + lines + b"\n")
             self._progress = b""
         # A carriage return ends one state of a progress bar (tqdm): echo the latest complete
         # state as a line, once, and keep only the state being written.

@@ -296,7 +296,8 @@ def _task_env(
 
 def forwarded_env(patterns: list[str], environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``environ`` whose names match one of the glob ``patterns`` (case
-    sensitive), except those distlaunch sets itself (TF_CONFIG, DISTLAUNCH_*, CUDA_VISIBLE_DEVICES)."""
+    sensitive), except those distlaunch sets itself (TF_CONFIG, DISTLAUNCH_*,
+    CUDA_VISIBLE_DEVICES)."""
     return {
         key: value for key, value in sorted(environ.items())
         if any(fnmatch.fnmatchcase(key, p) for p in patterns)

@@ -125,16 +125,15 @@ def _fmt(value: float | None, spec: str) -> str:
 def live_line(rows: Iterable[TaskProgress]) -> str | None:
     """The one-line summary `up` keeps at the bottom of a terminal: the most advanced training
     task's step/total, loss, rate and ETA; None until a task reports a step."""
-    best = None
-    for row in rows:
-        if row.step is not None and (best is None or row.step > best.step):  # type: ignore[operator]
-            best = row
-    if best is None:
+    reporting = [row for row in rows if row.step is not None]
+    if not reporting:
         return None
+    best = max(reporting, key=lambda row: row.step or 0)
     total = f"/{best.total_steps}" if best.total_steps else ""
     parts = [f"step {best.step}{total}"]
     if best.total_steps:
-        parts[0] += f" ({100 * min(best.step, best.total_steps) // best.total_steps}%)"  # type: ignore[operator]
+        done = min(best.step or 0, best.total_steps)
+        parts[0] += f" ({100 * done // best.total_steps}%)"
     if best.loss is not None:
         parts.append(f"loss {best.loss:.4g}")
     if best.steps_per_s:

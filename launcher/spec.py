@@ -370,22 +370,23 @@ class Spec(_Model):
     )
     hostfile: str | None = Field(
         None, min_length=1,
-        description="A host file (relative: to the spec), one SSH host per line as `node1 slots=4`; "
-        "its hosts join `hosts` with host_template's settings. slots caps per_host.",
+        description="A host file (relative: to the spec), one SSH host per line as "
+        "`node1 slots=4`; its hosts join `hosts` with host_template's settings. slots caps "
+        "per_host.",
     )
     hosts: dict[str, Host] = Field(
         default_factory=dict, description="Machines by name, for tasks' `host`; localhost needs no entry."
     )
     forward_env: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_*?\[\]!-]+$")]] = Field(
         default_factory=list,
-        description='Names or glob patterns ("NCCL_*") of the launcher\'s environment variables sent '
-        "to every task on every backend; secret-looking values are masked in plan and status.",
+        description='Names or glob patterns ("NCCL_*") of the launcher\'s environment variables '
+        "sent to every task on every backend; secret-looking values are masked in plan.",
     )
     tf_log_level: Literal["default", "all"] = Field(
         "default",
-        description="default: the console hides TensorFlow's C++ INFO lines and its known harmless "
-        "start-up warnings (oneDNN, CUDA probes, cpu_feature_guard, absl); the log files keep them. "
-        "all: the console shows everything.",
+        description="default: the console hides TensorFlow's C++ INFO lines and its known "
+        "harmless start-up warnings (oneDNN, CUDA probes, cpu_feature_guard, absl); the log "
+        "files keep them. all: the console shows everything.",
     )
     shared_dir_is_shared: bool = Field(
         True,

@@ -231,7 +231,8 @@ def apply_overrides(source: Source, overrides: Iterable[str], shown: str) -> Non
                     f"--set {text}: expected a list to index",
                 )
         last = loc[-1]
-        if isinstance(node, list) and isinstance(last, int) and last < len(node) or isinstance(node, dict) and isinstance(last, str):
+        in_list = isinstance(node, list) and isinstance(last, int) and last < len(node)
+        if in_list or (isinstance(node, dict) and isinstance(last, str)):
             node[last] = value
         else:
             raise SpecError(
@@ -422,7 +423,8 @@ def _spread(raw: dict[str, Any], shown: str, slots: Mapping[str, int]) -> None:
                 raise SpecError(
                     shown,
                     f"$.tasks.{role}.per_host",
-                    f"host {name!r} has slots={slots[name]} in the host file; expected per_host <= slots",
+                    f"host {name!r} has slots={slots[name]} in the host file; "
+                    "expected per_host <= slots",
                 )
         count = group.get("count", per_host * len(names))
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:

@@ -177,7 +177,8 @@ class Supervisor:
                 result = self._check_deadlines(now)
             if self.console.live and now >= next_live:
                 next_live = now + LIVE_INTERVAL_S
-                self.console.show_live(live_line(task_progress(self.run_dir, self.record)))
+                rows = task_progress(self.run_dir, self.record)
+                self.console.show_live(live_line(rows))
             if result is not None:
                 return result
 
