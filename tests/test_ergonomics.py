@@ -354,6 +354,35 @@ def test_up_local2_console_has_no_tf_noise_but_its_logs_do(tmp: Path) -> None:
 # ---- status --watch and the live line, in a real terminal --------------------------------------
 
 
+def test_the_heartbeat_carries_what_the_progress_views_show(tmp: Path, monkeypatch) -> None:
+    from distlaunch.launcher.progress_view import live_line, screen, task_progress
+    from distlaunch.worker import progress
+
+    monkeypatch.setenv("DISTLAUNCH_STATUS_FILE", str(tmp / "status" / "worker-0.json"))
+    monkeypatch.setenv("DISTLAUNCH_ATTEMPT", "1")
+    beat = progress.Heartbeat(total_steps=100)
+    beat.beat(10, force=True)
+    beat.update(loss=0.25, checkpoint_step=10)
+    time.sleep(0.05)  # the rate needs two beats apart in time; no assertion is about its value
+    beat.beat(30, force=True)
+    status = json.loads((tmp / "status" / "worker-0.json").read_text())
+    assert {k: status[k] for k in ("state", "step", "total_steps", "loss", "checkpoint_step", "attempt")} == {
+        "state": "ready", "step": 30, "total_steps": 100, "loss": 0.25, "checkpoint_step": 10, "attempt": 1,
+    }
+    assert status["steps_per_s"] > 0
+    record = {"run_id": "r", "state": "running", "attempt": 1, "tasks": {
+        "worker-0": {"state": "running", "attempt": 1}, "worker-1": {"state": "starting", "attempt": 1}}}
+    rows = task_progress(tmp, record)
+    assert rows[0].step == 30 and rows[0].eta_s is not None and rows[1].step is None
+    frame = "\n".join(screen(record, tmp, rows))
+    assert re.search(r"worker-0\s+running\s+1\s+30/100\s+[\d.]+\s+0\.25\s+10\s", frame), frame
+    assert live_line(rows).startswith("distlaunch: step 30/100 (30%), loss 0.25, ")
+    # A heartbeat left by an earlier attempt is not this attempt's progress.
+    record["tasks"]["worker-0"]["attempt"] = 2
+    assert task_progress(tmp, record)[0].step is None
+
+
+
 def _pane(target: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-p", "-t", target], capture_output=True, text=True).stdout
 
