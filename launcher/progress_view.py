@@ -96,7 +96,7 @@ def format_duration(seconds: float | None) -> str:
 
 
 def screen(record: RunRecord, state: str, run_dir: Path, rows: Iterable[TaskProgress]) -> list[str]:
-    """The lines of one `status --watch` frame; ``state`` is the run's state as `status` shows it."""
+    """The lines of one `status --watch` frame (``state``: the run's, as `status` shows it)."""
     lines = [
         f"run {record.run_id}: {state} (attempt {record.attempt}) in {run_dir}",
         "",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from distlaunch.launcher.errors import SpecError, UsageError
 
 # A YAML spec may expand to at most this many nodes: anchors and aliases can otherwise make a
@@ -62,9 +63,7 @@ class Source:
             probe = _parent(probe)
         message = error.message
         for target, override in self.overridden.items():
-            if any(
-                p == target or p.startswith((target + ".", target + "[")) for p in paths
-            ):
+            if any(p == target or p.startswith((target + ".", target + "[")) for p in paths):
                 message += f" (set by --set {override})"
                 break
         if line is None and message == error.message:
@@ -95,9 +94,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [
-        (tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"
-    ]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
@@ -116,9 +113,7 @@ def read_yaml(text: str, shown: str) -> Source:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{shown}:{mark.line + 1}" if mark else shown
-        raise SpecError(
-            where, "$", f"invalid YAML: {exc.problem or exc.context}"
-        ) from None
+        raise SpecError(where, "$", f"invalid YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise SpecError(shown, "$", f"invalid YAML: {exc}") from None
     finally:
@@ -144,9 +139,7 @@ def _plain(
     budget[0] -= 1
     path = json_path(loc)
     if budget[0] < 0:
-        raise SpecError(
-            shown, path, f"expected at most {MAX_NODES} values (aliases expand)"
-        )
+        raise SpecError(shown, path, f"expected at most {MAX_NODES} values (aliases expand)")
     lines.setdefault(path, (mark or node.start_mark).line + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
@@ -192,15 +185,11 @@ def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
     key, sep, value_text = text.partition("=")
     parts = key.strip().split(".")
     if not sep or not all(re.fullmatch(r"[A-Za-z0-9_.-]+", p) for p in parts):
-        raise UsageError(
-            f"--set {text!r}: expected KEY.PATH=VALUE, e.g. tasks.worker.count=4"
-        )
+        raise UsageError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. tasks.worker.count=4")
     try:
         value = yaml.load(value_text, Loader=_Loader) if value_text.strip() else ""
     except yaml.YAMLError as exc:
-        raise UsageError(
-            f"--set {text}: the value is not valid YAML/JSON: {exc}"
-        ) from None
+        raise UsageError(f"--set {text}: the value is not valid YAML/JSON: {exc}") from None
     loc = tuple(int(p) if p.isdigit() else p for p in parts)
     return loc, value
 
@@ -235,20 +224,12 @@ def apply_overrides(source: Source, overrides: Iterable[str], shown: str) -> Non
         if in_list or (isinstance(node, dict) and isinstance(last, str)):
             node[last] = value
         else:
-            raise SpecError(
-                shown, json_path(loc), f"--set {text}: no such place in the spec"
-            )
+            raise SpecError(shown, json_path(loc), f"--set {text}: no such place in the spec")
         source.overridden[json_path(loc)] = text
 
 
 def _kind(node: Any) -> str:
-    return (
-        "a list"
-        if isinstance(node, list)
-        else "a value"
-        if node is not None
-        else "nothing"
-    )
+    return "a list" if isinstance(node, list) else "a value" if node is not None else "nothing"
 
 
 def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
@@ -263,9 +244,7 @@ def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
             shown, "$.hostfile", f"cannot read host file {str(path)!r}: {exc.strerror}"
         ) from None
     except UnicodeDecodeError:
-        raise SpecError(
-            shown, "$.hostfile", f"host file {str(path)!r} is not UTF-8 text"
-        ) from None
+        raise SpecError(shown, "$.hostfile", f"host file {str(path)!r} is not UTF-8 text") from None
     out: list[tuple[str, int | None, int]] = []
     seen: set[str] = set()
     for number, line in enumerate(text.splitlines(), 1):
@@ -281,9 +260,7 @@ def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
                 f"expected a host name or IPv4 address, got {name!r}",
             )
         if name in seen:
-            raise SpecError(
-                where, "$.hostfile", f"host {name!r} appears twice; expected it once"
-            )
+            raise SpecError(where, "$.hostfile", f"host {name!r} appears twice; expected it once")
         seen.add(name)
         for word in words[1:]:
             key, sep, value = word.partition("=")
@@ -306,9 +283,7 @@ def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
     return out
 
 
-def expand(
-    source: Source, base: Path, shown: str, options: SpecOptions
-) -> dict[str, int]:
+def expand(source: Source, base: Path, shown: str, options: SpecOptions) -> dict[str, int]:
     """Expand the host file into ``hosts``, filter hosts, and spread ``per_host`` roles.
 
     Returns the slots of each host-file host. Leaves a raw spec that lacks the keys alone.
@@ -327,9 +302,7 @@ def expand(
             )
         template = raw.get("host_template", {})
         if not isinstance(template, dict):
-            raise SpecError(
-                shown, "$.host_template", "expected an object of host settings"
-            )
+            raise SpecError(shown, "$.host_template", "expected an object of host settings")
         hosts = raw.setdefault("hosts", {})
         if not isinstance(hosts, dict):
             return {}  # validation names it
