@@ -33,7 +33,10 @@ def kill_of(pid: int, returncode: int, rss_bytes: int | None) -> str:
 
 def killed_for_memory(pid: int, log: str) -> bool:
     """Whether the kernel log text ``log`` says the OOM killer killed ``pid``."""
-    pattern = rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b|Memory cgroup out of memory: Kill(ed)? process {pid}\b)"
+    pattern = (
+        rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b"
+        rf"|Memory cgroup out of memory: Kill(ed)? process {pid}\b)"
+    )
     return re.search(pattern, log) is not None
 
 

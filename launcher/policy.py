@@ -140,13 +140,17 @@ class RestartPolicy:
         order they exited; ``restart_times`` is the run's History (or, alone, the times of earlier
         automatic restarts, for the budget and backoff).
         """
-        history = restart_times if isinstance(restart_times, History) else History(tuple(restart_times))
+        history = (
+            restart_times if isinstance(restart_times, History) else History(tuple(restart_times))
+        )
         decision = self._decide(event, exited, history, now)
         if decision.action is not Action.FAIL:
             return decision
         return replace(decision, cause=_cause(event, exited, history))
 
-    def _decide(self, event: TaskEvent, exited: Mapping[str, int], history: History, now: float) -> Decision:
+    def _decide(
+        self, event: TaskEvent, exited: Mapping[str, int], history: History, now: float
+    ) -> Decision:
         restart_times = history.restart_times
         server = self.cluster.strategy == contract.PSS and event.role in ("ps", "worker")
         # A PSS server that exits, even with 0, is broken: it is handled like a failure.
@@ -212,7 +216,7 @@ def _cause(event: TaskEvent, exited: Mapping[str, int], history: History) -> str
             if code != 0 and name != event.name and name not in history.peer_lost)
     # No task has died on its own: the one TensorFlow says stopped answering (frozen, or its
     # machine gone) is the cause, though its process may still be there.
-    named = (name for name in event.lost_peers if name != event.name and name not in history.peer_lost)
+    named = (n for n in event.lost_peers if n != event.name and n not in history.peer_lost)
     return next(died, None) or next(named, None)
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
 from distlaunch.launcher import rundir
 from distlaunch.worker import contract
 
@@ -50,14 +51,12 @@ _FH_THREAD = re.compile(
     r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+) \(most recent call first\):$"
 )
 _FH_FRAME = re.compile(r'^\s+File "(?P<where>.*)", line (?P<line>\d+) in (?P<func>.+)$')
-# `    f (file.py:12)` (Python) or `    clock_nanosleep (libc.so.6)` / `    0x7fdd (libc.so.6)` (native)
+# `    f (file.py:12)` (Python), `    clock_nanosleep (libc.so.6)` or `    0x7fdd (libc.so.6)` (native)
 _FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<where>[^()]*?)(?::(?P<line>\d+))?\)$")
 # A frame in one of these is library code, not the user's program. py-spy shortens a file under
 # a folder on the task's sys.path to the path below it (`tensorflow/python/eager/execute.py`), so
 # library files are also recognised by the folders of this interpreter's stdlib and site-packages.
-_LIBRARY = re.compile(
-    r"site-packages|dist-packages|/lib/python3\.\d+/|^<frozen|^<built-in"
-)
+_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<frozen|^<built-in")
 _LIBRARY_ROOTS = tuple(
     Path(p) for p in {sysconfig.get_paths()["stdlib"], *site.getsitepackages()} if p
 )
@@ -151,7 +150,8 @@ class Where:
         code at step (train.py:40)``."""
         at = f" at {_short(self.user_frame)}" if self.user_frame else ""
         if self.waits_in:
-            return f"waits in {self.waits_in}{', called' if at else ''}{at.replace(' at ', ' from ', 1)}"
+            called = at.replace(" at ", ", called from ", 1)
+            return f"waits in {self.waits_in}{called}"
         return f"in its own code{at}" if at else "in no Python frame py-spy could read"
 
 
@@ -171,9 +171,7 @@ class Capture:
 
 def py_spy() -> str:
     """The py-spy executable: on PATH, or beside this interpreter (a venv without activation)."""
-    found = shutil.which("py-spy") or shutil.which(
-        "py-spy", path=str(Path(sys.executable).parent)
-    )
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if found is None:
         raise StackError("py-spy is not installed (pip install py-spy)")
     return found
@@ -214,9 +212,7 @@ def parse(text: str) -> list[Thread]:
         spy, handler = _THREAD.match(raw.strip()), _FH_THREAD.match(raw.strip())
         if spy or handler:
             if current:
-                threads.append(
-                    Thread(**{**current, "frames": tuple(current["frames"])})
-                )
+                threads.append(Thread(**{**current, "frames": tuple(current["frames"])}))
             if spy:
                 name, state, ident = spy["name"] or "", spy["state"], spy["id"]
             else:
@@ -232,9 +228,7 @@ def parse(text: str) -> list[Thread]:
         frame = _FRAME.match(raw)
         if fh_frame:
             line = int(fh_frame["line"])
-            current["frames"].append(
-                Frame(fh_frame["func"].strip(), fh_frame["where"], line)
-            )
+            current["frames"].append(Frame(fh_frame["func"].strip(), fh_frame["where"], line))
         elif frame:
             line = int(frame["line"]) if frame["line"] else None
             current["frames"].append(Frame(frame["func"].strip(), frame["where"], line))
@@ -299,7 +293,7 @@ def program_pid(pid: int) -> int:
 
 def local(pid: int, native: bool = True, fallback: Path | None = None) -> Source:
     """The source of a task running on this machine as ``pid`` (as this machine's /proc sees it);
-    when py-spy cannot read it, the task's own faulthandler dump into ``fallback`` (if it has one)."""
+    when py-spy cannot read it, the task's own faulthandler dump into ``fallback`` (if any)."""
 
     def source() -> str:
         try:
@@ -332,9 +326,7 @@ def signalled(pid: int, file: Path, why: str, timeout: float = SIGNAL_TIMEOUT_S)
         f.seek(start)
         text = f.read().decode("utf-8", "replace")
     if not text.strip():
-        raise StackError(
-            f"{why}; and the task wrote no faulthandler dump within {timeout:g} s"
-        )
+        raise StackError(f"{why}; and the task wrote no faulthandler dump within {timeout:g} s")
     return f"faulthandler dump (py-spy could not read the task: {why})\n\n{text}"
 
 
@@ -350,7 +342,7 @@ def capture(
 
 
 def record(folder: Path, task: str, text: str | StackError) -> Capture:
-    """Write one task's dump (or the reason there is none) to ``folder/<task>.txt``; summarise it."""
+    """Write one task's dump (or why there is none) to ``folder/<task>.txt``; summarise it."""
     file = folder / f"{task}.txt"
     if isinstance(text, StackError):
         rundir.create_file(file)
@@ -407,9 +399,7 @@ def _try(source: Source) -> str | StackError:
 def _is_library(file: str) -> bool:
     if _LIBRARY.search(file):
         return True
-    return not file.startswith("/") and any(
-        (root / file).is_file() for root in _LIBRARY_ROOTS
-    )
+    return not file.startswith("/") and any((root / file).is_file() for root in _LIBRARY_ROOTS)
 
 
 def _short(frame: Frame) -> str:

@@ -220,7 +220,9 @@ class Supervisor:
         return {n: t.exit_code for n, t in self.tasks.items() if t.exit_code is not None}
 
     def _decide(self, event: TaskEvent) -> Decision:
-        history = History(tuple(self.restart_times), frozenset(self.peer_lost), self.last_fingerprint)
+        history = History(
+            tuple(self.restart_times), frozenset(self.peer_lost), self.last_fingerprint
+        )
         return self.policy.decide(event, self._exited(), history, time.monotonic())
 
     def _on_exit(self, task: _Task) -> RunResult | None:

@@ -265,7 +265,7 @@ def _exit_like(status: int) -> None:
         import resource  # only here: a re-raised SIGSEGV must not dump this process's core
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        # SIGKILL's (an OOM kill's) and SIGSTOP's disposition cannot be set (EINVAL): always default.
+        # SIGKILL's (an OOM kill's) and SIGSTOP's disposition cannot be set (EINVAL).
         if sig not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])

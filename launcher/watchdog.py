@@ -26,9 +26,7 @@ class Sample:
 
     log_bytes: int
     heartbeat: float | None  # the status file's heartbeat time, if the task writes one
-    cpu_s: (
-        float | None
-    )  # user + system CPU seconds of the task's process (None: unreadable)
+    cpu_s: float | None  # user + system CPU seconds of the task's process (None: unreadable)
     rss_bytes: int | None = None
 
 
@@ -52,7 +50,7 @@ class Watchdog:
         self.rss.pop(name, None)
 
     def observe(self, name: str, now: float, sample: Sample) -> float:
-        """Record ``sample`` of ``name`` taken at ``now``; return seconds since its last progress."""
+        """Record ``sample`` of ``name`` taken at ``now``; return seconds since it last progressed."""
         # A dying process reads as RSS 0: the last size worth reporting is the one before.
         if sample.rss_bytes:
             self.rss[name] = sample.rss_bytes
@@ -60,15 +58,11 @@ class Watchdog:
         if track is None:
             self._tracks[name] = _Track(now, sample, sample.cpu_s)
             return 0.0
-        wrote = (
-            sample.log_bytes != track.last.log_bytes
-            or sample.heartbeat != track.last.heartbeat
-        )
+        wrote = sample.log_bytes != track.last.log_bytes or sample.heartbeat != track.last.heartbeat
         busy = (
             sample.cpu_s is not None
             and track.cpu_at_progress is not None
-            and sample.cpu_s - track.cpu_at_progress
-            > BUSY_CPU_SHARE * max(now - track.since, 1.0)
+            and sample.cpu_s - track.cpu_at_progress > BUSY_CPU_SHARE * max(now - track.since, 1.0)
         )
         track.last = sample
         if wrote or busy:

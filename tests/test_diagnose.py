@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from conftest import (
     distlaunch,
     events,
@@ -76,9 +77,7 @@ def test_hung_worker_is_found_by_the_watchdog_and_stacks_show_where_everyone_wai
         shown = distlaunch("stacks", run_dir.name, "--no-native", "--full", cwd=tmp)
         print(shown.stdout, shown.stderr)
         assert shown.returncode == 0
-        assert (
-            "worker-0 | Thread" in shown.stdout and "worker-1 | Thread" in shown.stdout
-        )
+        assert "worker-0 | Thread" in shown.stdout and "worker-1 | Thread" in shown.stdout
         assert "worker-1: in its own code at train (task.py:22)" in shown.stdout
         assert "worker-0: waits in" in shown.stdout
         launcher.wait(timeout=300)
@@ -88,8 +87,7 @@ def test_hung_worker_is_found_by_the_watchdog_and_stacks_show_where_everyone_wai
     print(err[-4000:])
     assert launcher.returncode == 1
     assert (
-        f"run {run_dir.name} failed: worker-1 hung: no log output, heartbeat or CPU progress"
-        in err
+        f"run {run_dir.name} failed: worker-1 hung: no log output, heartbeat or CPU progress" in err
     )
     assert "| hung: worker-1: in its own code at train (task.py:22)" in err
     assert (
@@ -97,9 +95,7 @@ def test_hung_worker_is_found_by_the_watchdog_and_stacks_show_where_everyone_wai
         in err
     )
     # (signal-attempt-0/ holds the faulthandler files the bootstrap keeps open, unused here)
-    captures = sorted(
-        p for p in (run_dir / "stacks").iterdir() if not p.name.startswith("signal-")
-    )
+    captures = sorted(p for p in (run_dir / "stacks").iterdir() if not p.name.startswith("signal-"))
     assert len(captures) == 2  # the user's `distlaunch stacks`, then the watchdog's
     for folder in captures:
         assert sorted(p.name for p in folder.iterdir()) == [
@@ -171,8 +167,7 @@ def _memory_cgroup(limit_bytes: int) -> Path | None:
         (Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"),
     ):
         if not (base / limit_file).parent.exists() or (
-            base == Path("/sys/fs/cgroup")
-            and not (base / "cgroup.subtree_control").exists()
+            base == Path("/sys/fs/cgroup") and not (base / "cgroup.subtree_control").exists()
         ):
             continue
         try:
@@ -182,9 +177,7 @@ def _memory_cgroup(limit_bytes: int) -> Path | None:
                 limit_file == "memory.limit_in_bytes"
                 and (base / name / "memory.memsw.limit_in_bytes").exists()
             ):
-                (base / name / "memory.memsw.limit_in_bytes").write_text(
-                    str(limit_bytes)
-                )
+                (base / name / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
             return base / name
         except OSError:
             continue
@@ -232,9 +225,7 @@ def test_a_task_killed_by_the_oom_killer_is_named_so(tmp):
 
 
 def test_a_crash_loop_stops_after_two_identical_tracebacks(tmp):
-    (tmp / "task.py").write_text(
-        "import os\nraise ValueError('bad value in the config: 42')\n"
-    )
+    (tmp / "task.py").write_text("import os\nraise ValueError('bad value in the config: 42')\n")
     spec = write_spec(
         tmp,
         tasks={"worker": {"count": 1}},
@@ -249,8 +240,7 @@ def test_a_crash_loop_stops_after_two_identical_tracebacks(tmp):
     assert result.returncode == 1
     assert "ValueError: bad value in the config: 42" in result.stderr
     assert (
-        "the same traceback as before the last restart: a crash loop, not retried"
-        in result.stderr
+        "the same traceback as before the last restart: a crash loop, not retried" in result.stderr
     )
     story = events(only_run_dir(tmp / "runs"))
     assert sum(e["event"] == "restarted" for e in story) == 1
@@ -298,12 +288,8 @@ def test_stacks_fall_back_to_the_tasks_faulthandler_when_py_spy_cannot_read_it(t
             in shown.stdout
         )
         assert "worker-0: in its own code at wait_for_ever (task.py:8)" in shown.stdout
-        assert (
-            "worker-0 | Thread" not in shown.stdout or "Current thread" in shown.stdout
-        )
-        assert (
-            launcher.poll() is None
-        )  # the signal dumped the stacks; it did not stop the task
+        assert "worker-0 | Thread" not in shown.stdout or "Current thread" in shown.stdout
+        assert launcher.poll() is None  # the signal dumped the stacks; it did not stop the task
         assert distlaunch("down", run_dir.name, cwd=tmp).returncode == 0
         launcher.wait(timeout=60)
     finally:

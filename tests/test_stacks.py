@@ -48,9 +48,7 @@ def test_the_hung_task_is_the_one_in_its_own_code(tmp_path):
         stacks.record(tmp_path, "worker-1", SLEEPING),
     ]
     assert [c.task for c in stacks.hung(captures)] == ["worker-1"]
-    assert stacks.summary(captures, silent=True)[0].startswith(
-        "hung: worker-1: in its own code"
-    )
+    assert stacks.summary(captures, silent=True)[0].startswith("hung: worker-1: in its own code")
     assert not any(line.startswith("hung") for line in stacks.summary(captures))
     # Every task waits in TensorFlow: nobody is named hung.
     both = [captures[0], stacks.record(tmp_path, "worker-2", WAITING)]

@@ -99,7 +99,8 @@ def install_stack_dump() -> None:
     folder = os.path.join(run_dir, "stacks", f"signal-attempt-{int(os.environ.get(_ATTEMPT) or 0)}")
     try:
         os.makedirs(folder, exist_ok=True)
-        _stack_file = open(os.path.join(folder, name), "a")  # noqa: SIM115 - lives as long as the task
+        # Kept open for the task's life: faulthandler writes to its fd.
+        _stack_file = open(os.path.join(folder, name), "a")  # noqa: SIM115
     except OSError:
         return  # a task without the fallback still runs
     faulthandler.register(getattr(signal, _STACKS_SIGNAL), file=_stack_file, all_threads=True)

@@ -29,8 +29,12 @@ def take_stacks(run_dir: Path, task: str | None, native: bool) -> list[stacks.Ca
         names = ", ".join(record.tasks)
         raise UsageError(f"run {record.run_id} has no task {task!r}; expected one of: {names}")
     if not launcher_alive(record):
-        raise UsageError(f"run {record.run_id} is not running ({record.state.value}); no stacks to take")
-    plans = {t["name"]: t for t in record.plan.get("tasks", []) if isinstance(t, dict) and "name" in t}
+        raise UsageError(
+            f"run {record.run_id} is not running ({record.state.value}); no stacks to take"
+        )
+    plans = {
+        t["name"]: t for t in record.plan.get("tasks", []) if isinstance(t, dict) and "name" in t
+    }
     running = {
         name: entry
         for name, entry in record.tasks.items()
