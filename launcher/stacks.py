@@ -51,7 +51,7 @@ _FH_THREAD = re.compile(
     r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+) \(most recent call first\):$"
 )
 _FH_FRAME = re.compile(r'^\s+File "(?P<where>.*)", line (?P<line>\d+) in (?P<func>.+)$')
-# `    f (file.py:12)` (Python), `    clock_nanosleep (libc.so.6)` or `    0x7fdd (libc.so.6)` (native)
+# `    f (file.py:12)` (Python); `    clock_nanosleep (libc.so.6)` (native)
 _FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<where>[^()]*?)(?::(?P<line>\d+))?\)$")
 # A frame in one of these is library code, not the user's program. py-spy shortens a file under
 # a folder on the task's sys.path to the path below it (`tensorflow/python/eager/execute.py`), so

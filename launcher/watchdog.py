@@ -50,7 +50,7 @@ class Watchdog:
         self.rss.pop(name, None)
 
     def observe(self, name: str, now: float, sample: Sample) -> float:
-        """Record ``sample`` of ``name`` taken at ``now``; return seconds since it last progressed."""
+        """Record ``sample`` of ``name`` taken at ``now``; return seconds since its progress."""
         # A dying process reads as RSS 0: the last size worth reporting is the one before.
         if sample.rss_bytes:
             self.rss[name] = sample.rss_bytes
