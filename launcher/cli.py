@@ -412,6 +412,32 @@ def logs(settings: Settings, run: str | None, task: str | None, lines: int, foll
 
 
 @cli.command()
+@click.argument("run", required=False)
+@click.argument("task", required=False)
+@SHARED_DIR
+@click.pass_obj
+@click.option("--no-native", is_flag=True, help="Python frames only (faster; no C++ frames).")
+@click.option("--full", is_flag=True, help="Also print every task's whole dump.")
+def stacks(
+    settings: Settings, run: str | None, task: str | None, no_native: bool, full: bool
+) -> None:
+    """Capture every thread's stack of each running task (or TASK) into RUN/stacks/<time>/ and
+    print where each task is."""
+    from distlaunch.launcher import stacks as stack_dumps
+    from distlaunch.launcher.control.stacks import take_stacks
+
+    path = rundir.resolve_run(run, settings.shared_dir)
+    captures = take_stacks(path, task, native=not no_native)
+    for capture in captures if full else ():
+        for line in capture.file.read_text().splitlines():
+            click.echo(f"{capture.task} | {line}")
+    for line in stack_dumps.summary(captures):
+        click.echo(line)
+    if captures:
+        click.echo(f"stacks written to {captures[0].file.parent}")
+
+
+@cli.command()
 @click.argument("run")
 @click.argument("task")
 @SHARED_DIR

@@ -285,6 +285,12 @@ class Timeouts(_Model):
         description="A task whose distlaunch.worker heartbeat is older than this counts as failed "
         "(it stopped making progress). Off by default.",
     )
+    silence_s: float | None = Field(
+        None, gt=0,
+        description="A task that writes no log output, no heartbeat and uses no CPU for this long "
+        "is hung: the stacks of every task are captured, then the restart policy decides. Works "
+        "for any program. Off by default.",
+    )
     evaluator_drain_s: float = Field(
         60.0, ge=0, description="After training succeeds, how long the evaluator may take to finish."
     )

@@ -25,6 +25,8 @@ class Failure:
     error_file: str
     elapsed_s: float
     note: str = ""  # why it was not restarted, when a restart policy is on
+    stacks: tuple[str, ...] = ()  # where every task was (stacks.summary), when they were captured
+    stacks_dir: str = ""  # the folder of those stacks files
 
 
 def headline(run_id: str, failure: Failure) -> str:
@@ -41,6 +43,9 @@ def details(failure: Failure) -> str:
     found = evidence_of(failure)
     hint = hints.find(found)
     out = [f"  hint: {hint.text}"] if hint else []
+    if failure.stacks:
+        out.append(f"  where the tasks were (stacks in {failure.stacks_dir}):")
+        out += [f"  | {evidence.clip(line)}" for line in failure.stacks]
     has_error_file = evidence.from_error_file(read_json(Path(failure.error_file))) is not None
     source = failure.error_file if has_error_file else failure.log_file
     if found is not None:
