@@ -29,6 +29,7 @@ from distlaunch.launcher.errors import (
     UsageError,
 )
 from distlaunch.launcher.spec import json_schema, load_spec
+from distlaunch.launcher.spec_sources import SpecOptions
 from distlaunch.launcher.summary import tail
 from distlaunch.launcher.transports.docker import DockerError
 from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
@@ -86,6 +87,32 @@ SHARED_DIR = click.option(
 )
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
+SET = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+    help="Override a spec value before it is validated, e.g. tasks.worker.count=4 or "
+    "'program.args=[\"--epochs\",\"1\"]' (the value is read as YAML/JSON). Repeatable.",
+)
+HOSTS = click.option(
+    "--hosts", "only_hosts", metavar="NAMES", default="",
+    help="Comma-separated: run only on these hosts of the spec (per_host spreads over them).",
+)
+EXCLUDE = click.option(
+    "--exclude", "exclude_hosts", metavar="NAMES", default="",
+    help="Comma-separated: leave these hosts of the spec out.",
+)
+
+
+def _options(
+    overrides: tuple[str, ...], only_hosts: str = "", exclude_hosts: str = ""
+) -> SpecOptions:
+    """The spec options of the command line's --set, --hosts and --exclude."""
+    return SpecOptions(
+        overrides=overrides,
+        only_hosts=tuple(n for n in only_hosts.split(",") if n.strip()),
+        exclude_hosts=tuple(n for n in exclude_hosts.split(",") if n.strip()),
+    )
+
+
 IMAGE = click.option(
     "--image", envvar="DISTLAUNCH_IMAGE", default=DEFAULT_TAG, show_default=True,
     help="Compose backend: the distlaunch image's tag (`up` builds it from this checkout when it changed).",
@@ -103,9 +130,10 @@ def cli(ctx: click.Context) -> None:
 
 @cli.command()
 @SPEC
-def validate(spec: str) -> None:
+@SET
+def validate(spec: str, overrides: tuple[str, ...]) -> None:
     """Check SPEC and print a one-line verdict; exit 2 when it is malformed."""
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, _options(overrides))
     counts = ", ".join(f"{len(v)} {k}" for k, v in loaded.spec.tasks.by_role().items())
     click.echo(f"{spec}: ok ({loaded.spec.strategy}; {counts})")
 
@@ -113,7 +141,12 @@ def validate(spec: str) -> None:
 @cli.command()
 @SPEC
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(spec: str, as_json: bool) -> None:
+@SET
+@HOSTS
+@EXCLUDE
+def plan(
+    spec: str, as_json: bool, overrides: tuple[str, ...], only_hosts: str, exclude_hosts: str
+) -> None:
     """Dry run: print every task's command, env and TF_CONFIG without starting anything.
 
     `auto` ports are picked as `up` would pick them; `up` picks again when it starts.
@@ -121,7 +154,7 @@ def plan(spec: str, as_json: bool) -> None:
     from distlaunch.launcher import firewall
     from distlaunch.launcher.up import build_plan, choose_run
 
-    loaded = load_spec(spec)
+    loaded = load_spec(spec, _options(overrides, only_hosts, exclude_hosts))
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
     data = the_plan.to_json()
     rules = firewall.plan_rules(the_plan)
@@ -199,16 +232,24 @@ def schema() -> None:
     help="Slurm batch job: on the pre-timeout signal (SIGUSR2) stop the tasks and requeue the job, "
     "which then resumes the run (what `distlaunch sbatch --requeue` writes).",
 )
-def up(spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str, base_image: str,
-       requeue: bool) -> None:
+@SET
+@HOSTS
+@EXCLUDE
+def up(
+    spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str,
+    base_image: str, requeue: bool, overrides: tuple[str, ...], only_hosts: str, exclude_hosts: str,
+) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
     from distlaunch.launcher.up import choose_run
     from distlaunch.launcher.up import up as run_up
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")
-    loaded = load_spec(spec, backend)
-    console = Console()
+    # --backend replaces the spec's before validation: what a task's `host` may name depends on it.
+    if backend is not None:
+        overrides = (*overrides, f"backend={backend}")
+    loaded = load_spec(spec, _options(overrides, only_hosts, exclude_hosts))
+    console = Console(quiet_tf=loaded.spec.tf_log_level == "default")
     if not (resume or fresh or run_id):
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
@@ -323,7 +364,7 @@ def sbatch(spec: str, nodes: int | None, time_limit: str | None, partition: str 
     from distlaunch.launcher.transports import sbatch as batch
     from distlaunch.launcher.up import choose_run
 
-    loaded = load_spec(spec, "slurm")
+    loaded = load_spec(spec, SpecOptions(overrides=("backend=slurm",)))
     request = batch.BatchRequest(nodes, time_limit, partition, account, requeue, signal_before, batch.check_extra(sbatch_args))
     target = choose_run(loaded, None, False)
     rundir.make_dirs(target.run_dir, target.attempt, loaded.spec.permissions == "private")
@@ -340,7 +381,12 @@ def sbatch(spec: str, nodes: int | None, time_limit: str | None, partition: str 
 @SHARED_DIR
 @click.pass_obj
 @click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
-def status(settings: Settings, run: str | None, as_json: bool) -> None:
+@click.option(
+    "-w", "--watch", is_flag=True,
+    help="Redraw every second, like top: each task's step, steps/s, loss, last checkpoint and "
+    "ETA from its distlaunch.worker heartbeat, until the run ends (Ctrl-C quits).",
+)
+def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
     from distlaunch.launcher import firewall
     from distlaunch.launcher.control.liveness import launcher_alive
@@ -348,6 +394,11 @@ def status(settings: Settings, run: str | None, as_json: bool) -> None:
     from distlaunch.launcher.state import RunRecord
 
     path = rundir.resolve_run(run, settings.shared_dir)
+    if watch:
+        from distlaunch.launcher.control.status import watch as watch_run
+
+        watch_run(path, lambda text: click.echo(text, nl=False))
+        return
     record = RunRecord.load(path)
     rows = status_rows(record)
     state = run_state(record)
@@ -390,6 +441,32 @@ def logs(settings: Settings, run: str | None, task: str | None, lines: int, foll
             click.echo(f"{file.stem} | {line}")
     if follow:
         control_logs.follow(path, task, Console())
+
+
+@cli.command()
+@click.argument("run", required=False)
+@click.argument("task", required=False)
+@SHARED_DIR
+@click.pass_obj
+@click.option("--no-native", is_flag=True, help="Python frames only (faster; no C++ frames).")
+@click.option("--full", is_flag=True, help="Also print every task's whole dump.")
+def stacks(
+    settings: Settings, run: str | None, task: str | None, no_native: bool, full: bool
+) -> None:
+    """Capture every thread's stack of each running task (or TASK) into RUN/stacks/<time>/ and
+    print where each task is."""
+    from distlaunch.launcher import stacks as stack_dumps
+    from distlaunch.launcher.control.stacks import take_stacks
+
+    path = rundir.resolve_run(run, settings.shared_dir)
+    captures = take_stacks(path, task, native=not no_native)
+    for capture in captures if full else ():
+        for line in capture.file.read_text().splitlines():
+            click.echo(f"{capture.task} | {line}")
+    for line in stack_dumps.summary(captures):
+        click.echo(line)
+    if captures:
+        click.echo(f"stacks written to {captures[0].file.parent}")
 
 
 @cli.command()

@@ -15,6 +15,8 @@ from __future__ import annotations
 import atexit
 import collections
 import os
+import re
+import shutil
 import sys
 import threading
 import time
@@ -47,6 +49,7 @@ class Terminal:
         self._dropped = 0
         self._broken = False  # the reader is gone (EPIPE): everything is discarded
         self._writing = False
+        self._footer = b""  # the live line kept below the output (a terminal only)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         atexit.register(self.close)
@@ -64,7 +67,18 @@ class Terminal:
                 self._dropped += len(data)
                 return
             self._note_dropped()
+            if self._footer:  # erase the live line, write, draw it again below
+                data = _ERASE_LINE + data + self._footer
             self._push(data)
+
+    def footer(self, text: bytes) -> None:
+        """Keep ``text`` (one line, no newline) drawn below everything written: the live line
+        of a terminal. Empty bytes erase it."""
+        with self._cond:
+            if self._broken or text == self._footer or self._size + len(text) > MAX_PENDING:
+                return
+            self._footer = text
+            self._push(_ERASE_LINE + text)
 
     def _note_dropped(self) -> None:
         if self._dropped:
@@ -155,18 +169,65 @@ def _same_file(a: BinaryIO, b: BinaryIO) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
+# TensorFlow's start-up noise, hidden from the console (never from the log files) unless the
+# spec says "tf_log_level": "all": every C++ INFO line, in absl's format (`I0000 00:00:17...
+# 123 file.cc:31] ...`) or TensorFlow's own (`2024-01-01 12:00:00.1: I tensorflow/...`), and
+# the known harmless warnings: oneDNN's notice, the CUDA/cuDNN/cuFFT/cuBLAS probes of a machine
+# without a GPU, cpu_feature_guard (and the line it continues on), and absl's pre-init notice.
+TF_NOISE = re.compile(
+    rb"^(?:"
+    rb"I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] [^\n]*"
+    rb"|\d{4}-\d\d-\d\d [\d:.]+: I [\w/.]+:\d+\] [^\n]*"
+    rb"|(?:[WE]\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: [WE] )[\w/.]+:\d+\] (?:"
+    rb"Unable to register cu\w+ factory|failed call to cuInit|Could not find cuda drivers"
+    rb"|computation placer already registered|TF-TRT Warning: Could not find TensorRT"
+    rb"|This TensorFlow binary is optimized|Input of GeneratorDatasetOp::Dataset will not be "
+    rb"optimized)[^\n]*"
+    rb"|/job:\w+/replica:\d+/task:\d+"  # an INFO line's straggler list
+    rb"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    rb"|To enable the following instructions: [^\n]*with the appropriate compiler flags\."
+    rb"|[^\n]*oneDNN custom operations are on[^\n]*"
+    rb")\n",
+    re.MULTILINE,
+)
+# Bytes every TF_NOISE line holds: a chunk without them is echoed without running the regex.
+_NOISE_HINTS = (b"] ", b"absl::", b"rebuild TensorFlow", b"oneDNN")
+
+
+def hide_tf_noise(body: bytes) -> bytes:
+    """``body`` (complete lines) without TensorFlow's start-up noise (see TF_NOISE)."""
+    if any(hint in body for hint in _NOISE_HINTS):
+        return TF_NOISE.sub(b"", body)
+    return body
+
+
+_ERASE_LINE = b"\r\x1b[K"
+
+
 class Console:
-    """Where prefixed task output and the launcher's own messages go."""
+    """Where prefixed task output and the launcher's own messages go.
+
+    ``quiet_tf``: task output is echoed without TensorFlow's start-up noise (TF_NOISE).
+    """
 
     def __init__(
         self, out: BinaryIO | Terminal | None = None, err: BinaryIO | Terminal | None = None,
-        color: bool | None = None,
+        color: bool | None = None, quiet_tf: bool = False,
     ) -> None:
         out = out or sys.stdout.buffer
         err = err or sys.stderr.buffer
         self.out = _terminal(out)
         self.err = self.out if out is err or _same_file(out, err) else _terminal(err)
         self.color = self.out.isatty() if color is None else color
+        self.quiet_tf = quiet_tf
+        # A live progress line only on a terminal: piped output stays one line per event.
+        self.live = isinstance(self.out, Terminal) and self.out.isatty()
+
+    def show_live(self, line: str | None) -> None:
+        """Show ``line`` as the live line at the bottom of the terminal (None: remove it)."""
+        if self.live:
+            width = shutil.get_terminal_size().columns - 1
+            self.out.footer((line or "")[:width].encode())
 
     def prefix(self, name: str, number: int, width: int) -> bytes:
         """The prefix put before each line of task ``name`` (the ``number``-th task), padded."""
@@ -234,12 +295,16 @@ class LogFollower:
             body = data[:cut]
             if b"\r" in body:  # a line that a progress bar rewrote: only its final state shows
                 body = b"\n".join(_latest(line) for line in body[:-1].split(b"\n")) + b"\n"
+            if self.console.quiet_tf:
+                body = hide_tf_noise(body)
             if len(body) > MAX_LINE:
                 lines = body[:-1].split(b"\n")
                 if max(map(len, lines)) > MAX_LINE:  # rare: only then a Python loop per line
                     body = b"".join(_pieces(line) for line in lines)
             # One C-level replace per chunk instead of a Python loop per line.
-            self.console.out.write(self.prefix + body[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n")
+            if body:
+                lines = body[:-1].replace(b"\n", b"\n" + self.prefix)
+                self.console.out.write(self.prefix + lines + b"\n")
             self._progress = b""
         # A carriage return ends one state of a progress bar (tqdm): echo the latest complete
         # state as a line, once, and keep only the state being written.
@@ -260,8 +325,11 @@ class LogFollower:
         while self.pump(force=True):
             pass
         self._closed = True
-        if self._partial.strip():
-            self.console.out.write(self.prefix + _latest(self._partial) + b"\n")
+        last = _latest(self._partial) + b"\n"
+        if self.console.quiet_tf:
+            last = hide_tf_noise(last)
+        if last.strip():
+            self.console.out.write(self.prefix + last)
         self._partial = b""
         self.console.out.flush()
         if self._fd is not None:

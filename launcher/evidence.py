@@ -118,3 +118,45 @@ def from_traceback(text: str) -> Evidence | None:
         return Evidence(rest[0].strip(), "\n".join(rest[1:]), tuple(frames))
     message = "\n".join([match.group("message") or "", *rest[1:]]).strip("\n")
     return Evidence(match.group("type"), message, tuple(frames))
+
+
+# What a task prints when a peer died under it: gRPC's UNAVAILABLE, closed sockets, the
+# coordination service's missed heartbeats and aborted collectives. Never a root cause.
+_PEER_LOST = re.compile(
+    r"UnavailableError|\bUNAVAILABLE\b|[Ss]ocket closed|Connection reset by peer"
+    r"|failed to connect to all addresses|[Cc]oordination ?[Ss]ervice|heartbeat timeout"
+    r"|[Cc]ollective ops is aborted|AbortedError|peer.{0,40}(lost|disconnected|unreachable)"
+    r"|Connection refused|DeadlineExceededError",
+)
+_DIGITS = re.compile(r"\d+")
+# TensorFlow names the tasks it lost: "The following tasks are unhealthy (stopped sending
+# heartbeats):\n/job:worker/replica:0/task:1".
+_LOST_LIST = re.compile(r"unhealthy[^:]*:\s*((?:/job:\w+/replica:\d+/task:\d+\s*)+)")
+_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def peer_lost(found: Evidence | None) -> bool:
+    """Whether ``found`` is a follow-on error of a peer's death rather than a failure of its own."""
+    if found is None:
+        return False
+    return _PEER_LOST.search(f"{found.type}: {found.message}") is not None
+
+
+def lost_tasks(found: Evidence | None) -> tuple[str, ...]:
+    """The tasks a follow-on error names as lost (``worker-1``), in its order; () if none."""
+    if found is None:
+        return ()
+    match = _LOST_LIST.search(found.message)
+    if match is None:
+        return ()
+    return tuple(dict.fromkeys(f"{job}-{index}" for job, index in _TASK.findall(match.group(1))))
+
+
+def fingerprint(found: Evidence | None) -> str | None:
+    """What stays the same when a program fails the same way again: the exception type, its
+    message's first line and the frames, with numbers (steps, pids, addresses) left out."""
+    if found is None:
+        return None
+    first = (found.message.splitlines() or [""])[0]
+    parts = [found.type, first, *(where for where, _code in found.frames)]
+    return _DIGITS.sub("N", "\n".join(parts))

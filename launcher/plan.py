@@ -7,6 +7,8 @@ Nothing here touches the machine: the same inputs always give the same plan, whi
 from __future__ import annotations
 
 import copy
+import fnmatch
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -16,7 +18,7 @@ from pathlib import Path
 from distlaunch.launcher import program_scan, tfconfig
 from distlaunch.launcher.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.program_scan import ProgramChoice
-from distlaunch.launcher.spec import LoadedSpec, TaskEntry
+from distlaunch.launcher.spec import RESERVED_ENV, LoadedSpec, TaskEntry
 from distlaunch.worker import bootstrap, contract
 
 # Env names whose values `plan` and summaries mask: they usually carry credentials
@@ -139,6 +141,7 @@ def make_plan(
     visible_gpus: str | None = None,
     isolation: Isolation = HOST_NETWORK,
     containers: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> Plan:
     """Build the plan of one attempt. ``visible_gpus`` is the launcher's CUDA_VISIBLE_DEVICES.
 
@@ -148,6 +151,9 @@ def make_plan(
     ``containers`` (the compose backend): every task runs in a container of its own, reached at
     its service name, which is its task name: TF_CONFIG lists ``worker-0:PORT``, the command runs
     the image's python, and cwd and the run dir keep their paths (the containers mount them).
+
+    ``environ`` (default: the launcher's environment) is where spec.forward_env's variables are
+    read from.
     """
     spec = loaded.spec
     # The one read of the program's source: which Keras, and who serves under PSS.
@@ -165,7 +171,10 @@ def make_plan(
             config = tfconfig.tf_config(addresses, role, index)
             # The launcher's CUDA_VISIBLE_DEVICES says nothing about another machine's GPUs.
             visible = None if remote else visible_gpus
-            env = _task_env(loaded, role, index, attempt, run_id, run_dir, config, gpus[(role, index)], visible, program.keras)
+            env = _task_env(
+                loaded, role, index, attempt, run_id, run_dir, config, gpus[(role, index)], visible,
+                program.keras, os.environ if environ is None else environ,
+            )
             serves = program.serve_ps_workers and role in (contract.PS, contract.WORKER)
             tasks.append(
                 TaskPlan(
@@ -250,11 +259,15 @@ def _task_env(
     gpus: tuple[int, ...],
     visible_gpus: str | None,
     keras: str,
+    environ: Mapping[str, str],
 ) -> dict[str, str]:
     spec = loaded.spec
     # Defaults the spec's env may override: live logs, and TensorFlow's C++ INFO chatter (one
     # line per gRPC server, CUDA probe, ...) hidden while its warnings and errors still show.
-    env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "1"}
+    # The log files keep TensorFlow's C++ INFO lines (level 0); the console hides them unless
+    # tf_log_level is "all" (console.TfNoise).
+    env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "0"}
+    env.update(forwarded_env(spec.forward_env, environ))
     env.update(spec.program.env)
     if keras == contract.TF_KERAS:
         env["TF_USE_LEGACY_KERAS"] = "1"
@@ -279,6 +292,17 @@ def _task_env(
         }
     )
     return env
+
+
+def forwarded_env(patterns: list[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` whose names match one of the glob ``patterns`` (case
+    sensitive), except those distlaunch sets itself (TF_CONFIG, DISTLAUNCH_*,
+    CUDA_VISIBLE_DEVICES)."""
+    return {
+        key: value for key, value in sorted(environ.items())
+        if any(fnmatch.fnmatchcase(key, p) for p in patterns)
+        and not RESERVED_ENV.match(key) and key != "CUDA_VISIBLE_DEVICES"
+    }
 
 
 def _cuda_visible(gpus: tuple[int, ...], visible_gpus: str | None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import signal
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from distlaunch.worker import contract
 
@@ -41,6 +41,10 @@ class Decision:
     tasks: tuple[str, ...] = ()
     delay_s: float = 0.0
     note: str = ""
+    # FAIL: the task to report as the root cause. It is the event's task, unless that task only
+    # lost a peer: then the first task that failed on its own, or None when none is known yet.
+    cause: str | None = None
+    crash_loop: bool = False  # FAIL: the same traceback as the failure before the last restart
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,10 @@ class TaskEvent:
     """Something happened to a task: it exited (``returncode``), hung, or a restart was asked for.
 
     ``returncode`` is None for a hang or a manual request; ``error_type`` is the exception type
-    from the task's error file, when it wrote one.
+    from the task's error file, when it wrote one. ``peer_lost``: its error is a follow-on error of
+    another task's death (UnavailableError, "socket closed", the coordination service's). 
+    ``fingerprint``: its traceback reduced to what repeats in a crash loop (type, message, frames);
+    ``lost_peers``: the tasks a follow-on error names as lost (TensorFlow lists them).
     """
 
     name: str
@@ -56,6 +63,23 @@ class TaskEvent:
     returncode: int | None
     error_type: str | None = None
     manual: bool = False
+    peer_lost: bool = False
+    fingerprint: str | None = None
+    lost_peers: tuple[str, ...] = ()  # the tasks its follow-on error names as lost
+
+
+@dataclass(frozen=True)
+class History:
+    """What the policy knows of the run so far, besides the event.
+
+    ``restart_times``: times of earlier automatic restarts (budget, backoff); ``peer_lost``: tasks
+    of the current attempt that exited with a follow-on error; ``last_fingerprint``: the traceback
+    fingerprint of the failure that caused the latest automatic restart.
+    """
+
+    restart_times: Sequence[float] = ()
+    peer_lost: frozenset[str] = frozenset()
+    last_fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,12 +127,31 @@ class RestartPolicy:
         self.cluster = cluster
         self.rules = rules
 
-    def decide(self, event: TaskEvent, exited: Mapping[str, int], restart_times: Iterable[float], now: float) -> Decision:
+    def decide(
+        self,
+        event: TaskEvent,
+        exited: Mapping[str, int],
+        restart_times: Iterable[float] | History,
+        now: float,
+    ) -> Decision:
         """Decide after ``event``.
 
-        ``exited`` maps each task that has ended in the current attempt to its return code;
-        ``restart_times`` are the times of earlier automatic restarts (for the budget and backoff).
+        ``exited`` maps each task that has ended in the current attempt to its return code, in the
+        order they exited; ``restart_times`` is the run's History (or, alone, the times of earlier
+        automatic restarts, for the budget and backoff).
         """
+        history = (
+            restart_times if isinstance(restart_times, History) else History(tuple(restart_times))
+        )
+        decision = self._decide(event, exited, history, now)
+        if decision.action is not Action.FAIL:
+            return decision
+        return replace(decision, cause=_cause(event, exited, history))
+
+    def _decide(
+        self, event: TaskEvent, exited: Mapping[str, int], history: History, now: float
+    ) -> Decision:
+        restart_times = history.restart_times
         server = self.cluster.strategy == contract.PSS and event.role in ("ps", "worker")
         # A PSS server that exits, even with 0, is broken: it is handled like a failure.
         if event.returncode == 0 and not event.manual and not server:
@@ -125,6 +168,9 @@ class RestartPolicy:
         if event.error_type in NON_RETRYABLE_ERRORS:
             reason = f"{event.name} {what} with {event.error_type}: the program is wrong, not retried"
             return Decision(Action.FAIL, reason, note=reason)
+        if event.fingerprint is not None and event.fingerprint == history.last_fingerprint:
+            note = "the same traceback as before the last restart: a crash loop, not retried"
+            return Decision(Action.FAIL, f"{event.name} {what}; {note}", note=note, crash_loop=True)
         recent = [t for t in restart_times if self.rules.window_s is None or now - t <= self.rules.window_s]
         if len(recent) >= self.rules.max_restarts:
             window = f" within {self.rules.window_s:g} s" if self.rules.window_s is not None else ""
@@ -158,6 +204,20 @@ class RestartPolicy:
             chief = tuple(roles.get("chief", ()))
             return (event.name, *chief) if event.role == "ps" else chief
         return tuple(self.cluster.training())
+
+
+def _cause(event: TaskEvent, exited: Mapping[str, int], history: History) -> str | None:
+    """The task to blame for a failure: the event's, unless it only lost a peer; then the first
+    task of this attempt that failed on its own, else the one the error names as lost (None:
+    neither is known)."""
+    if not event.peer_lost:
+        return event.name
+    died = (name for name, code in exited.items()
+            if code != 0 and name != event.name and name not in history.peer_lost)
+    # No task has died on its own: the one TensorFlow says stopped answering (frozen, or its
+    # machine gone) is the cause, though its process may still be there.
+    named = (n for n in event.lost_peers if n != event.name and n not in history.peer_lost)
+    return next(died, None) or next(named, None)
 
 
 def _describe(event: TaskEvent) -> str:

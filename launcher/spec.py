@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from distlaunch.launcher.errors import SpecError
+from distlaunch.launcher.spec_sources import SpecOptions, Source, apply_overrides, expand, read_yaml
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 # Environment names the launcher owns; a spec may not set them.
@@ -284,6 +285,12 @@ class Timeouts(_Model):
         description="A task whose distlaunch.worker heartbeat is older than this counts as failed "
         "(it stopped making progress). Off by default.",
     )
+    silence_s: float | None = Field(
+        None, gt=0,
+        description="A task that writes no log output, no heartbeat and uses no CPU for this long "
+        "is hung: the stacks of every task are captured, then the restart policy decides. Works "
+        "for any program. Off by default.",
+    )
     evaluator_drain_s: float = Field(
         60.0, ge=0, description="After training succeeds, how long the evaluator may take to finish."
     )
@@ -375,8 +382,28 @@ class Spec(_Model):
     shared_dir: str = "./runs"
     timeouts: Timeouts = Field(default_factory=Timeouts)
     restart: Restart = Field(default_factory=Restart)
+    host_template: Host | None = Field(
+        None, description="Settings every host of `hostfile` starts from (user, python, ...)."
+    )
+    hostfile: str | None = Field(
+        None, min_length=1,
+        description="A host file (relative: to the spec), one SSH host per line as "
+        "`node1 slots=4`; its hosts join `hosts` with host_template's settings. slots caps "
+        "per_host.",
+    )
     hosts: dict[str, Host] = Field(
         default_factory=dict, description="Machines by name, for tasks' `host`; localhost needs no entry."
+    )
+    forward_env: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_*?\[\]!-]+$")]] = Field(
+        default_factory=list,
+        description='Names or glob patterns ("NCCL_*") of the launcher\'s environment variables '
+        "sent to every task on every backend; secret-looking values are masked in plan.",
+    )
+    tf_log_level: Literal["default", "all"] = Field(
+        "default",
+        description="default: the console hides TensorFlow's C++ INFO lines and its known "
+        "harmless start-up warnings (oneDNN, CUDA probes, cpu_feature_guard, absl); the log "
+        "files keep them. all: the console shows everything.",
     )
     shared_dir_is_shared: bool = Field(
         True,
@@ -487,20 +514,39 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
-def load_spec(path: str | Path, backend: str | None = None) -> LoadedSpec:
-    """Read, validate and resolve the spec at ``path``; raise SpecError on any problem.
+YAML_SUFFIXES = (".yaml", ".yml")
 
-    ``backend`` (`up --backend`) replaces the spec's own before validation: what a task's
-    `host` may name depends on it.
-    """
+
+def load_spec(path: str | Path, options: SpecOptions = SpecOptions()) -> LoadedSpec:
+    """Read, validate and resolve the spec at ``path`` (JSON, or YAML for .yaml/.yml) with the
+    command line's ``options`` applied first; raise SpecError on any problem."""
     file = Path(path)
     shown = str(path)
+    source = _read(file, shown)
+    try:
+        apply_overrides(source, options.overrides, shown)
+        expand(source, file.resolve().parent, shown, options)
+        return _validate(source.raw, file, shown)
+    except SpecError as exc:
+        raise source.locate(exc) from None
+
+
+def _read(file: Path, shown: str) -> Source:
+    """The raw spec in ``file`` (YAML by its suffix, else JSON), checked for duplicate keys."""
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(shown, "$", "no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(shown, "$", f"cannot read: {exc}") from None
+    if file.suffix.lower() in YAML_SUFFIXES:
+        try:
+            source = read_yaml(text, shown)
+        except RecursionError:
+            raise SpecError(shown, "$", "invalid YAML: nested too deeply") from None
+        if not isinstance(source.raw, dict):
+            raise SpecError(shown, "$", "expected a YAML mapping")
+        return source
     try:
         raw = json.loads(text, object_pairs_hook=_DupCheckingDict.from_pairs, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
@@ -509,14 +555,19 @@ def load_spec(path: str | Path, backend: str | None = None) -> LoadedSpec:
         raise SpecError(shown, "$", "invalid JSON: nested too deeply") from None
     try:
         dup = _find_duplicate_key(raw, ())
-        if dup is not None:
-            loc, key = dup
-            where = _json_path(loc + (key,))
-            raise SpecError(shown, where, f"key {key!r} appears twice; expected it once")
-        if not isinstance(raw, dict):
-            raise SpecError(shown, "$", "expected a JSON object")
-        if backend is not None:
-            raw = {**raw, "backend": backend}
+    except RecursionError:
+        raise SpecError(shown, "$", "nested too deeply; expected a cluster spec") from None
+    if dup is not None:
+        loc, key = dup
+        where = _json_path(loc + (key,))
+        raise SpecError(shown, where, f"key {key!r} appears twice; expected it once")
+    if not isinstance(raw, dict):
+        raise SpecError(shown, "$", "expected a JSON object")
+    return Source(raw=raw, file=shown)
+
+
+def _validate(raw: dict[str, Any], file: Path, shown: str) -> LoadedSpec:
+    try:
         try:
             spec = Spec.model_validate(raw)
         except ValidationError as exc:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distlaunch.launcher import evidence, hints
+from distlaunch.launcher.console import hide_tf_noise
 from distlaunch.launcher.rundir import read_json
 
 TAIL_LINES = 20
@@ -24,6 +25,8 @@ class Failure:
     error_file: str
     elapsed_s: float
     note: str = ""  # why it was not restarted, when a restart policy is on
+    stacks: tuple[str, ...] = ()  # where every task was (stacks.summary), when they were captured
+    stacks_dir: str = ""  # the folder of those stacks files
 
 
 def headline(run_id: str, failure: Failure) -> str:
@@ -40,6 +43,9 @@ def details(failure: Failure) -> str:
     found = evidence_of(failure)
     hint = hints.find(found)
     out = [f"  hint: {hint.text}"] if hint else []
+    if failure.stacks:
+        out.append(f"  where the tasks were (stacks in {failure.stacks_dir}):")
+        out += [f"  | {evidence.clip(line)}" for line in failure.stacks]
     has_error_file = evidence.from_error_file(read_json(Path(failure.error_file))) is not None
     source = failure.error_file if has_error_file else failure.log_file
     if found is not None:
@@ -51,7 +57,7 @@ def details(failure: Failure) -> str:
         out.append(f"  from {source}{full}:")
         out += [f"  | {line}" for line in found.condensed()]
         return "\n".join(out)
-    body = tail(failure.log_file, TAIL_LINES)
+    body = tail(failure.log_file, TAIL_LINES, quiet_tf=True)
     if not body:
         return "\n".join([*out, f"  ({source} is empty)"])
     out.append(f"  from {source}:")
@@ -62,11 +68,12 @@ def details(failure: Failure) -> str:
 def evidence_of(failure: Failure) -> evidence.Evidence | None:
     """The task's exception: from its error file, else from the traceback at the end of its log."""
     found = evidence.from_error_file(read_json(Path(failure.error_file)))
-    return found or evidence.from_log(tail(failure.log_file, LOG_SCAN_LINES))
+    return found or evidence.from_log(tail(failure.log_file, LOG_SCAN_LINES, quiet_tf=True))
 
 
-def tail(path: str, lines: int) -> str:
-    """Return the last ``lines`` lines of a file (reads only its end)."""
+def tail(path: str, lines: int, quiet_tf: bool = False) -> str:
+    """Return the last ``lines`` lines of a file (reads only its end); ``quiet_tf``: lines of
+    TensorFlow's C++ start-up noise do not count (task logs keep its INFO lines)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -75,4 +82,6 @@ def tail(path: str, lines: int) -> str:
             data = f.read()
     except OSError:
         return ""
+    if quiet_tf:
+        data = hide_tf_noise(data if data.endswith(b"\n") else data + b"\n")
     return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", "replace")

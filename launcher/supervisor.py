@@ -20,7 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import rundir
+import psutil
+
+from distlaunch.launcher import evidence, rundir, stacks
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
@@ -28,13 +30,17 @@ from distlaunch.launcher.policy import (
     Action,
     Cluster,
     Decision,
+    History,
     RestartPolicy,
     RestartRules,
     TaskEvent,
 )
+from distlaunch.launcher.progress_view import live_line, task_progress
 from distlaunch.launcher.spec import Restart, Timeouts
 from distlaunch.launcher.state import RunBook, RunRecord, RunState, TaskLedger, TaskState
-from distlaunch.launcher.summary import Failure
+from distlaunch.launcher.oom import kill_of as oom_kill
+from distlaunch.launcher.summary import Failure, evidence_of
+from distlaunch.launcher.watchdog import Sample, Watchdog
 from distlaunch.launcher.transports.base import TaskHandle, Transport, exit_description
 from distlaunch.worker import contract
 
@@ -42,6 +48,8 @@ from distlaunch.worker import contract
 PUMP_INTERVAL_S = 0.05
 # How often joins and heartbeats are checked.
 CHECK_INTERVAL_S = 0.25
+# How often the live progress line of a terminal is redrawn from the tasks' heartbeats.
+LIVE_INTERVAL_S = 1.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, rundir.PRE_TIMEOUT_SIGNAL)
 
 
@@ -103,6 +111,11 @@ class Supervisor:
         }
         self.width = max(len(t.name) for t in plan.tasks)
         self.restart_times: list[float] = []
+        self.peer_lost: set[str] = set()  # tasks of this attempt that exited with a follow-on error
+        self.last_fingerprint: str | None = None  # the traceback behind the latest restart
+        self.watchdog = Watchdog()
+        self._programs: dict[str, int] = {}  # task -> its program's pid (see _program)
+        self.stacks_dir = ""  # the folder of the latest stacks capture
         self.pending: list[tuple[float, tuple[str, ...]]] = []  # (due time, tasks) restarts
         self.drain_until: float | None = None
         self.run_started = 0.0
@@ -145,17 +158,23 @@ class Supervisor:
         self._signals.append(signum)
 
     def _loop(self, wake_r: int) -> RunResult:
-        next_check = 0.0
+        next_check = next_live = 0.0
         while True:
             more = False
             for task in self.tasks.values():
                 if task.follower is not None:
                     more |= task.follower.pump()
             self.console.out.flush()
+            ready = []
             for key, _ in self._sel.select(0 if more else self._select_timeout()):
                 if key.data is None:
                     _drain(wake_r)
                     continue
+                ready.append(key)
+            # Exits seen together: a task's own failure is handled before its peers' follow-on
+            # errors, so that the root cause is the task that died, not a survivor.
+            ready.sort(key=lambda k: evidence.peer_lost(self._evidence(k.data.plan)))
+            for key in ready:
                 if self._sel.get_map().get(key.fd) is not key:
                     # An earlier exit of this batch already dealt with this task (a gang restart
                     # killed it): its exit is recorded, and its fd is no longer watched.
@@ -172,6 +191,10 @@ class Supervisor:
             if result is None and now >= next_check:
                 next_check = now + CHECK_INTERVAL_S
                 result = self._check_deadlines(now)
+            if self.console.live and now >= next_live:
+                next_live = now + LIVE_INTERVAL_S
+                rows = task_progress(self.run_dir, self.record)
+                self.console.show_live(live_line(rows))
             if result is not None:
                 return result
 
@@ -204,7 +227,10 @@ class Supervisor:
         return {n: t.exit_code for n, t in self.tasks.items() if t.exit_code is not None}
 
     def _decide(self, event: TaskEvent) -> Decision:
-        return self.policy.decide(event, self._exited(), self.restart_times, time.monotonic())
+        history = History(
+            tuple(self.restart_times), frozenset(self.peer_lost), self.last_fingerprint
+        )
+        return self.policy.decide(event, self._exited(), history, time.monotonic())
 
     def _on_exit(self, task: _Task) -> RunResult | None:
         assert task.handle is not None and task.follower is not None
@@ -222,8 +248,24 @@ class Supervisor:
                 state, "exited", ended, exit=how, exit_code=code, decision="done", reason=why
             )
             return RunResult(RunState.SUCCEEDED, None)
-        error = self._error_type(task.plan)
-        decision = self._decide(TaskEvent(task.name, task.plan.role, code, error))
+        if code != 0:
+            oom = oom_kill(self._program(task), code, self.watchdog.rss.get(task.name))
+            if oom:
+                how = ended["exit"] = oom
+        found = self._evidence(task.plan) if code != 0 else None
+        lost = evidence.peer_lost(found)
+        if lost:
+            self.peer_lost.add(task.name)
+        # A follow-on error repeats whenever a peer dies (a chaos test kills one again and again):
+        # only a task's own traceback can make a crash loop.
+        fingerprint = None if lost else evidence.fingerprint(found)
+        event = TaskEvent(
+            task.name, task.plan.role, code, self._error_type(task.plan), peer_lost=lost,
+            fingerprint=fingerprint, lost_peers=evidence.lost_tasks(found) if lost else (),
+        )  # fmt: skip
+        decision = self._decide(event)
+        if decision.action is Action.RESTART:
+            self.last_fingerprint = fingerprint
         task.ledger.change(
             state,
             "exited",
@@ -235,12 +277,14 @@ class Supervisor:
         )
         return self._apply(task, decision, how)
 
-    def _on_hang(self, task: _Task, silent_s: float) -> RunResult | None:
+    def _on_hang(
+        self, task: _Task, how: str, where: tuple[str, ...], silent_s: float
+    ) -> RunResult | None:
         """A task stopped making progress: stop it, then treat it like a failed task."""
         self._kill([task])
         task.exit_code = -signal.SIGKILL
         decision = self._decide(TaskEvent(task.name, task.plan.role, None))
-        ended = {"exit": f"no heartbeat for {silent_s:.0f} s", "ended_at": time.time()}
+        ended = {"exit": how, "ended_at": time.time()}
         task.ledger.change(
             TaskState.FAILED,
             "hung",
@@ -248,9 +292,53 @@ class Supervisor:
             decision=decision.action.value,
             reason=decision.reason,
             silent_s=round(silent_s, 1),
+            stacks=list(where),
         )
-        how = f"stopped making progress (no heartbeat for {round(silent_s, 1)} s)"
-        return self._apply(task, decision, how)
+        return self._apply(task, decision, how, where=where)
+
+    def _on_silence(self, task: _Task, silent_s: float) -> RunResult | None:
+        """No task output, heartbeat or CPU for silence_s: capture where every task is, then
+        report the task stuck in its own code (the others wait in TensorFlow for it)."""
+        captures = self._capture_stacks()
+        stuck = stacks.hung(captures)
+        culprit = self.tasks[stuck[0].task] if stuck else task
+        how = (
+            f"hung: no log output, heartbeat or CPU progress for {silent_s:.0f} s "
+            "(timeouts.silence_s)"
+        )
+        where = tuple(stacks.summary(captures, silent=True))
+        return self._on_hang(culprit, how, where, silent_s)
+
+    def _capture_stacks(self) -> list[stacks.Capture]:
+        """Every running task's stacks, into RUN/stacks/<time>/ (Python frames: fast)."""
+        sources = {
+            t.name: stacks.local(self._program(t), native=False, fallback=self._signal_file(t))
+            for t in self.tasks.values()
+            if t.alive
+        }
+        if not sources:
+            return []
+        self.console.say(f"capturing the stacks of {', '.join(sources)}")
+        try:
+            captures = stacks.capture(self.run_dir, sources)
+        except (OSError, stacks.StackError) as exc:
+            self.console.say(f"could not capture stacks: {exc}")
+            return []
+        self.stacks_dir = str(captures[0].file.parent) if captures else ""
+        return captures
+
+    def _program(self, task: _Task) -> int:
+        """The pid of the task's program (below taskinit's keeper), found once it exists."""
+        assert task.handle is not None
+        keeper = task.handle.pid
+        found = self._programs.get(task.name)
+        if found is None or found == keeper:
+            found = self._programs[task.name] = stacks.program_pid(keeper)
+        return found
+
+    def _signal_file(self, task: _Task) -> Path:
+        attempt = task.ledger.entry.attempt
+        return contract.stacks_signal_path(self.run_dir, attempt, task.plan.role, task.plan.index)
 
     def _on_control_requests(self) -> RunResult | None:
         for name in rundir.take_restart_requests(self.run_dir):
@@ -267,18 +355,43 @@ class Supervisor:
         return None
 
     def _apply(
-        self, task: _Task, decision: Decision, how: str, manual: bool = False
+        self,
+        task: _Task,
+        decision: Decision,
+        how: str,
+        manual: bool = False,
+        where: tuple[str, ...] = (),
     ) -> RunResult | None:
         """Carry out the policy's decision about ``task`` (already logged)."""
         if decision.action is Action.DONE:
             return self._done()
         if decision.action is Action.FAIL:
-            return RunResult(RunState.FAILED, self._failure(task, how, decision.note))
+            return RunResult(RunState.FAILED, self._fail(task, decision, how, where))
         if decision.action is Action.RESTART:
             delay = f" in {decision.delay_s:g} s" if decision.delay_s else ""
             self.console.say(decision.reason + delay)
             self._schedule_restart(decision, manual)
         return None
+
+    def _fail(self, task: _Task, decision: Decision, how: str, where: tuple[str, ...]) -> Failure:
+        """The failure to report: the decision's cause (not a survivor that only lost a peer)."""
+        note = decision.note
+        if decision.cause == task.name:
+            return self._failure(task, how, note, where)
+        follow_on = f"{task.name} {how} with a follow-on error: peer lost"
+        if decision.cause is None:
+            # Nobody has died on their own (yet): the stacks of the others show who is stuck.
+            where = tuple(stacks.summary(self._capture_stacks()))
+            note = "; ".join(x for x in ("peer lost: no other task had failed", note) if x)
+            return self._failure(task, how, note, where)
+        cause = self.tasks[decision.cause]
+        if cause.alive:
+            # Named lost by its peers but still there (frozen, or cut off): show where it is.
+            where = tuple(stacks.summary(self._capture_stacks()))
+            cause_how = "stopped answering its peers (its process was still there)"
+        else:
+            cause_how = str(cause.ledger.entry.exit or "failed")
+        return self._failure(cause, cause_how, "; ".join(x for x in (note, follow_on) if x), where)
 
     def _done(self) -> RunResult | None:
         """Training succeeded: stop the servers; give a running evaluator time to finish."""
@@ -332,6 +445,9 @@ class Supervisor:
             task.handle.close()
         handle = self.transport.start(plan)
         task.plan, task.handle, task.exit_code = plan, handle, None
+        self.peer_lost.discard(plan.name)
+        self.watchdog.reset(plan.name)
+        self._programs.pop(plan.name, None)
         task.started = time.monotonic()
         prefix = self.console.prefix(plan.name, task.number, self.width)
         task.follower = LogFollower(plan.log_file, prefix, self.console)
@@ -373,19 +489,27 @@ class Supervisor:
                     joined = {"joined_after_s": round(now - task.started, 3)}
                     task.ledger.change(TaskState.RUNNING, "joined", joined, port=task.plan.port)
                 elif now - task.started > self.timeouts.startup_s:
+                    where = tuple(stacks.summary(self._capture_stacks()))
                     return RunResult(RunState.FAILED, self._failure(
                         task, f"did not start its TensorFlow server on port {task.plan.port} "
-                        f"within {self.timeouts.startup_s:g} s (timeouts.startup_s)"))  # fmt: skip
+                        f"within {self.timeouts.startup_s:g} s (timeouts.startup_s)",
+                        where=where))  # fmt: skip
             if self.timeouts.heartbeat_s is not None:
                 silent = self._silent_for(task, wall)
                 if silent is not None and silent > self.timeouts.heartbeat_s:
-                    return self._on_hang(task, silent)
+                    where = tuple(stacks.summary(self._capture_stacks(), silent=True))
+                    return self._on_hang(task, f"no heartbeat for {silent:.0f} s", where, silent)
+            silent = self.watchdog.observe(task.name, now, self._sample(task))
+            if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
+                return self._on_silence(task, silent)
         if self.timeouts.run_s is not None and now - self.run_started > self.timeouts.run_s:
             limit = f"the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"
             running = [t for t in self.tasks.values() if t.alive]
             if running:
+                where = tuple(stacks.summary(self._capture_stacks()))
                 return RunResult(
-                    RunState.FAILED, self._failure(running[0], f"was still running when {limit}")
+                    RunState.FAILED,
+                    self._failure(running[0], f"was still running when {limit}", where=where),
                 )
             # Every task is down, waiting for a restart that is due later.
             waiting = self.tasks[self.pending[0][1][0]]
@@ -393,6 +517,26 @@ class Supervisor:
                 RunState.FAILED, self._failure(waiting, f"was waiting to restart when {limit}")
             )
         return None
+
+    def _sample(self, task: _Task) -> Sample:
+        """What the watchdog needs of a task: log size, heartbeat, CPU time and RSS (psutil)."""
+        plan = task.plan
+        try:
+            log_bytes = os.stat(plan.log_file).st_size
+        except OSError:
+            log_bytes = 0
+        status = rundir.read_json(contract.status_path(self.run_dir, plan.role, plan.index))
+        beat = status.get("time") if isinstance(status, dict) else None
+        cpu = rss = None
+        try:
+            proc = psutil.Process(self._program(task))
+            with proc.oneshot():
+                times = proc.cpu_times()
+                cpu = times.user + times.system + times.children_user + times.children_system
+                rss = proc.memory_info().rss
+        except (psutil.Error, OSError):
+            pass
+        return Sample(log_bytes, beat if isinstance(beat, (int, float)) else None, cpu, rss)
 
     def _silent_for(self, task: _Task, wall: float) -> float | None:
         """Seconds since this incarnation's last heartbeat; None before its first one."""
@@ -449,6 +593,7 @@ class Supervisor:
         Stopping comes first and nothing here raises for a record it cannot write (a full
         disk): the tasks must end whatever happened to the run dir.
         """
+        self.console.show_live(None)
         self.book.best_effort = True
         alive = [t for t in self.tasks.values() if t.alive]
         if alive:
@@ -463,7 +608,9 @@ class Supervisor:
 
     # ---- records ----------------------------------------------------------------------------
 
-    def _failure(self, task: _Task, how: str, note: str = "") -> Failure:
+    def _failure(
+        self, task: _Task, how: str, note: str = "", where: tuple[str, ...] = ()
+    ) -> Failure:
         attempt = task.ledger.entry.attempt
         return Failure(
             task=task.name,
@@ -474,7 +621,14 @@ class Supervisor:
             ),
             elapsed_s=time.monotonic() - self.run_started,
             note=note,
+            stacks=where,
+            stacks_dir=self.stacks_dir if where else "",
         )
+
+    def _evidence(self, plan: TaskPlan) -> evidence.Evidence | None:
+        attempt = int(plan.env.get(contract.ATTEMPT, self.attempt))
+        error_file = contract.error_path(self.run_dir, attempt, plan.role, plan.index)
+        return evidence_of(Failure(plan.name, "", plan.log_file, str(error_file), 0.0))
 
     def _error_type(self, task: TaskPlan) -> str | None:
         error = rundir.read_json(Path(task.env[contract.ERROR_FILE]))

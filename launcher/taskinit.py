@@ -268,7 +268,9 @@ def _exit_like(status: int) -> None:
         import resource  # only here: a re-raised SIGSEGV must not dump this process's core
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(sig, signal.SIG_DFL)
+        # SIGKILL's (an OOM kill's) and SIGSTOP's disposition cannot be set (EINVAL).
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
         os.kill(os.getpid(), sig)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)

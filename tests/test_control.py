@@ -49,7 +49,9 @@ def test_status_logs_restart_down_from_another_shell(tmp):
         wait_for(lambda: all(t.get("state") == "running" and t.get("attempt") == 1 for t in run_record(run_dir)["tasks"].values()), "the gang back")
         assert {t["restarts"] for t in run_record(run_dir)["tasks"].values()} == {1}
         assert [e["task"] for e in events(run_dir) if e["event"] == "restart-requested"] == ["worker-1"]
-        assert (run_dir / "logs" / "attempt-1" / "worker-0.log").exists()
+        new_log = run_dir / "logs" / "attempt-1" / "worker-0.log"
+        # Joined means its server listens; its first line may come a moment later.
+        wait_for(lambda: new_log.exists() and new_log.stat().st_size > 0, "worker-0's new log")
 
         logs = distlaunch("logs", str(run_dir), "worker-0", "-n", "3")
         assert logs.returncode == 0 and logs.stdout.startswith("worker-0 | ")

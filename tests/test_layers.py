@@ -22,6 +22,7 @@ LAYER_OF = {
     "distlaunch.launcher": "spec",
     "distlaunch.launcher.errors": "spec",
     "distlaunch.launcher.spec": "spec",
+    "distlaunch.launcher.spec_sources": "spec",
     "distlaunch.launcher.rundir": "spec",
     "distlaunch.launcher.console": "spec",
     "distlaunch.launcher.summary": "spec",
@@ -43,6 +44,7 @@ LAYER_OF = {
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",
     "distlaunch.launcher.state": "supervisor",
+    "distlaunch.launcher.progress_view": "supervisor",  # the live line and status --watch
     # up and the commands that inspect or steer a run from another shell
     "distlaunch.launcher.up": "up",
     "distlaunch.launcher.control": "up",

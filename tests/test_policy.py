@@ -86,3 +86,40 @@ def test_backoff_stays_at_its_cap_after_thousands_of_restarts():
     rules = RestartRules(policy="on-failure", max_restarts=5000, initial_backoff_s=1.0, max_backoff_s=30.0)
     d = decide(MWMS, rules, "worker-1", 1, restarts=[99.0] * 2000)
     assert d.action is Action.RESTART and d.delay_s == 30
+
+
+def test_the_same_traceback_twice_is_a_crash_loop():
+    from distlaunch.launcher.policy import History
+
+    policy = RestartPolicy(MWMS, ON_FAILURE)
+    first = TaskEvent("worker-0", "worker", 1, "ValueError", fingerprint="ValueError\nbad N")
+    assert policy.decide(first, {"worker-0": 1}, History(), 100.0).action is Action.RESTART
+    again = policy.decide(first, {"worker-0": 1}, History((99.0,), last_fingerprint="ValueError\nbad N"), 100.0)
+    assert again.action is Action.FAIL and again.crash_loop and again.cause == "worker-0"
+    other = TaskEvent("worker-0", "worker", 1, "KeyError", fingerprint="KeyError\nx")
+    d = policy.decide(other, {"worker-0": 1}, History((99.0,), last_fingerprint="ValueError\nbad N"), 100.0)
+    assert d.action is Action.RESTART
+
+
+def test_a_survivor_that_lost_its_peer_is_never_the_cause():
+    from distlaunch.launcher.policy import History
+
+    policy = RestartPolicy(MWMS, RestartRules())
+    # worker-1 died first (SIGKILL); worker-0's UnavailableError followed.
+    survivor = TaskEvent("worker-0", "worker", 1, "UnavailableError", peer_lost=True)
+    d = policy.decide(survivor, {"worker-1": -9, "worker-0": 1}, History(), 100.0)
+    assert d.action is Action.FAIL and d.cause == "worker-1"
+    # Nobody else has failed: no cause is named rather than the survivor.
+    d = policy.decide(survivor, {"worker-0": 1}, History(), 100.0)
+    assert d.action is Action.FAIL and d.cause is None
+    # Another follow-on error is not a cause either.
+    d = policy.decide(survivor, {"worker-1": 1, "worker-0": 1}, History(peer_lost=frozenset({"worker-1"})), 100.0)
+    assert d.cause is None
+
+
+def test_a_task_named_lost_by_the_survivors_error_is_the_cause():
+    from distlaunch.launcher.policy import History
+
+    survivor = TaskEvent("worker-0", "worker", 1, "UnavailableError", peer_lost=True, lost_peers=("worker-1",))
+    d = RestartPolicy(MWMS, RestartRules()).decide(survivor, {"worker-0": 1}, History(), 100.0)
+    assert d.action is Action.FAIL and d.cause == "worker-1"

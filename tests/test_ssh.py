@@ -586,3 +586,35 @@ def test_hosts_that_share_nothing_keep_their_files_until_collected(lab: sshhosts
     assert collected.returncode == 0, collected.stderr
     assert (run_dir / "hosts" / "node1" / "checkpoints" / "from-worker0").read_text() == "w"
     assert (run_dir / "hosts" / "node2" / "checkpoints" / "from-worker1").read_text() == "w"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_stacks_of_a_running_run_on_two_hosts(lab: sshhosts.HostLab, tmp: Path) -> None:
+    from test_diagnose import MWMS_STEPS
+
+    tasks = {"worker": [{"host": "node1"}, {"host": "node2"}]}
+    spec = _spec(tmp, lab, _script(tmp, MWMS_STEPS), tasks)
+    launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        log = run_dir / "logs" / "attempt-0" / "worker-1.log"
+        wait_for(lambda: log.exists() and "stops inside step" in log.read_text(), "worker-1 to stop", launcher=launcher)
+        shown = distlaunch("stacks", run_dir.name, "--full", cwd=tmp)
+        print(shown.stdout, shown.stderr)
+        assert shown.returncode == 0
+        # Every task's whole stack, read on its own host by the remote helper (with native frames).
+        assert "worker-0 | Thread" in shown.stdout and "worker-1 | Thread" in shown.stdout
+        assert "worker-1 |     time_sleep (libpython" in shown.stdout
+        assert "worker-1: in its own code at train (task.py:22)" in shown.stdout
+        assert "worker-0: waits in" in shown.stdout
+        taken = next(p for p in (run_dir / "stacks").iterdir() if not p.name.startswith("signal-"))
+        files = sorted(p.name for p in taken.iterdir())
+        assert files == ["worker-0.txt", "worker-1.txt"]
+        assert distlaunch("down", run_dir.name, cwd=tmp).returncode == 0
+        launcher.wait(timeout=60)
+    finally:
+        launcher.kill()
+        launcher.communicate()
+    assert _nothing_left(lab, run_dir.name)

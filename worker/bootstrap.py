@@ -17,21 +17,27 @@ format of `distlaunch.worker.runtime`'s hook, which leaves this hook in place.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
 from types import TracebackType
 
 # The names of worker/contract.py, spelled out: this file imports nothing of distlaunch.
-_ERROR_FILE, _ROLE, _INDEX, _ATTEMPT = (
+_ERROR_FILE, _ROLE, _INDEX, _ATTEMPT, _RUN_DIR = (
     "DISTLAUNCH_ERROR_FILE",
     "DISTLAUNCH_ROLE",
     "DISTLAUNCH_INDEX",
     "DISTLAUNCH_ATTEMPT",
+    "DISTLAUNCH_RUN_DIR",
 )
+# contract.STACKS_SIGNAL_NAME and contract.stacks_signal_path's layout.
+_STACKS_SIGNAL = "SIGUSR2"
+_stack_file = None  # kept open for the life of the task: faulthandler writes to its fd
 # Frames of these files come before the program's own in a traceback and are left out of it.
 _OWN_FILES = {
     os.path.abspath(__file__),
@@ -45,6 +51,7 @@ def main(args: list[str]) -> None:
     if not args or args[:1] == ["-m"] and len(args) < 2:
         sys.exit("usage: bootstrap.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
     install_error_hook()
+    install_stack_dump()
     if args[0] == "-m":
         sys.argv = [
             args[1],
@@ -78,6 +85,25 @@ def install_error_hook() -> None:
 
     hook._distlaunch_hook = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def install_stack_dump() -> None:
+    """On SIGUSR2, dump every thread's stack (faulthandler: also while the main thread is stuck
+    in C code) into RUN/stacks/signal-attempt-N/<task>.txt: the launcher's fallback where py-spy
+    cannot read the task. The file exists once the handler is in place."""
+    global _stack_file
+    run_dir = os.environ.get(_RUN_DIR)
+    if not run_dir or not hasattr(faulthandler, "register"):
+        return
+    name = f"{os.environ.get(_ROLE) or 'worker'}-{int(os.environ.get(_INDEX) or 0)}.txt"
+    folder = os.path.join(run_dir, "stacks", f"signal-attempt-{int(os.environ.get(_ATTEMPT) or 0)}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        # Kept open for the task's life: faulthandler writes to its fd.
+        _stack_file = open(os.path.join(folder, name), "a")  # noqa: SIM115
+    except OSError:
+        return  # a task without the fallback still runs
+    faulthandler.register(getattr(signal, _STACKS_SIGNAL), file=_stack_file, all_threads=True)
 
 
 def _own(filename: str) -> bool:

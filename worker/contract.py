@@ -65,6 +65,17 @@ def status_path(run_dir: Path, role: str, index: int) -> Path:
     return run_dir / "status" / f"{task_name(role, index)}.json"
 
 
+# The signal on which every task (through distlaunch.worker.bootstrap) dumps every thread's stack
+# (faulthandler) into `stacks_signal_path`: the launcher's fallback where py-spy cannot attach.
+STACKS_SIGNAL_NAME = "SIGUSR2"
+
+
+def stacks_signal_path(run_dir: Path, attempt: int, role: str, index: int) -> Path:
+    """Return the file a task's faulthandler writes its stacks to on STACKS_SIGNAL_NAME; it
+    exists once the handler is installed."""
+    return run_dir / "stacks" / f"signal-attempt-{attempt}" / f"{task_name(role, index)}.txt"
+
+
 def metrics_path(run_dir: Path, role: str, index: int) -> Path:
     """Return the file a task writes its per-epoch metrics to (a JSON list)."""
     return run_dir / "metrics" / f"{task_name(role, index)}.json"

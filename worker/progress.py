@@ -69,10 +69,27 @@ class Scalars:
 
 
 class Heartbeat:
-    """Refreshes the "ready" status with the current step, at most once per interval."""
+    """Refreshes the "ready" status with the current step, at most once per interval.
 
-    def __init__(self) -> None:
+    Progress fields given to `update` (``total_steps``, ``loss``, ``checkpoint_step``) ride
+    along with every later beat, and so does ``steps_per_s``, measured between beats: this is
+    what `distlaunch status --watch` and the live line of `up` show.
+    """
+
+    def __init__(self, total_steps: int | None = None) -> None:
         self._next = 0.0
+        self._fields: dict[str, Any] = {}
+        if total_steps is not None:
+            self._fields["total_steps"] = total_steps
+        self._last: tuple[float, int] | None = None  # (monotonic time, step) of the last beat
+
+    def update(self, **fields: Any) -> None:
+        """Remember progress fields for the next beats (a None value removes the field)."""
+        for key, value in fields.items():
+            if value is None:
+                self._fields.pop(key, None)
+            else:
+                self._fields[key] = value
 
     def due(self) -> bool:
         """Return whether the interval since the last beat has passed."""
@@ -81,9 +98,20 @@ class Heartbeat:
     def beat(self, step: int | None = None, *, force: bool = False) -> None:
         """Report "ready" (with ``step`` unless None) if due (or ``force``)."""
         if force or self.due():
-            fields = {} if step is None else {"step": step}
+            now = time.monotonic()
+            fields = dict(self._fields)
+            if step is not None:
+                fields["step"] = step
+                if self._last is not None and step > self._last[1] and now > self._last[0]:
+                    rate = (step - self._last[1]) / (now - self._last[0])
+                    # Smoothed: one slow step (a checkpoint) does not swing the ETA.
+                    old = self._fields.get("steps_per_s")
+                    smoothed = rate if old is None else 0.3 * rate + 0.7 * old
+                    self._fields["steps_per_s"] = fields["steps_per_s"] = round(smoothed, 3)
+                if self._last is None or step != self._last[1]:
+                    self._last = (now, step)
             runtime.report(contract.STATE_READY, **fields)
-            self._next = time.monotonic() + HEARTBEAT_INTERVAL_S
+            self._next = now + HEARTBEAT_INTERVAL_S
 
 
 class BackgroundHeartbeat:

@@ -9,6 +9,11 @@ over the SSH session's stdin, one line at a time:
   starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
 - every later line is either empty (a heartbeat: the launcher is alive) or ``stop``.
 
+`distlaunch stacks` sends another first line instead, ``{"stacks": {"run_id": "...", "task":
+"worker-1", "native": true}}``: the helper finds that task's process on this host (its
+environment names the run and the task), prints every thread's stack as `py-spy dump` shows it,
+and exits 0 (1: no such task here, or py-spy failed; the reason is on stderr). It starts nothing.
+
 The task runs as the leader of a new session (so a process group of its own) with stdout and
 stderr merged into this helper's stdout, which SSH streams back to the launcher's log file. The
 group is stopped the way a local task's would be:
@@ -32,6 +37,7 @@ import ctypes
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +63,12 @@ def main() -> int:
     """Run one task as the request on stdin says; return its exit code (128+N for signal N)."""
     stdin = _LineReader(sys.stdin.fileno())
     try:
-        request = _parse(stdin.first_line())
+        line = stdin.first_line()
+        if line is not None and b'"stacks"' in line:
+            query = json.loads(line).get("stacks")
+            if isinstance(query, dict):
+                return _stacks(query)
+        request = _parse(line)
     except (ValueError, TypeError) as exc:
         _say(f"bad request from the launcher: {exc}")
         return EXIT_BAD_REQUEST
@@ -304,6 +315,46 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def _stacks(query: dict[str, Any]) -> int:
+    """Print the stacks of the task ``query`` names (its process group's leader on this host)."""
+    run_id, task = str(query.get("run_id", "")), str(query.get("task", ""))
+    wanted = {b"DISTLAUNCH_RUN_ID=" + run_id.encode()}
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+            pid = int(entry)
+            leader = os.getpgid(pid) == pid
+        except OSError:
+            continue
+        role, index = env_value(env, b"DISTLAUNCH_ROLE"), env_value(env, b"DISTLAUNCH_INDEX")
+        if wanted <= env and f"{role}-{index}" == task:
+            pids.append((not leader, pid))
+    if not pids:
+        _say(f"no process of task {task} of run {run_id} on this host")
+        return 1
+    pid = min(pids)[1]
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+    if spy is None:
+        _say("py-spy is not installed on this host (pip install py-spy)")
+        return 1
+    argv = [spy, "dump", "--pid", str(pid), *(["--native"] if query.get("native") else [])]
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120)
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        _say(next((x for x in done.stderr.splitlines() if x.startswith("Error:")), "py-spy failed"))
+    return 0 if done.returncode == 0 else 1
+
+
+def env_value(env: set[bytes], name: bytes) -> str:
+    """The value of variable ``name`` in a set of ``NAME=value`` entries ("" when absent)."""
+    prefix = name + b"="
+    return next((e[len(prefix):].decode(errors="replace") for e in env if e.startswith(prefix)), "")
 
 
 def _say(message: str) -> None:

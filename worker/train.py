@@ -94,7 +94,7 @@ def fit(
         steps = _LocalSteps(train_step, iter(_distribute(strategy, dataset)), start)
     saver = _Saver(checkpoint, ctx)
     log = _EpochLog(ctx, start)
-    heartbeat = progress.Heartbeat()
+    heartbeat = progress.Heartbeat(total_steps=epochs * steps_per_epoch)
     every = checkpoint_every or steps_per_epoch
     current = start
     # A resumed partial epoch only runs its remaining steps: the data is not replayed to the
@@ -114,11 +114,16 @@ def fit(
             current = int(step.numpy())
             if target % every == 0:
                 saver.save(current)
+                heartbeat.update(checkpoint_step=saver.last_step)
         if ran:  # else re-run steps had already carried the counter past this whole epoch
-            log.append(epoch + 1, epochs, current, float(loss_sum) / ran)
+            mean = float(loss_sum) / ran
+            log.append(epoch + 1, epochs, current, mean)
+            heartbeat.update(loss=mean)
         heartbeat.beat(current, force=True)
     if current > start and saver.last_step != current:
         saver.save(current)
+        heartbeat.update(checkpoint_step=saver.last_step)
+        heartbeat.beat(current, force=True)
     if ctx.is_chief:
         progress.mark_training_done(current)
     return log.entries
@@ -157,6 +162,9 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
 
         def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
             start = self._step()
+            steps, epochs = self.params.get("steps"), self.params.get("epochs")
+            if steps and epochs:
+                self._heartbeat.update(total_steps=steps * epochs)
             if start > 0 and self._backup_dir is not None:
                 print(f"distlaunch: resumed from {self._backup_dir} at step {start}", flush=True)
             self._log = _EpochLog(ctx, start)
@@ -167,6 +175,9 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
             assert self._log is not None and logs is not None
             step = self._step()
             self._log.append(epoch + 1, self.params["epochs"], step, float(logs["loss"]))
+            self._heartbeat.update(loss=float(logs["loss"]))
+            if self._backup_dir is not None and (coordinated or checkpoint_every is None):
+                self._heartbeat.update(checkpoint_step=step)  # BackupAndRestore saved this epoch
             self._heartbeat.beat(step, force=True)
 
         def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
@@ -180,6 +191,8 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
 
         def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
             if self._heartbeat.due():
+                if logs and "loss" in logs:
+                    self._heartbeat.update(loss=float(logs["loss"]))
                 self._heartbeat.beat(self._step(), force=True)
 
     backup_dir = ctx.checkpoint_dir / "backup" if ctx.checkpoint_dir else None

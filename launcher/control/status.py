@@ -1,14 +1,21 @@
-"""`distlaunch status`: a run's state and one row per task, from its run.json."""
+"""`distlaunch status`: a run's state and one row per task, from its run.json; `--watch` redraws
+the tasks' training progress (progress_view) every second, like top."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+from distlaunch.launcher import progress_view
 from distlaunch.launcher.control.liveness import launcher_alive
 from distlaunch.launcher.state import RunRecord
 
 # What `status` shows for a run recorded as running whose launcher is gone (killed outright).
 LOST = "lost"
+# `status --watch` redraws this often (seconds).
+WATCH_INTERVAL_S = 1.0
+_HOME_CLEAR = "\x1b[H\x1b[2J"
 
 
 def run_state(record: RunRecord) -> str:
@@ -40,3 +47,22 @@ def status_rows(record: RunRecord, now: float | None = None) -> list[dict]:
             }
         )
     return rows
+
+
+def watch(run_dir: Path, write: Callable[[str], None]) -> None:
+    """Redraw the progress screen of the run in ``run_dir`` every WATCH_INTERVAL_S with
+    ``write`` until the run is over (its last frame stays) or Ctrl-C."""
+    try:
+        while True:
+            record = RunRecord.load(run_dir)
+            state = run_state(record)
+            rows = progress_view.task_progress(run_dir, record)
+            stamp = time.strftime("%H:%M:%S")
+            frame = progress_view.screen(record, state, run_dir, rows)
+            write(f"{_HOME_CLEAR}distlaunch status --watch  {stamp}  (Ctrl-C quits)\n")
+            write("\n".join(frame) + "\n")
+            if state == LOST or not record.state.live:
+                return
+            time.sleep(WATCH_INTERVAL_S)
+    except KeyboardInterrupt:
+        return

@@ -174,7 +174,7 @@ class HostConsole(Console):
     several hosts."""
 
     def __init__(self, console: Console, plan: Plan) -> None:
-        super().__init__(console.out, console.err, console.color)
+        super().__init__(console.out, console.err, console.color, console.quiet_tf)
         self.hosts = {t.name: t.host_name for t in plan.tasks}
         self.extra = max(len(h) + 1 for h in self.hosts.values())
 
