@@ -10,9 +10,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import (
@@ -308,8 +309,10 @@ def test_down_cancels_the_steps_a_killed_launcher_and_its_sruns_left(
         )
         # SIGKILL of srun leaves its step running (nobody tells slurmstepd): here, of both sruns.
         for proc in processes_of_run(run_dir.name):
-            if proc.name() == "srun":
-                proc.kill()
+            # A short-lived process of the run may be gone between the listing and this look.
+            with suppress(psutil.NoSuchProcess):
+                if proc.name() == "srun":
+                    proc.kill()
         launcher.kill()
         launcher.wait()
         steps = lab.steps()
