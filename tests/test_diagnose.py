@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -278,9 +280,16 @@ def test_stacks_fall_back_to_the_tasks_faulthandler_when_py_spy_cannot_read_it(t
             "the task to wait",
             launcher=launcher,
         )
-        # No py-spy on PATH nor beside the interpreter: the launcher cannot attach.
+        # No py-spy on PATH nor beside the interpreter (a link to it in a folder of its own,
+        # since py-spy may be installed beside the real one): the launcher cannot attach.
         bare = {**os.environ, "PATH": "/usr/bin:/bin"}
-        shown = distlaunch("stacks", run_dir.name, "--full", cwd=tmp, env=bare)
+        (tmp / "bin").mkdir()
+        (tmp / "bin" / "python").symlink_to(sys.executable)
+        shown = subprocess.run(
+            [str(tmp / "bin" / "python"), "-m", "distlaunch.launcher", "stacks", run_dir.name,
+             "--full"],
+            cwd=tmp, env=bare, capture_output=True, text=True, timeout=120,
+        )
         print(shown.stdout, shown.stderr)
         assert shown.returncode == 0
         assert (

@@ -407,7 +407,9 @@ def test_carriage_return_progress_is_echoed_as_its_latest_state(tmp):
         == []
     )
     assert shown[-1].startswith("worker-0 | progress 200000/200000")
-    assert len(shown) < 1000  # states, not every update
+    # States, not every update: how many states show depends on how often the launcher reads
+    # the log (a loaded machine reads less often), but never near one line per update.
+    assert len(shown) < 200000 // 20
     assert all(
         len(line) <= 64 * 1024 + 20 for line in lines
     )  # a huge line is echoed in bounded pieces

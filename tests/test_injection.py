@@ -98,14 +98,17 @@ def test_every_spec_string_reaches_the_task_unchanged(tmp: Path, isolation: str,
     plan = distlaunch("plan", "--json", str(spec), env=launcher_env)
     assert plan.returncode == 0, plan.stderr
     task = json.loads(plan.stdout)["tasks"][0]
-    assert task["argv"] == [str(python), str(script), *PAYLOADS]
+    # python, the bootstrap (by path), then the program exactly as the spec names it
+    assert task["argv"][0] == str(python) and task["argv"][1].endswith("bootstrap.py")
+    assert task["argv"][2:] == [str(script), *PAYLOADS]
     assert distlaunch("plan", str(spec), env=launcher_env).returncode == 0
 
     done = distlaunch("up", str(spec), env=launcher_env)
     assert done.returncode == 0, done.stderr
     got = json.loads((out / "worker.json").read_text(encoding="utf-8"))
     run_dir = only_run_dir(shared)
-    assert got["orig_argv"] == [str(python), str(script), *PAYLOADS]
+    # The process ran python, the bootstrap, then the script: sys.argv is the program's own.
+    assert got["orig_argv"][0] == str(python) and got["orig_argv"][2:] == [str(script), *PAYLOADS]
     assert got["argv"] == [str(script), *PAYLOADS]
     assert got["file"] == str(script)
     assert got["cwd"] == str(workdir.resolve())

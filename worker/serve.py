@@ -7,10 +7,10 @@ and the chief runs the program. It serves until the launcher stops it, like `dw.
 
 from __future__ import annotations
 
-from . import runtime
+from . import runtime, strategies
 
 if __name__ == "__main__":
     runtime.install_error_hook()
     role = runtime.context().role
-    runtime.strategy()  # on a ps or worker task: serves, never returns
+    strategies.strategy()  # on a ps or worker task: serves, never returns
     raise SystemExit(f"distlaunch.worker.serve is for ps and worker tasks, not {role}")
