@@ -38,26 +38,51 @@ def main() -> None:
         work = Path(tmp)
         (work / "printer.py").write_text(PROGRAM)
         spec = work / "spec.json"
-        spec.write_text(json.dumps({
-            "name": "fanin", "strategy": "multi_worker_mirrored",
-            "program": {"script": "printer.py", "args": [str(args.lines)]},
-            "tasks": {"worker": {"count": 1}}, "shared_dir": "runs",
-        }))
+        spec.write_text(
+            json.dumps(
+                {
+                    "name": "fanin",
+                    "strategy": "multi_worker_mirrored",
+                    "program": {"script": "printer.py", "args": [str(args.lines)]},
+                    "tasks": {"worker": {"count": 1}},
+                    "shared_dir": "runs",
+                }
+            )
+        )
         # The same environment the task gets under `up` (PYTHONUNBUFFERED=1 among it).
-        plan = json.loads(subprocess.run([*DISTLAUNCH, "plan", "--json", str(spec)], check=True, capture_output=True, text=True).stdout)
+        plan = json.loads(
+            subprocess.run(
+                [*DISTLAUNCH, "plan", "--json", str(spec)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
         env = {**os.environ, **plan["tasks"][0]["env"]}
         up_times, direct_times, peaks = [], [], []
         for _ in range(args.rounds):
             with open(work / "direct.log", "wb") as out:
-                direct_times.append(timed(plan["tasks"][0]["argv"], cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT))
+                direct_times.append(
+                    timed(
+                        plan["tasks"][0]["argv"],
+                        cwd=work,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
             seconds, peak = _timed_up(spec)
             up_times.append(seconds)
             peaks.append(peak)
         logs = sorted((work / "runs").glob("*/logs/attempt-0/worker-0.log"))
         complete = all(_count_lines(log) == args.lines for log in logs)
     up_s, direct_s = median(up_times), median(direct_times)
-    print(f"task writing to a file itself: median {direct_s:.2f} s of {[round(t, 2) for t in direct_times]}")
-    print(f"same task under distlaunch up: median {up_s:.2f} s of {[round(t, 2) for t in up_times]}")
+    print(
+        f"task writing to a file itself: median {direct_s:.2f} s of {[round(t, 2) for t in direct_times]}"
+    )
+    print(
+        f"same task under distlaunch up: median {up_s:.2f} s of {[round(t, 2) for t in up_times]}"
+    )
     print(f"ratio up / direct: {up_s / direct_s:.3f} (target <= 1.10)")
     print(f"every line in the log: {complete} ({args.lines} lines x {len(logs)} runs)")
     print(f"launcher peak RSS: {max(peaks) / 2**20:.1f} MB (target <= 100 MB)")
@@ -65,7 +90,9 @@ def main() -> None:
 
 def _timed_up(spec: Path) -> tuple[float, int]:
     start = time.perf_counter()
-    proc = subprocess.Popen([*DISTLAUNCH, "up", str(spec)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*DISTLAUNCH, "up", str(spec)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     launcher = psutil.Process(proc.pid)
     peak = 0
     while proc.poll() is None:

@@ -44,7 +44,9 @@ def main() -> None:
                 rates[workers].append(_steps_per_s(work, spec, f"bench-{workers}w-{round_}"))
     one, two = median(rates[1]), median(rates[2])
     measured = (args.epochs - 1) * args.steps_per_epoch
-    print(f"example {args.example}, Keras 3 loop, {measured} measured steps per run, {os.cpu_count()} CPU cores")
+    print(
+        f"example {args.example}, Keras 3 loop, {measured} measured steps per run, {os.cpu_count()} CPU cores"
+    )
     print(f"1 worker:  median {one:.1f} steps/s of {[round(r, 1) for r in rates[1]]}")
     print(f"2 workers: median {two:.1f} steps/s of {[round(r, 1) for r in rates[2]]}")
     print(f"ratio 2 / 1 workers: {two / one:.2f}")
@@ -52,23 +54,37 @@ def main() -> None:
 
 def _write_spec(work: Path, workers: int, args: argparse.Namespace) -> Path:
     spec = work / f"ps{workers}.json"
-    spec.write_text(json.dumps({
-        "name": f"bench-ps{workers}", "strategy": "parameter_server",
-        "program": {
-            "module": f"distlaunch.worker.examples.{args.example}",
-            "args": ["--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps_per_epoch)],
-        },
-        "tasks": {"chief": {"count": 1}, "worker": {"count": workers}, "ps": {"count": 1}},
-        "shared_dir": "runs",
-    }))
+    spec.write_text(
+        json.dumps(
+            {
+                "name": f"bench-ps{workers}",
+                "strategy": "parameter_server",
+                "program": {
+                    "module": f"distlaunch.worker.examples.{args.example}",
+                    "args": [
+                        "--epochs",
+                        str(args.epochs),
+                        "--steps-per-epoch",
+                        str(args.steps_per_epoch),
+                    ],
+                },
+                "tasks": {"chief": {"count": 1}, "worker": {"count": workers}, "ps": {"count": 1}},
+                "shared_dir": "runs",
+            }
+        )
+    )
     return spec
 
 
 def _steps_per_s(work: Path, spec: Path, run_id: str) -> float:
     """Run the spec to completion and return its steps/s after the first epoch."""
-    result = subprocess.run([*DISTLAUNCH, "up", "--run-id", run_id, str(spec)], cwd=work, capture_output=True, text=True)
+    result = subprocess.run(
+        [*DISTLAUNCH, "up", "--run-id", run_id, str(spec)], cwd=work, capture_output=True, text=True
+    )
     if result.returncode != 0:
-        raise SystemExit(f"distlaunch up {spec.name} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        raise SystemExit(
+            f"distlaunch up {spec.name} failed ({result.returncode}):\n{result.stderr[-3000:]}"
+        )
     epochs = json.loads((work / "runs" / run_id / "metrics" / "chief-0.json").read_text())
     first, last = epochs[0], epochs[-1]
     return (last["step"] - first["step"]) / (last["time"] - first["time"])

@@ -44,18 +44,26 @@ def main() -> None:
         pss = pss_worker(Path(tmp) / "pss")
         mwms = mwms_gang(Path(tmp) / "mwms")
     p95 = statistics.quantiles(latencies, n=20)[-1]
-    print(f"detection latency, kill -9 to decision ({len(latencies)} kills): p50 {statistics.median(latencies) * 1000:.1f} ms, "
-          f"p95 {p95 * 1000:.1f} ms (target p95 <= 200 ms)")
-    print(f"PSS worker recovery: {pss[0]:.2f} s kill to serving again vs {pss[1]:.2f} s cold start: ratio {pss[0] / pss[1]:.2f} (target <= 1.2)")
-    print(f"MWMS gang recovery: {mwms[0]:.2f} s kill to first step after restore vs {mwms[1]:.2f} s cold start to first step: "
-          f"ratio {mwms[0] / mwms[1]:.2f} (target <= 1.5)")
+    print(
+        f"detection latency, kill -9 to decision ({len(latencies)} kills): p50 {statistics.median(latencies) * 1000:.1f} ms, "
+        f"p95 {p95 * 1000:.1f} ms (target p95 <= 200 ms)"
+    )
+    print(
+        f"PSS worker recovery: {pss[0]:.2f} s kill to serving again vs {pss[1]:.2f} s cold start: ratio {pss[0] / pss[1]:.2f} (target <= 1.2)"
+    )
+    print(
+        f"MWMS gang recovery: {mwms[0]:.2f} s kill to first step after restore vs {mwms[1]:.2f} s cold start to first step: "
+        f"ratio {mwms[0] / mwms[1]:.2f} (target <= 1.5)"
+    )
 
 
 def detection(work: Path, kills: int) -> list[float]:
     """Kill a sleeping task ``kills`` times; return each kill-to-decision latency."""
     work.mkdir()
     (work / "sleeper.py").write_text("import time\ntime.sleep(3600)\n")
-    launcher, run_dir = _up(work, {"script": "sleeper.py"}, "multi_worker_mirrored", {"worker": {"count": 1}})
+    launcher, run_dir = _up(
+        work, {"script": "sleeper.py"}, "multi_worker_mirrored", {"worker": {"count": 1}}
+    )
     latencies = []
     try:
         for attempt in range(kills):
@@ -63,7 +71,17 @@ def detection(work: Path, kills: int) -> list[float]:
             time.sleep(0.2)  # let it settle: measure detection, not a start in progress
             killed_at = time.time()
             os.kill(pid, signal.SIGKILL)
-            decided = _wait(lambda: next((e["time"] for e in _events(run_dir) if e.get("decision") and e.get("attempt") == attempt), None), "the decision")
+            decided = _wait(
+                lambda: next(
+                    (
+                        e["time"]
+                        for e in _events(run_dir)
+                        if e.get("decision") and e.get("attempt") == attempt
+                    ),
+                    None,
+                ),
+                "the decision",
+            )
             latencies.append(decided - killed_at)
     finally:
         _stop(launcher)
@@ -73,16 +91,29 @@ def detection(work: Path, kills: int) -> list[float]:
 def pss_worker(work: Path) -> tuple[float, float]:
     """Kill worker-1 of a PSS run; return (kill to serving again, cold start to serving)."""
     work.mkdir()
-    program = {"module": "distlaunch.worker.examples.cnn_mnist", "args": ["--epochs", "1000", "--steps-per-epoch", "100", "--train-examples", "2000"]}
+    program = {
+        "module": "distlaunch.worker.examples.cnn_mnist",
+        "args": ["--epochs", "1000", "--steps-per-epoch", "100", "--train-examples", "2000"],
+    }
     tasks = {"chief": {}, "worker": {"count": 2}, "ps": {}}
     launcher, run_dir = _up(work, program, "parameter_server", tasks)
     try:
-        _wait(lambda: _task(run_dir, "chief-0", 0).get("state") == "running" and _status_step(run_dir, "chief-0") > 0, "training")
-        cold = _event_time(run_dir, "worker-1", "joined", 0) - _event_time(run_dir, "worker-1", "started", 0)
+        _wait(
+            lambda: (
+                _task(run_dir, "chief-0", 0).get("state") == "running"
+                and _status_step(run_dir, "chief-0") > 0
+            ),
+            "training",
+        )
+        cold = _event_time(run_dir, "worker-1", "joined", 0) - _event_time(
+            run_dir, "worker-1", "started", 0
+        )
         pid = _task(run_dir, "worker-1", 0)["pid"]
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
-        back = _wait(lambda: _event_time(run_dir, "worker-1", "joined", 1), "worker-1 serving again")
+        back = _wait(
+            lambda: _event_time(run_dir, "worker-1", "joined", 1), "worker-1 serving again"
+        )
     finally:
         _stop(launcher)
     return back - killed_at, cold
@@ -91,7 +122,17 @@ def pss_worker(work: Path) -> tuple[float, float]:
 def mwms_gang(work: Path) -> tuple[float, float]:
     """Kill worker-1 of an MWMS run; return (kill to first step after restore, cold start to first step)."""
     work.mkdir()
-    program = {"module": "distlaunch.worker.examples.mnist_mlp", "args": ["--epochs", "1000", "--steps-per-epoch", "100", "--checkpoint-every", str(CHECKPOINT_EVERY)]}
+    program = {
+        "module": "distlaunch.worker.examples.mnist_mlp",
+        "args": [
+            "--epochs",
+            "1000",
+            "--steps-per-epoch",
+            "100",
+            "--checkpoint-every",
+            str(CHECKPOINT_EVERY),
+        ],
+    }
     launcher, run_dir = _up(work, program, "multi_worker_mirrored", {"worker": {"count": 2}})
     try:
         first_step = _wait(lambda: _first_step_time(run_dir, 0, 0), "the first step")
@@ -100,8 +141,12 @@ def mwms_gang(work: Path) -> tuple[float, float]:
         pid = _task(run_dir, "worker-1", 0)["pid"]
         killed_at = time.time()
         os.kill(pid, signal.SIGKILL)
-        restored = _wait(lambda: _task(run_dir, "worker-0", 1) and _restored_step(run_dir), "the restore")
-        back = _wait(lambda: _first_step_time(run_dir, 1, restored), "the first step after the restore")
+        restored = _wait(
+            lambda: _task(run_dir, "worker-0", 1) and _restored_step(run_dir), "the restore"
+        )
+        back = _wait(
+            lambda: _first_step_time(run_dir, 1, restored), "the first step after the restore"
+        )
     finally:
         _stop(launcher)
     return back - killed_at, cold
@@ -109,10 +154,33 @@ def mwms_gang(work: Path) -> tuple[float, float]:
 
 def _up(work: Path, program: dict, strategy: str, tasks: dict) -> tuple[subprocess.Popen, Path]:
     spec = work / "spec.json"
-    spec.write_text(json.dumps({"name": "recovery", "strategy": strategy, "program": program, "tasks": tasks,
-                                "shared_dir": "runs", "restart": ON_FAILURE, "timeouts": {"grace_s": 1}}))
-    launcher = subprocess.Popen([*DISTLAUNCH, "up", str(spec)], cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run_dir = _wait(lambda: next(iter((work / "runs").glob("*/run.json")), None) if (work / "runs").exists() else None, "the run dir").parent
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "recovery",
+                "strategy": strategy,
+                "program": program,
+                "tasks": tasks,
+                "shared_dir": "runs",
+                "restart": ON_FAILURE,
+                "timeouts": {"grace_s": 1},
+            }
+        )
+    )
+    launcher = subprocess.Popen(
+        [*DISTLAUNCH, "up", str(spec)],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    run_dir = _wait(
+        lambda: (
+            next(iter((work / "runs").glob("*/run.json")), None)
+            if (work / "runs").exists()
+            else None
+        ),
+        "the run dir",
+    ).parent
     return launcher, run_dir
 
 
@@ -140,13 +208,22 @@ def _read(path: Path):
 
 def _events(run_dir: Path) -> list[dict]:
     try:
-        return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line]
+        return [
+            json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line
+        ]
     except (OSError, ValueError):
         return []
 
 
 def _event_time(run_dir: Path, task: str, event: str, attempt: int) -> float | None:
-    return next((e["time"] for e in _events(run_dir) if e["task"] == task and e["event"] == event and e["attempt"] == attempt), None)
+    return next(
+        (
+            e["time"]
+            for e in _events(run_dir)
+            if e["task"] == task and e["event"] == event and e["attempt"] == attempt
+        ),
+        None,
+    )
 
 
 def _task(run_dir: Path, name: str, attempt: int) -> dict:

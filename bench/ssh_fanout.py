@@ -64,10 +64,16 @@ def main() -> None:
                     times["local"].append(_round(LocalTransport(), local_plan))
                     times["ssh"].append(_round(remote, remote_plan))
     local, remote_s = statistics.median(times["local"]), statistics.median(times["ssh"])
-    print(f"preflight + master connections to {len(lab.hosts)} hosts (once per run): {connect_s:.2f} s")
-    print(f"one multiplexed session running `true` (the host's login shell included): median {floor_s:.3f} s")
+    print(
+        f"preflight + master connections to {len(lab.hosts)} hosts (once per run): {connect_s:.2f} s"
+    )
+    print(
+        f"one multiplexed session running `true` (the host's login shell included): median {floor_s:.3f} s"
+    )
     print(f"local: start + stop {args.tasks} tasks: median {local:.3f} s over {args.rounds} rounds")
-    print(f"ssh:   start + stop {args.tasks} tasks on {len(lab.hosts)} hosts: median {remote_s:.3f} s over {args.rounds} rounds")
+    print(
+        f"ssh:   start + stop {args.tasks} tasks on {len(lab.hosts)} hosts: median {remote_s:.3f} s over {args.rounds} rounds"
+    )
     print(f"ssh / local: {remote_s / local:.2f}x")
 
 
@@ -81,9 +87,14 @@ def _spec(folder: Path, name: str, lab: sshhosts.HostLab | None, count: int) -> 
     hosts = {h.name: lab.host_entry(h) for h in lab.hosts} if lab else {}
     names = list(hosts) or ["localhost"]
     spec = {
-        "name": name, "strategy": "multi_worker_mirrored", "program": {"script": "task.py"},
-        "hosts": hosts, "tasks": {"worker": [{"host": names[i % len(names)]} for i in range(count)]},
-        "shared_dir": "runs", "isolation": "off", "timeouts": {"grace_s": GRACE_S},
+        "name": name,
+        "strategy": "multi_worker_mirrored",
+        "program": {"script": "task.py"},
+        "hosts": hosts,
+        "tasks": {"worker": [{"host": names[i % len(names)]} for i in range(count)]},
+        "shared_dir": "runs",
+        "isolation": "off",
+        "timeouts": {"grace_s": GRACE_S},
     }
     path = folder / f"{name}.json"
     path.write_text(json.dumps(spec))

@@ -88,16 +88,25 @@ SHARED_DIR = click.option(
 
 SPEC = click.argument("spec", type=click.Path(dir_okay=False, path_type=str))
 SET = click.option(
-    "--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
     help="Override a spec value before it is validated, e.g. tasks.worker.count=4 or "
-    "'program.args=[\"--epochs\",\"1\"]' (the value is read as YAML/JSON). Repeatable.",
+    '\'program.args=["--epochs","1"]\' (the value is read as YAML/JSON). Repeatable.',
 )
 HOSTS = click.option(
-    "--hosts", "only_hosts", metavar="NAMES", default="",
+    "--hosts",
+    "only_hosts",
+    metavar="NAMES",
+    default="",
     help="Comma-separated: run only on these hosts of the spec (per_host spreads over them).",
 )
 EXCLUDE = click.option(
-    "--exclude", "exclude_hosts", metavar="NAMES", default="",
+    "--exclude",
+    "exclude_hosts",
+    metavar="NAMES",
+    default="",
     help="Comma-separated: leave these hosts of the spec out.",
 )
 
@@ -114,7 +123,10 @@ def _options(
 
 
 IMAGE = click.option(
-    "--image", envvar="DISTLAUNCH_IMAGE", default=DEFAULT_TAG, show_default=True,
+    "--image",
+    envvar="DISTLAUNCH_IMAGE",
+    default=DEFAULT_TAG,
+    show_default=True,
     help="Compose backend: the distlaunch image's tag (`up` builds it from this checkout when it changed).",
 )
 
@@ -162,7 +174,9 @@ def plan(
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    click.echo(f"run {data['run_id']}: {data['strategy']}, {len(data['tasks'])} tasks, run dir {data['run_dir']}")
+    click.echo(
+        f"run {data['run_id']}: {data['strategy']}, {len(data['tasks'])} tasks, run dir {data['run_dir']}"
+    )
     click.echo(f"isolation: {data['isolation']['mode']} ({data['isolation']['reason']})")
     click.echo(f"keras: {data['program']['keras']} ({data['program']['keras_reason']})")
     if data["program"]["serve_reason"]:
@@ -218,17 +232,22 @@ def schema() -> None:
 @click.option("--resume", is_flag=True, help="Resume the latest unfinished run of this spec.")
 @click.option("--fresh", is_flag=True, help="Start a new run even if the last one did not finish.")
 @click.option(
-    "--backend", type=click.Choice(["local", "compose", "slurm"]),
+    "--backend",
+    type=click.Choice(["local", "compose", "slurm"]),
     help="Where tasks run (default: the spec's `backend`): local processes, one container each under "
     "docker-compose, or one Slurm job step each inside the current allocation.",
 )
 @IMAGE
 @click.option(
-    "--base-image", envvar="DISTLAUNCH_BASE_IMAGE", default=DEFAULT_BASE, show_default=True,
+    "--base-image",
+    envvar="DISTLAUNCH_BASE_IMAGE",
+    default=DEFAULT_BASE,
+    show_default=True,
     help="Compose backend: the image the distlaunch image is built on (python3 3.11+ with venv).",
 )
 @click.option(
-    "--requeue", is_flag=True,
+    "--requeue",
+    is_flag=True,
     help="Slurm batch job: on the pre-timeout signal (SIGUSR2) stop the tasks and requeue the job, "
     "which then resumes the run (what `distlaunch sbatch --requeue` writes).",
 )
@@ -236,8 +255,17 @@ def schema() -> None:
 @HOSTS
 @EXCLUDE
 def up(
-    spec: str, run_id: str | None, resume: bool, fresh: bool, backend: str | None, image: str,
-    base_image: str, requeue: bool, overrides: tuple[str, ...], only_hosts: str, exclude_hosts: str,
+    spec: str,
+    run_id: str | None,
+    resume: bool,
+    fresh: bool,
+    backend: str | None,
+    image: str,
+    base_image: str,
+    requeue: bool,
+    overrides: tuple[str, ...],
+    only_hosts: str,
+    exclude_hosts: str,
 ) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
     from distlaunch.launcher.up import choose_run
@@ -261,7 +289,12 @@ def up(
 
 @cli.command("compose")
 @SPEC
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the file here (default: standard output).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the file here (default: standard output).",
+)
 @click.option("--run-id", help="The run the containers write into (default: a new run id).")
 @IMAGE
 def compose_file(spec: str, output: Path | None, run_id: str | None, image: str) -> None:
@@ -296,12 +329,37 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
 
 @cli.command("k8s")
 @SPEC
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the manifests here (default: standard output).")
-@click.option("--image", help="Image of every task (default: the spec's kubernetes.image, else distlaunch:local).")
-@click.option("--namespace", help="Namespace of every object (default: the spec's kubernetes.namespace, else kubectl's).")
-@click.option("--jobset", is_flag=True, help="Emit one JobSet (restarts the whole set on a failure) instead of plain Jobs.")
-@click.option("--run-id", help="The run's id: its run dir on the shared volume, and its objects' names (default: a new one).")
-def k8s_manifests(spec: str, output: Path | None, image: str | None, namespace: str | None, jobset: bool, run_id: str | None) -> None:
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the manifests here (default: standard output).",
+)
+@click.option(
+    "--image",
+    help="Image of every task (default: the spec's kubernetes.image, else distlaunch:local).",
+)
+@click.option(
+    "--namespace",
+    help="Namespace of every object (default: the spec's kubernetes.namespace, else kubectl's).",
+)
+@click.option(
+    "--jobset",
+    is_flag=True,
+    help="Emit one JobSet (restarts the whole set on a failure) instead of plain Jobs.",
+)
+@click.option(
+    "--run-id",
+    help="The run's id: its run dir on the shared volume, and its objects' names (default: a new one).",
+)
+def k8s_manifests(
+    spec: str,
+    output: Path | None,
+    image: str | None,
+    namespace: str | None,
+    jobset: bool,
+    run_id: str | None,
+) -> None:
     """Write Kubernetes manifests that run SPEC: one Indexed Job per role, or one JobSet.
 
     A headless Service names the pods (<job>-<index>.<service>), a NetworkPolicy admits the task
@@ -332,6 +390,7 @@ def k8s_manifests(spec: str, output: Path | None, image: str | None, namespace: 
     for note in made.notes:
         console.say(f"note: {note}")
 
+
 def _offer_resume(loaded, console: Console) -> bool:
     """When this spec's last run did not finish, ask (on a terminal) whether to resume it."""
     from distlaunch.launcher.state import latest_unfinished
@@ -340,23 +399,48 @@ def _offer_resume(loaded, console: Console) -> bool:
     if unfinished is None:
         return False
     if sys.stdin.isatty():
-        return click.confirm(f"distlaunch: run {unfinished.name} did not finish; resume it?", default=True)
-    console.say(f"run {unfinished.name} did not finish: starting a new run (`up --resume` continues it, `--fresh` hides this note)")
+        return click.confirm(
+            f"distlaunch: run {unfinished.name} did not finish; resume it?", default=True
+        )
+    console.say(
+        f"run {unfinished.name} did not finish: starting a new run (`up --resume` continues it, `--fresh` hides this note)"
+    )
     return False
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})
 @SPEC
-@click.option("--nodes", type=click.IntRange(min=1), help="Nodes to ask for (default: one per task, or per slurm.tasks_per_node tasks).")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    help="Nodes to ask for (default: one per task, or per slurm.tasks_per_node tasks).",
+)
 @click.option("--time", "time_limit", help="Time limit, as sbatch takes it (e.g. 2:00:00).")
 @click.option("--partition", help="Slurm partition.")
 @click.option("--account", help="Slurm account.")
-@click.option("--requeue", is_flag=True, help="Near the time limit stop the tasks and requeue the job; it resumes the run.")
-@click.option("--signal-before", type=click.IntRange(min=1), default=120, show_default=True,
-              help="With --requeue: seconds before the time limit that the launcher is signalled.")
+@click.option(
+    "--requeue",
+    is_flag=True,
+    help="Near the time limit stop the tasks and requeue the job; it resumes the run.",
+)
+@click.option(
+    "--signal-before",
+    type=click.IntRange(min=1),
+    default=120,
+    show_default=True,
+    help="With --requeue: seconds before the time limit that the launcher is signalled.",
+)
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
-def sbatch(spec: str, nodes: int | None, time_limit: str | None, partition: str | None, account: str | None,
-           requeue: bool, signal_before: int, sbatch_args: tuple[str, ...]) -> None:
+def sbatch(
+    spec: str,
+    nodes: int | None,
+    time_limit: str | None,
+    partition: str | None,
+    account: str | None,
+    requeue: bool,
+    signal_before: int,
+    sbatch_args: tuple[str, ...],
+) -> None:
     """Submit SPEC as a Slurm batch job running `up --backend slurm`; more sbatch options after `--`.
 
     The batch script is written to <run_dir>/job.sbatch first (readable, and runnable by hand).
@@ -365,7 +449,15 @@ def sbatch(spec: str, nodes: int | None, time_limit: str | None, partition: str 
     from distlaunch.launcher.up import choose_run
 
     loaded = load_spec(spec, SpecOptions(overrides=("backend=slurm",)))
-    request = batch.BatchRequest(nodes, time_limit, partition, account, requeue, signal_before, batch.check_extra(sbatch_args))
+    request = batch.BatchRequest(
+        nodes,
+        time_limit,
+        partition,
+        account,
+        requeue,
+        signal_before,
+        batch.check_extra(sbatch_args),
+    )
     target = choose_run(loaded, None, False)
     rundir.make_dirs(target.run_dir, target.attempt, loaded.spec.permissions == "private")
     path = target.run_dir / batch.SCRIPT
@@ -373,16 +465,22 @@ def sbatch(spec: str, nodes: int | None, time_limit: str | None, partition: str 
     path.write_text(batch.script(loaded, target.run_id, target.run_dir, request))
     job = batch.submit(path)
     click.echo(f"submitted Slurm job {job} for run {target.run_id}; run dir {target.run_dir}")
-    click.echo(f"  follow it: distlaunch logs {target.run_id} -f --shared-dir {loaded.shared_dir}  (once it runs)")
+    click.echo(
+        f"  follow it: distlaunch logs {target.run_id} -f --shared-dir {loaded.shared_dir}  (once it runs)"
+    )
 
 
 @cli.command()
 @click.argument("run", required=False)
 @SHARED_DIR
 @click.pass_obj
-@click.option("--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON.")
 @click.option(
-    "-w", "--watch", is_flag=True,
+    "--json", "as_json", is_flag=True, help="Print the run's state and task table as JSON."
+)
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
     help="Redraw every second, like top: each task's step, steps/s, loss, last checkpoint and "
     "ETA from its distlaunch.worker heartbeat, until the run ends (Ctrl-C quits).",
 )
@@ -403,19 +501,28 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
     rows = status_rows(record)
     state = run_state(record)
     if as_json:
-        head = {"run_id": record.run_id, "state": state, "attempt": record.attempt,
-                "exit_code": record.exit_code, "failure": record.failure,
-                "network": record.extra.get("network")}
+        head = {
+            "run_id": record.run_id,
+            "state": state,
+            "attempt": record.attempt,
+            "exit_code": record.exit_code,
+            "failure": record.failure,
+            "network": record.extra.get("network"),
+        }
         click.echo(json.dumps({**head, "run_dir": str(path), "tasks": rows}, indent=2))
         return
     click.echo(f"run {record.run_id}: {state} (attempt {record.attempt}) in {path}")
     if state == LOST:
-        click.echo(f"  its launcher (pid {record.launcher_pid}) is gone; `distlaunch down {record.run_id}` stops what is left")
+        click.echo(
+            f"  its launcher (pid {record.launcher_pid}) is gone; `distlaunch down {record.run_id}` stops what is left"
+        )
     if record.failure:
         click.echo(f"  {record.failure['summary']}")
     for line in firewall.status_lines(record.extra.get("network"), launcher_alive(record)):
         click.echo(f"  {line}")
-    click.echo(f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT")
+    click.echo(
+        f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT"
+    )
     for row in rows:
         uptime = f"{row['uptime_s']:.0f}s" if row["uptime_s"] is not None else "-"
         click.echo(
@@ -480,14 +587,21 @@ def restart(settings: Settings, run: str, task: str) -> None:
 
     path = rundir.resolve_run(run, settings.shared_dir)
     name = request_restart(path, task)
-    click.echo(f"asked the launcher of {path.name} to restart {name}; see `distlaunch status {path.name}`")
+    click.echo(
+        f"asked the launcher of {path.name} to restart {name}; see `distlaunch status {path.name}`"
+    )
 
 
 @cli.command()
 @click.argument("run")
 @SHARED_DIR
 @click.pass_obj
-@click.option("--grace", type=float, default=None, help="Seconds from SIGTERM to SIGKILL (default: the spec's timeouts.grace_s).")
+@click.option(
+    "--grace",
+    type=float,
+    default=None,
+    help="Seconds from SIGTERM to SIGKILL (default: the spec's timeouts.grace_s).",
+)
 def down(settings: Settings, run: str, grace: float | None) -> None:
     """Stop RUN (a run id or directory): its launcher if alive, then every leftover process."""
     from distlaunch.launcher.control.down import down as run_down
@@ -497,7 +611,9 @@ def down(settings: Settings, run: str, grace: float | None) -> None:
     if result.launcher_pid is not None:
         done.append(f"stopped its launcher (pid {result.launcher_pid})")
     if result.stopped:
-        done.append(f"stopped {result.stopped} leftover process{'es' if result.stopped != 1 else ''}")
+        done.append(
+            f"stopped {result.stopped} leftover process{'es' if result.stopped != 1 else ''}"
+        )
     if result.cancelled:
         done.append(f"cancelled Slurm {' '.join(result.cancelled)}")
     if result.marked:

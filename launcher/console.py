@@ -211,8 +211,11 @@ class Console:
     """
 
     def __init__(
-        self, out: BinaryIO | Terminal | None = None, err: BinaryIO | Terminal | None = None,
-        color: bool | None = None, quiet_tf: bool = False,
+        self,
+        out: BinaryIO | Terminal | None = None,
+        err: BinaryIO | Terminal | None = None,
+        color: bool | None = None,
+        quiet_tf: bool = False,
     ) -> None:
         out = out or sys.stdout.buffer
         err = err or sys.stderr.buffer
@@ -314,7 +317,7 @@ class LogFollower:
             if state.strip() and state != self._progress:
                 self.console.out.write(self.prefix + state[:MAX_LINE] + b"\n")
                 self._progress = state
-            rest = rest[ret + 1:]
+            rest = rest[ret + 1 :]
         while len(rest) > MAX_LINE:
             self.console.out.write(self.prefix + rest[:MAX_LINE] + b"\n")
             rest = rest[MAX_LINE:]
@@ -344,4 +347,4 @@ def _latest(line: bytes) -> bytes:
 
 def _pieces(line: bytes) -> bytes:
     """``line`` and its newline, cut into lines of at most MAX_LINE bytes."""
-    return b"".join(line[i:i + MAX_LINE] + b"\n" for i in range(0, max(len(line), 1), MAX_LINE))
+    return b"".join(line[i : i + MAX_LINE] + b"\n" for i in range(0, max(len(line), 1), MAX_LINE))

@@ -34,9 +34,7 @@ class Evidence:
 
     type: str  # the exception's class name as printed, e.g. ValueError
     message: str  # the full message, possibly many lines
-    frames: tuple[
-        tuple[str, str], ...
-    ] = ()  # (`File "...", line N, in f`, its code line)
+    frames: tuple[tuple[str, str], ...] = ()  # (`File "...", line N, in f`, its code line)
 
     @property
     def short_type(self) -> str:

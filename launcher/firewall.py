@@ -51,9 +51,7 @@ class HostRules:
 
     host: str  # the host's name in the spec
     ports: tuple[int, ...]
-    allow: tuple[
-        str, ...
-    ]  # addresses (or names the host resolves) of every host of the run
+    allow: tuple[str, ...]  # addresses (or names the host resolves) of every host of the run
 
     def request(self, run_id: str) -> dict:
         """The JSON request the guard reads on its stdin."""
@@ -89,10 +87,7 @@ def plan_rules(
     for task in plan.tasks:
         if task.transport in remote:
             ports.setdefault(task.host_name, set()).add(task.port)
-    return {
-        host: HostRules(host, tuple(sorted(p)), allow)
-        for host, p in sorted(ports.items())
-    }
+    return {host: HostRules(host, tuple(sorted(p)), allow) for host, p in sorted(ports.items())}
 
 
 def plan_json(mode: str, run_id: str, rules: Mapping[str, HostRules]) -> dict:
@@ -120,9 +115,7 @@ class HostState:
     why: str = ""  # why not, when not protected
     how: str = "nftables"  # or "iptables", where nft is missing
     table: str = ""  # the nftables table, or the iptables chain
-    allowed: tuple[
-        str, ...
-    ] = ()  # the addresses the guard admits, as the host resolved them
+    allowed: tuple[str, ...] = ()  # the addresses the guard admits, as the host resolved them
 
     @property
     def rules(self) -> str:
@@ -185,9 +178,7 @@ class Protection:
 
 
 def _open_ports(hosts: Sequence[HostState]) -> str:
-    return "; ".join(
-        f"ports {', '.join(str(p) for p in h.ports)} on {h.host}" for h in hosts
-    )
+    return "; ".join(f"ports {', '.join(str(p) for p in h.ports)} on {h.host}" for h in hosts)
 
 
 def status_lines(network: Mapping | None, running: bool) -> list[str]:
@@ -204,9 +195,7 @@ def status_lines(network: Mapping | None, running: bool) -> list[str]:
         if not state.protected:
             lines.append(f"firewall: {state.host} OPEN (ports {ports}): {state.why}")
         elif running:
-            lines.append(
-                f"firewall: {state.host} protected (ports {ports}, {state.rules})"
-            )
+            lines.append(f"firewall: {state.host} protected (ports {ports}, {state.rules})")
         else:
             lines.append(
                 f"firewall: {state.host} was protected while the run ran (ports {ports}; rules removed)"
@@ -246,10 +235,7 @@ def protect(
     if mode == OFF or not rules:
         yield Protection(
             mode,
-            tuple(
-                HostState(r.host, r.ports, False, "protection is off")
-                for r in rules.values()
-            ),
+            tuple(HostState(r.host, r.ports, False, "protection is off") for r in rules.values()),
         )
         return
     guards = Guards(run_id, rules, guard_argv, env or {})
@@ -309,9 +295,7 @@ class Guards:
         for state in states:
             if not state.protected:
                 self._end(state.host)
-        self._heart = threading.Thread(
-            target=self._beat, name="guard-heartbeat", daemon=True
-        )
+        self._heart = threading.Thread(target=self._beat, name="guard-heartbeat", daemon=True)
         self._heart.start()
         return states
 
@@ -373,12 +357,8 @@ class Guards:
                 allowed=tuple(answer.get("allowed", ())),
             )
         if answer is not None:
-            return HostState(
-                name, ports, False, str(answer.get("why", "the guard gave no reason"))
-            )
-        return HostState(
-            name, ports, False, f"its guard did not answer: {self._stderr(name)}"
-        )
+            return HostState(name, ports, False, str(answer.get("why", "the guard gave no reason")))
+        return HostState(name, ports, False, f"its guard did not answer: {self._stderr(name)}")
 
     def _stderr(self, name: str) -> str:
         proc = self._procs[name]
@@ -411,11 +391,7 @@ class Guards:
         while not self._quit.wait(HEARTBEAT_S):
             with self._lock:
                 for proc in self._procs.values():
-                    if (
-                        proc.stdin is None
-                        or proc.stdin.closed
-                        or proc.poll() is not None
-                    ):
+                    if proc.stdin is None or proc.stdin.closed or proc.poll() is not None:
                         continue
                     try:
                         proc.stdin.write(b"\n")

@@ -30,9 +30,7 @@ class Hint:
         """Whether ``evidence`` is this failure."""
         if self.types and evidence.short_type not in self.types:
             return False
-        haystack = "\n".join(
-            [evidence.message, *(f"{w}\n{c}" for w, c in evidence.frames)]
-        )
+        haystack = "\n".join([evidence.message, *(f"{w}\n{c}" for w, c in evidence.frames)])
         return re.search(self.pattern, haystack) is not None
 
 

@@ -129,10 +129,7 @@ def manifests(
         containers=True,
     )
     addresses = {
-        role: [
-            f"{_hostname(name, role, i, jobset)}.{name}:{PORT}"
-            for i in range(len(entries))
-        ]
+        role: [f"{_hostname(name, role, i, jobset)}.{name}:{PORT}" for i in range(len(entries))]
         for role, entries in roles.items()
     }
     meta = {"namespace": namespace} if namespace else {}
@@ -157,9 +154,7 @@ def manifests(
                 "selector": labels,
                 # Tasks dial each other while they start: no readiness gates their addresses.
                 "publishNotReadyAddresses": True,
-                "ports": [
-                    {"name": "tf", "port": PORT, "targetPort": PORT, "protocol": "TCP"}
-                ],
+                "ports": [{"name": "tf", "port": PORT, "targetPort": PORT, "protocol": "TCP"}],
             },
         }
         objects = (
@@ -228,14 +223,8 @@ def _pod_template(
     )
     if jobset:
         field = f"metadata.labels['{JOBSET_ATTEMPT_LABEL}']"
-        env.append(
-            {"name": contract.ATTEMPT, "valueFrom": {"fieldRef": {"fieldPath": field}}}
-        )
-    umask = (
-        ["--umask", f"{rundir.PRIVATE_UMASK:03o}"]
-        if spec.permissions == "private"
-        else []
-    )
+        env.append({"name": contract.ATTEMPT, "valueFrom": {"fieldRef": {"fieldPath": field}}})
+    umask = ["--umask", f"{rundir.PRIVATE_UMASK:03o}"] if spec.permissions == "private" else []
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -257,11 +246,7 @@ def _pod_template(
     if resources:
         container["resources"] = resources
     k8s = spec.kubernetes
-    volume = (
-        {"persistentVolumeClaim": {"claimName": k8s.pvc}}
-        if k8s.pvc
-        else {"emptyDir": {}}
-    )
+    volume = {"persistentVolumeClaim": {"claimName": k8s.pvc}} if k8s.pvc else {"emptyDir": {}}
     return {
         "metadata": {"labels": {RUN_LABEL: name, ROLE_LABEL: task.role}},
         "spec": {
@@ -279,9 +264,7 @@ def _pod_template(
 
 def _resources(loaded: LoadedSpec, gpus: int) -> dict[str, Any]:
     k8s = loaded.spec.kubernetes
-    amounts = {
-        key: value for key, value in (("cpu", k8s.cpu), ("memory", k8s.memory)) if value
-    }
+    amounts = {key: value for key, value in (("cpu", k8s.cpu), ("memory", k8s.memory)) if value}
     limits = {**amounts, **({"nvidia.com/gpu": gpus} if gpus else {})}
     return {
         **({"requests": amounts} if amounts else {}),
@@ -289,9 +272,7 @@ def _resources(loaded: LoadedSpec, gpus: int) -> dict[str, Any]:
     }
 
 
-def _job_spec(
-    loaded: LoadedSpec, role: str, count: int, pod: dict, jobset: bool
-) -> dict[str, Any]:
+def _job_spec(loaded: LoadedSpec, role: str, count: int, pod: dict, jobset: bool) -> dict[str, Any]:
     """An Indexed Job of ``count`` pods with the spec's restart rules as a Job can hold them."""
     spec = loaded.spec
     budget = spec.restart.max_restarts if spec.restart.policy == "on-failure" else 0
@@ -403,9 +384,7 @@ def _jobset(
     }
 
 
-def _notes(
-    loaded: LoadedSpec, name: str, namespace: str | None, jobset: bool
-) -> tuple[str, ...]:
+def _notes(loaded: LoadedSpec, name: str, namespace: str | None, jobset: bool) -> tuple[str, ...]:
     """What the user must do or know that the manifests cannot say."""
     spec = loaded.spec
     ns = f" -n {namespace}" if namespace else ""
@@ -443,9 +422,7 @@ def _check_fits(loaded: LoadedSpec) -> None:
                     task_json_path(loaded.raw, role, index, "host"),
                     "Kubernetes places pods itself; expected no SSH host for `distlaunch k8s`",
                 )
-            counts.add(
-                len(entry.gpus) if isinstance(entry.gpus, tuple) else entry.gpus or 0
-            )
+            counts.add(len(entry.gpus) if isinstance(entry.gpus, tuple) else entry.gpus or 0)
         if len(counts) > 1:
             raise SpecError(
                 file,

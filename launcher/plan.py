@@ -47,7 +47,9 @@ class TaskPlan:
     gpus: tuple[int, ...]
     log_file: str
     host_name: str = "localhost"  # the host as the spec names it
-    transport: str = "local"  # "local"; "ssh": argv and cwd are paths on that host; "compose": in a container
+    transport: str = (
+        "local"  # "local"; "ssh": argv and cwd are paths on that host; "compose": in a container
+    )
 
     @property
     def name(self) -> str:
@@ -160,7 +162,10 @@ def make_plan(
     program = program_scan.choose(loaded)
     roles = spec.tasks.by_role()
     addresses = {
-        role: [f"{_address(loaded, e, role, i, containers)}:{ports[(role, i)]}" for i, e in enumerate(entries)]
+        role: [
+            f"{_address(loaded, e, role, i, containers)}:{ports[(role, i)]}"
+            for i, e in enumerate(entries)
+        ]
         for role, entries in roles.items()
     }
     gpus = _assign_gpus(loaded, roles)
@@ -172,8 +177,17 @@ def make_plan(
             # The launcher's CUDA_VISIBLE_DEVICES says nothing about another machine's GPUs.
             visible = None if remote else visible_gpus
             env = _task_env(
-                loaded, role, index, attempt, run_id, run_dir, config, gpus[(role, index)], visible,
-                program.keras, os.environ if environ is None else environ,
+                loaded,
+                role,
+                index,
+                attempt,
+                run_id,
+                run_dir,
+                config,
+                gpus[(role, index)],
+                visible,
+                program.keras,
+                os.environ if environ is None else environ,
             )
             serves = program.serve_ps_workers and role in (contract.PS, contract.WORKER)
             tasks.append(
@@ -182,7 +196,11 @@ def make_plan(
                     index=index,
                     host=_address(loaded, entry, role, index, containers),
                     port=ports[(role, index)],
-                    argv=_argv(loaded, IMAGE_PYTHON if containers else remote.python if remote else None, serves),
+                    argv=_argv(
+                        loaded,
+                        IMAGE_PYTHON if containers else remote.python if remote else None,
+                        serves,
+                    ),
                     env=env,
                     # An SSH task without a workdir starts where ssh logs in ("": the login dir).
                     cwd=(remote.workdir or "") if remote else str(loaded.workdir),
@@ -194,8 +212,13 @@ def make_plan(
                 )
             )
     return Plan(
-        run_id=run_id, run_dir=str(run_dir), strategy=spec.strategy, attempt=attempt,
-        tasks=tuple(tasks), isolation=isolation, program=program,
+        run_id=run_id,
+        run_dir=str(run_dir),
+        strategy=spec.strategy,
+        attempt=attempt,
+        tasks=tuple(tasks),
+        isolation=isolation,
+        program=program,
     )
 
 
@@ -222,11 +245,16 @@ def _argv(loaded: LoadedSpec, remote_python: str | None, serves: bool = False) -
     return (*boot, "-m", program.module or "", *program.args)
 
 
-def _assign_gpus(loaded: LoadedSpec, roles: Mapping[str, list[TaskEntry]]) -> dict[tuple[str, int], tuple[int, ...]]:
+def _assign_gpus(
+    loaded: LoadedSpec, roles: Mapping[str, list[TaskEntry]]
+) -> dict[tuple[str, int], tuple[int, ...]]:
     """Give every task its GPU indices; counts take the lowest indices no other task on its host holds."""
     claimed = {
         (loaded.address_of(e.host), g)
-        for entries in roles.values() for e in entries if isinstance(e.gpus, tuple) for g in e.gpus
+        for entries in roles.values()
+        for e in entries
+        if isinstance(e.gpus, tuple)
+        for g in e.gpus
     }
     out: dict[tuple[str, int], tuple[int, ...]] = {}
     next_free: dict[str, int] = {}
@@ -299,9 +327,11 @@ def forwarded_env(patterns: list[str], environ: Mapping[str, str]) -> dict[str, 
     sensitive), except those distlaunch sets itself (TF_CONFIG, DISTLAUNCH_*,
     CUDA_VISIBLE_DEVICES)."""
     return {
-        key: value for key, value in sorted(environ.items())
+        key: value
+        for key, value in sorted(environ.items())
         if any(fnmatch.fnmatchcase(key, p) for p in patterns)
-        and not RESERVED_ENV.match(key) and key != "CUDA_VISIBLE_DEVICES"
+        and not RESERVED_ENV.match(key)
+        and key != "CUDA_VISIBLE_DEVICES"
     }
 
 

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field, replace
 from distlaunch.worker import contract
 
 # Exceptions that mean the program itself is wrong: starting it again cannot help.
-NON_RETRYABLE_ERRORS = ("SyntaxError", "IndentationError", "TabError", "ImportError", "ModuleNotFoundError")
+NON_RETRYABLE_ERRORS = (
+    "SyntaxError",
+    "IndentationError",
+    "TabError",
+    "ImportError",
+    "ModuleNotFoundError",
+)
 
 
 class Action(enum.Enum):
@@ -53,7 +59,7 @@ class TaskEvent:
 
     ``returncode`` is None for a hang or a manual request; ``error_type`` is the exception type
     from the task's error file, when it wrote one. ``peer_lost``: its error is a follow-on error of
-    another task's death (UnavailableError, "socket closed", the coordination service's). 
+    another task's death (UnavailableError, "socket closed", the coordination service's).
     ``fingerprint``: its traceback reduced to what repeats in a crash loop (type, message, frames);
     ``lost_peers``: the tasks a follow-on error names as lost (TensorFlow lists them).
     """
@@ -166,12 +172,18 @@ class RestartPolicy:
             reason = f"{event.name} {what}, which means the program is wrong: not retried"
             return Decision(Action.FAIL, reason, note=reason)
         if event.error_type in NON_RETRYABLE_ERRORS:
-            reason = f"{event.name} {what} with {event.error_type}: the program is wrong, not retried"
+            reason = (
+                f"{event.name} {what} with {event.error_type}: the program is wrong, not retried"
+            )
             return Decision(Action.FAIL, reason, note=reason)
         if event.fingerprint is not None and event.fingerprint == history.last_fingerprint:
             note = "the same traceback as before the last restart: a crash loop, not retried"
             return Decision(Action.FAIL, f"{event.name} {what}; {note}", note=note, crash_loop=True)
-        recent = [t for t in restart_times if self.rules.window_s is None or now - t <= self.rules.window_s]
+        recent = [
+            t
+            for t in restart_times
+            if self.rules.window_s is None or now - t <= self.rules.window_s
+        ]
         if len(recent) >= self.rules.max_restarts:
             window = f" within {self.rules.window_s:g} s" if self.rules.window_s is not None else ""
             why = f"restart budget exhausted ({len(recent)} of {self.rules.max_restarts} restarts used{window})"
@@ -182,7 +194,8 @@ class RestartPolicy:
         return Decision(
             Action.RESTART,
             f"{event.name} {what}: restarting {', '.join(restart)} (restart {len(recent) + 1} of {self.rules.max_restarts})",
-            restart, delay,
+            restart,
+            delay,
         )
 
     def _clean_exit(self, event: TaskEvent, exited: Mapping[str, int]) -> Decision:
@@ -212,8 +225,11 @@ def _cause(event: TaskEvent, exited: Mapping[str, int], history: History) -> str
     neither is known)."""
     if not event.peer_lost:
         return event.name
-    died = (name for name, code in exited.items()
-            if code != 0 and name != event.name and name not in history.peer_lost)
+    died = (
+        name
+        for name, code in exited.items()
+        if code != 0 and name != event.name and name not in history.peer_lost
+    )
     # No task has died on its own: the one TensorFlow says stopped answering (frozen, or its
     # machine gone) is the cause, though its process may still be there.
     named = (n for n in event.lost_peers if n != event.name and n not in history.peer_lost)

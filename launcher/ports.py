@@ -43,7 +43,9 @@ def remote_requests(loaded: LoadedSpec) -> dict[str, HostPorts]:
     return {host: HostPorts(fixed[host], tuple(auto[host])) for host in fixed}
 
 
-def allocate(loaded: LoadedSpec, private: bool = False, remote: Mapping[TaskKey, int] | None = None) -> dict[TaskKey, int]:
+def allocate(
+    loaded: LoadedSpec, private: bool = False, remote: Mapping[TaskKey, int] | None = None
+) -> dict[TaskKey, int]:
     """Return a port for every task; raise SpecError when a fixed port is already in use.
 
     TensorFlow's gRPC server binds every interface whatever TF_CONFIG names, so a port counts as
@@ -66,7 +68,7 @@ def allocate(loaded: LoadedSpec, private: bool = False, remote: Mapping[TaskKey,
                     raise SpecError(
                         str(loaded.file),
                         task_json_path(loaded.raw, role, index, "port"),
-                        f"port {entry.port} is in use on this machine; expected a free port or \"auto\"",
+                        f'port {entry.port} is in use on this machine; expected a free port or "auto"',
                     )
                 ports[(role, index)] = entry.port
     taken = set(ports.values())

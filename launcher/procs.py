@@ -34,7 +34,11 @@ TREE_TIMEOUT_S = 30.0
 
 
 def spawn(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str, log_file: str, stdin: int = subprocess.DEVNULL,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    log_file: str,
+    stdin: int = subprocess.DEVNULL,
     death_signal: int = signal.SIGKILL,
 ) -> subprocess.Popen:
     """Start ``argv`` as the leader of a new session, stdout and stderr appended to ``log_file``.
@@ -76,15 +80,29 @@ def spawn_contained(
 
 
 def _start(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str, log_file: str, stdin: int,
-    flags: list[str], pass_fds: Sequence[int],
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    log_file: str,
+    stdin: int,
+    flags: list[str],
+    pass_fds: Sequence[int],
 ) -> subprocess.Popen:
     fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         # No preexec_fn: taskinit sets the parent-death signal itself, after exec.
         return subprocess.Popen(
-            [sys.executable, "-I", "-S", TASKINIT, "--parent", str(os.getpid()), *flags, "--",
-             *argv],
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                TASKINIT,
+                "--parent",
+                str(os.getpid()),
+                *flags,
+                "--",
+                *argv,
+            ],
             stdin=stdin,
             stdout=fd,
             stderr=subprocess.STDOUT,

@@ -57,9 +57,7 @@ class ProgramChoice:
     keras: str  # contract.KERAS3 or contract.TF_KERAS
     keras_reason: str
     keras_auto: bool = False  # auto picked tf_keras: `up` says so at start
-    serve_ps_workers: bool = (
-        False  # PSS ps/worker tasks run SERVE_MODULE, not the program
-    )
+    serve_ps_workers: bool = False  # PSS ps/worker tasks run SERVE_MODULE, not the program
     serve_reason: str = ""
 
     def start_note(self, strategy: str) -> str | None:
@@ -157,9 +155,7 @@ def _find(fullname: str, path: list[str]) -> ModuleSpec | None:
 def scan(source: str, filename: str = "<program>") -> Facts:
     """Return what ``source`` shows about Keras and serving (SyntaxError if it does not parse)."""
     tree = ast.parse(source, filename)
-    tf_names = {
-        "tensorflow"
-    }  # names bound to the tensorflow module: `import tensorflow as tf`
+    tf_names = {"tensorflow"}  # names bound to the tensorflow module: `import tensorflow as tf`
     tf_keras: list[int] = []
     keras3: list[int] = []
     server: list[int] = []
@@ -213,9 +209,7 @@ def _why_tf_keras(strategy: str) -> str:
     return f"tf.keras code is Keras 2 code and {cannot}"
 
 
-def _keras(
-    setting: str, facts: Facts | None, where: str, strategy: str
-) -> tuple[str, str, bool]:
+def _keras(setting: str, facts: Facts | None, where: str, strategy: str) -> tuple[str, str, bool]:
     """(flavour, reason, whether auto picked tf_keras)."""
     if setting != AUTO:
         return setting, 'set by "keras" in the spec', False

@@ -68,9 +68,7 @@ def check_existing(run_dir: Path, private: bool) -> None:
         )
     mode = stat.S_IMODE(info.st_mode)
     if private and mode & 0o077:
-        raise UsageError(
-            f"run dir {run_dir} has mode {mode:04o}; a private run's dir must be 0700"
-        )
+        raise UsageError(f"run dir {run_dir} has mode {mode:04o}; a private run's dir must be 0700")
 
 
 @contextmanager
@@ -125,7 +123,16 @@ def claim(run_dir: Path, previous_attempt: int | None, private: bool) -> Iterato
 def make_dirs(run_dir: Path, attempt: int, private: bool = True) -> None:
     """Create the run's folders: owner-only when ``private`` (logs and run.json are sensitive),
     else as the umask allows. Files made later take their folder's mode (see `file_mode`)."""
-    for sub in ("", "logs", f"logs/attempt-{attempt}", "checkpoints", "errors", f"errors/attempt-{attempt}", "status", "metrics"):
+    for sub in (
+        "",
+        "logs",
+        f"logs/attempt-{attempt}",
+        "checkpoints",
+        "errors",
+        f"errors/attempt-{attempt}",
+        "status",
+        "metrics",
+    ):
         path = run_dir / sub
         path.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
 

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.spec_sources import SpecOptions, Source, apply_overrides, expand, read_yaml
+from distlaunch.launcher.spec_sources import Source, SpecOptions, apply_overrides, expand, read_yaml
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 # Environment names the launcher owns; a spec may not set them.
@@ -45,8 +45,17 @@ MAX_TASKS = 4096
 # At most this many GPUs per task: a count is expanded into indices one by one.
 MAX_GPUS = 1024
 OWNED_SSH_OPTIONS = (
-    "BatchMode", "ConnectTimeout", "ControlMaster", "ControlPath", "ControlPersist", "ForkAfterAuthentication",
-    "RemoteCommand", "RequestTTY", "SessionType", "StdinNull", "StrictHostKeyChecking",
+    "BatchMode",
+    "ConnectTimeout",
+    "ControlMaster",
+    "ControlPath",
+    "ControlPersist",
+    "ForkAfterAuthentication",
+    "RemoteCommand",
+    "RequestTTY",
+    "SessionType",
+    "StdinNull",
+    "StrictHostKeyChecking",
 )
 
 
@@ -115,7 +124,8 @@ class TaskEntry(_Model):
     """One task of a role: where it runs and what it gets."""
 
     host: str = Field(
-        "localhost", description='Host the task runs on: "localhost", "127.0.0.1" or a name from `hosts`.'
+        "localhost",
+        description='Host the task runs on: "localhost", "127.0.0.1" or a name from `hosts`.',
     )
     port: Port = Field("auto", description='"auto" or a fixed port number.')
     gpus: Gpus = Field(
@@ -151,7 +161,8 @@ class RoleTasks(_Model):
                 )
             if count > 1 and isinstance(data.get("port"), int):
                 raise _PathError(
-                    ("port",), "a fixed port needs one task; list the tasks to give each its own port"
+                    ("port",),
+                    "a fixed port needs one task; list the tasks to give each its own port",
                 )
             shared = {k: v for k, v in data.items() if k != "count"}
             return {"entries": [shared] * count}
@@ -209,7 +220,10 @@ class Program(_Model):
         # cannot carry is refused (a NUL ends a C string; "=" ends an environment name).
         for key, value in self.env.items():
             if not key or "=" in key or "\0" in key:
-                raise _PathError(("env", key), 'expected an environment name: not empty, no "=" and no NUL character')
+                raise _PathError(
+                    ("env", key),
+                    'expected an environment name: not empty, no "=" and no NUL character',
+                )
             _no_nul(value, ("env", key))
         for i, arg in enumerate(self.args):
             _no_nul(arg, ("args", i))
@@ -226,27 +240,43 @@ def _no_nul(value: str | None, loc: tuple[str | int, ...]) -> None:
 class Host(_Model):
     """A machine tasks are placed on by name: this one (`local`) or one reached over SSH."""
 
-    transport: Literal["local", "ssh"] = Field("ssh", description="local: this machine; ssh: over the system's ssh.")
+    transport: Literal["local", "ssh"] = Field(
+        "ssh", description="local: this machine; ssh: over the system's ssh."
+    )
     address: str | None = Field(
-        None, pattern=_HOST_RE, max_length=253,
+        None,
+        pattern=_HOST_RE,
+        max_length=253,
         description="Name or IPv4 address every host reaches this one at: TF_CONFIG names it and ssh "
         "connects to it (default: the host's name for ssh, 127.0.0.1 for local).",
     )
-    user: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", description="SSH login (default: ssh's).")
-    port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: ssh's, usually 22).")
-    identity_file: str | None = Field(None, min_length=1, description="SSH private key (relative: to the spec).")
+    user: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", description="SSH login (default: ssh's)."
+    )
+    port: int | None = Field(
+        None, ge=1, le=65535, description="SSH port (default: ssh's, usually 22)."
+    )
+    identity_file: str | None = Field(
+        None, min_length=1, description="SSH private key (relative: to the spec)."
+    )
     ssh_options: list[str] = Field(
         default_factory=list, description='More ssh options, each "Key=Value" as for `ssh -o`.'
     )
     python: str = Field(
-        "python3", min_length=1,
+        "python3",
+        min_length=1,
         description="Interpreter on the host, e.g. a venv's python (program.python is for local tasks).",
     )
-    workdir: str | None = Field(None, min_length=1, description="Remote working dir (default: the login dir).")
-    host_key_checking: Literal["yes", "accept-new"] = Field(
-        "yes", description="yes: the host key must already be in known_hosts; accept-new: trust a new host's key once."
+    workdir: str | None = Field(
+        None, min_length=1, description="Remote working dir (default: the login dir)."
     )
-    connect_timeout_s: int = Field(10, ge=1, le=600, description="How long ssh may take to connect.")
+    host_key_checking: Literal["yes", "accept-new"] = Field(
+        "yes",
+        description="yes: the host key must already be in known_hosts; accept-new: trust a new host's key once.",
+    )
+    connect_timeout_s: int = Field(
+        10, ge=1, le=600, description="How long ssh may take to connect."
+    )
 
     @model_validator(mode="after")
     def _fits_transport(self) -> Host:
@@ -257,7 +287,9 @@ class Host(_Model):
         for i, option in enumerate(self.ssh_options):
             key, sep, value = option.partition("=")
             if not (sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key) and value.strip()):
-                raise _PathError(("ssh_options", i), f'expected "Key=Value" as for ssh -o, got {option!r}')
+                raise _PathError(
+                    ("ssh_options", i), f'expected "Key=Value" as for ssh -o, got {option!r}'
+                )
             owned = {o.lower(): o for o in OWNED_SSH_OPTIONS}.get(key.lower())
             if owned:
                 raise _PathError(("ssh_options", i), f"{owned} is set by distlaunch; remove it")
@@ -281,18 +313,22 @@ class Timeouts(_Model):
     grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL grace period at teardown.")
     run_s: float | None = Field(None, gt=0, description="Fail the whole run after this long.")
     heartbeat_s: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="A task whose distlaunch.worker heartbeat is older than this counts as failed "
         "(it stopped making progress). Off by default.",
     )
     silence_s: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="A task that writes no log output, no heartbeat and uses no CPU for this long "
         "is hung: the stacks of every task are captured, then the restart policy decides. Works "
         "for any program. Off by default.",
     )
     evaluator_drain_s: float = Field(
-        60.0, ge=0, description="After training succeeds, how long the evaluator may take to finish."
+        60.0,
+        ge=0,
+        description="After training succeeds, how long the evaluator may take to finish.",
     )
 
 
@@ -307,12 +343,17 @@ class Restart(_Model):
     """When failed tasks are started again, and how often."""
 
     policy: Literal["never", "on-failure"] = Field(
-        "never", description="never: a failure ends the run. on-failure: restart what the strategy needs."
+        "never",
+        description="never: a failure ends the run. on-failure: restart what the strategy needs.",
     )
-    max_restarts: int = Field(3, ge=0, description="Automatic restarts allowed (within window_s if set).")
+    max_restarts: int = Field(
+        3, ge=0, description="Automatic restarts allowed (within window_s if set)."
+    )
     backoff: Backoff = Field(default_factory=Backoff)
     window_s: float | None = Field(
-        None, gt=0, description="Count only restarts this recent against max_restarts (default: the whole run)."
+        None,
+        gt=0,
+        description="Count only restarts this recent against max_restarts (default: the whole run).",
     )
     non_retryable_exit_codes: list[int] = Field(
         default_factory=lambda: [2],
@@ -333,19 +374,33 @@ K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 class Kubernetes(_Model):
     """What `distlaunch k8s` writes into the manifests beyond the tasks themselves."""
 
-    namespace: str | None = Field(None, pattern=K8S_LABEL, description="Namespace of every object (default: kubectl's).")
+    namespace: str | None = Field(
+        None, pattern=K8S_LABEL, description="Namespace of every object (default: kubectl's)."
+    )
     image: str | None = Field(
-        None, pattern=IMAGE_REF, max_length=512,
+        None,
+        pattern=IMAGE_REF,
+        max_length=512,
         description="Image every task runs; it must hold distlaunch and the program (default: distlaunch:local).",
     )
     pvc: str | None = Field(
-        None, pattern=K8S_SUBDOMAIN, max_length=253,
+        None,
+        pattern=K8S_SUBDOMAIN,
+        max_length=253,
         description="PersistentVolumeClaim (ReadWriteMany) mounted as the shared dir; none: a per-pod emptyDir, "
         "lost with the pod.",
     )
-    ttl_s: int = Field(86400, ge=0, description="ttlSecondsAfterFinished: finished Jobs and their pods go after this.")
-    cpu: str | None = Field(None, pattern=K8S_QUANTITY, description='CPU of every task (requests and limits), e.g. "2".')
-    memory: str | None = Field(None, pattern=K8S_QUANTITY, description='Memory of every task, e.g. "8Gi".')
+    ttl_s: int = Field(
+        86400,
+        ge=0,
+        description="ttlSecondsAfterFinished: finished Jobs and their pods go after this.",
+    )
+    cpu: str | None = Field(
+        None, pattern=K8S_QUANTITY, description='CPU of every task (requests and limits), e.g. "2".'
+    )
+    memory: str | None = Field(
+        None, pattern=K8S_QUANTITY, description='Memory of every task, e.g. "8Gi".'
+    )
 
 
 class Network(_Model):
@@ -386,13 +441,15 @@ class Spec(_Model):
         None, description="Settings every host of `hostfile` starts from (user, python, ...)."
     )
     hostfile: str | None = Field(
-        None, min_length=1,
+        None,
+        min_length=1,
         description="A host file (relative: to the spec), one SSH host per line as "
         "`node1 slots=4`; its hosts join `hosts` with host_template's settings. slots caps "
         "per_host.",
     )
     hosts: dict[str, Host] = Field(
-        default_factory=dict, description="Machines by name, for tasks' `host`; localhost needs no entry."
+        default_factory=dict,
+        description="Machines by name, for tasks' `host`; localhost needs no entry.",
     )
     forward_env: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_*?\[\]!-]+$")]] = Field(
         default_factory=list,
@@ -438,10 +495,12 @@ class Spec(_Model):
 
     network: Network = Field(default_factory=Network, description="The SSH hosts' firewall.")
     slurm: SlurmOptions = Field(
-        default_factory=SlurmOptions, description="Placement on Slurm nodes (the other backends ignore it)."
+        default_factory=SlurmOptions,
+        description="Placement on Slurm nodes (the other backends ignore it).",
     )
     kubernetes: Kubernetes = Field(
-        default_factory=Kubernetes, description="Settings of `distlaunch k8s` (the other backends ignore them)."
+        default_factory=Kubernetes,
+        description="Settings of `distlaunch k8s` (the other backends ignore them).",
     )
 
     @model_validator(mode="after")
@@ -474,12 +533,16 @@ class Spec(_Model):
             if "ps" not in roles:
                 raise _PathError(("tasks", "ps"), "parameter_server needs at least one ps task")
             if "chief" not in roles:
-                raise _PathError(("tasks", "chief"), "parameter_server needs a chief (the coordinator)")
+                raise _PathError(
+                    ("tasks", "chief"), "parameter_server needs a chief (the coordinator)"
+                )
             if "worker" not in roles:
                 raise _PathError(("tasks", "worker"), "parameter_server needs at least one worker")
         for role in ("chief", "evaluator"):
             if role in roles and len(roles[role]) > 1:
-                raise _PathError(("tasks", role), f"expected one {role} task, got {len(roles[role])}")
+                raise _PathError(
+                    ("tasks", role), f"expected one {role} task, got {len(roles[role])}"
+                )
         return self
 
 
@@ -550,7 +613,9 @@ def _read(file: Path, shown: str) -> Source:
     try:
         raw = json.loads(text, object_pairs_hook=_DupCheckingDict.from_pairs, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
-        raise SpecError(shown, "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise SpecError(
+            shown, "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
     except RecursionError:
         raise SpecError(shown, "$", "invalid JSON: nested too deeply") from None
     try:
@@ -598,14 +663,22 @@ def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedS
     base = file.resolve().parent
     workdir = (base / spec.program.workdir).resolve() if spec.program.workdir else base
     if not workdir.is_dir():
-        raise SpecError(shown, "$.program.workdir", f"expected an existing directory, got {str(workdir)!r}")
+        raise SpecError(
+            shown, "$.program.workdir", f"expected an existing directory, got {str(workdir)!r}"
+        )
     script = None
     if spec.program.script is not None:
         script = (base / spec.program.script).resolve()
         if not script.is_file():
-            raise SpecError(shown, "$.program.script", f"expected an existing script file, got {str(script)!r}")
-    elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", spec.program.module or ""):
-        raise SpecError(shown, "$.program.module", f"expected a dotted module name, got {spec.program.module!r}")
+            raise SpecError(
+                shown, "$.program.script", f"expected an existing script file, got {str(script)!r}"
+            )
+    elif not re.fullmatch(
+        r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", spec.program.module or ""
+    ):
+        raise SpecError(
+            shown, "$.program.module", f"expected a dotted module name, got {spec.program.module!r}"
+        )
     hosts = _resolve_hosts(spec, base, shown)
     if spec.backend == "slurm":
         _check_fits_slurm(spec, shown, raw)
@@ -617,8 +690,13 @@ def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedS
     shared_dir = (base / spec.shared_dir).resolve()
     _check_shared_dir(shared_dir, shown)
     return LoadedSpec(
-        spec=spec, file=file, raw=raw, shared_dir=shared_dir,
-        workdir=workdir, script=script, hosts=hosts,
+        spec=spec,
+        file=file,
+        raw=raw,
+        shared_dir=shared_dir,
+        workdir=workdir,
+        script=script,
+        hosts=hosts,
     )
 
 
@@ -655,7 +733,11 @@ def _resolve_hosts(spec: Spec, base: Path, shown: str) -> dict[str, Host]:
         if host.identity_file is not None:
             identity = (base / Path(host.identity_file).expanduser()).resolve()
             if not identity.is_file():
-                raise SpecError(shown, f"$.hosts.{name}.identity_file", f"expected an existing key file, got {str(identity)!r}")
+                raise SpecError(
+                    shown,
+                    f"$.hosts.{name}.identity_file",
+                    f"expected an existing key file, got {str(identity)!r}",
+                )
             host = host.model_copy(update={"identity_file": str(identity)})
         out[name] = host
     return out
@@ -664,19 +746,27 @@ def _resolve_hosts(spec: Spec, base: Path, shown: str) -> dict[str, Host]:
 def _check_task_hosts(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
     """Every task names a known host, and local tasks are reachable when other tasks are remote."""
     names = ", ".join([*LOCAL_HOSTS, *spec.hosts])
-    entries = [(role, i, e) for role, group in spec.tasks.by_role().items() for i, e in enumerate(group)]
+    entries = [
+        (role, i, e) for role, group in spec.tasks.by_role().items() for i, e in enumerate(group)
+    ]
     for role, i, entry in entries:
         if entry.host not in LOCAL_HOSTS and entry.host not in spec.hosts:
-            raise SpecError(shown, _task_path(raw, role, i, "host"), f"unknown host {entry.host!r}; expected one of: {names}")
+            raise SpecError(
+                shown,
+                _task_path(raw, role, i, "host"),
+                f"unknown host {entry.host!r}; expected one of: {names}",
+            )
     remote = any(_is_ssh(spec, e.host) for _, _, e in entries)
     for role, i, entry in entries:
         if remote and not _is_ssh(spec, entry.host) and _is_loopback(_machine(spec, entry.host)):
             fix = (
-                f"set $.hosts.{entry.host}.address to" if entry.host in spec.hosts
+                f"set $.hosts.{entry.host}.address to"
+                if entry.host in spec.hosts
                 else 'name this machine in $.hosts with "transport": "local" and'
             )
             raise SpecError(
-                shown, _task_path(raw, role, i, "host"),
+                shown,
+                _task_path(raw, role, i, "host"),
                 f"tasks on SSH hosts cannot reach a task on {entry.host!r} (loopback); {fix} "
                 "the address the other hosts reach this machine at",
             )
@@ -686,12 +776,17 @@ def _check_fits_slurm(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
     """Under Slurm a task's host is a node of the allocation (checked when `up` starts), SSH hosts
     do not apply, and Slurm picks the GPU devices: a task asks for a count."""
     if spec.hosts:
-        raise SpecError(shown, "$.hosts", "the slurm backend runs tasks on the allocation's nodes; remove `hosts`")
+        raise SpecError(
+            shown,
+            "$.hosts",
+            "the slurm backend runs tasks on the allocation's nodes; remove `hosts`",
+        )
     for role, entries in spec.tasks.by_role().items():
         for i, entry in enumerate(entries):
             if isinstance(entry.gpus, tuple):
                 raise SpecError(
-                    shown, _task_path(raw, role, i, "gpus"),
+                    shown,
+                    _task_path(raw, role, i, "gpus"),
                     f"expected a GPU count under Slurm (it picks the devices), got the list {list(entry.gpus)}",
                 )
 
@@ -720,7 +815,11 @@ def _check_unique_ports(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
                 key = (_machine(spec, entry.host), entry.port)
                 where = _task_path(raw, role, i, "port")
                 if key in seen:
-                    raise SpecError(shown, where, f"port {entry.port} is already used by {seen[key]}; expected a unique port")
+                    raise SpecError(
+                        shown,
+                        where,
+                        f"port {entry.port} is already used by {seen[key]}; expected a unique port",
+                    )
                 seen[key] = where
 
 
@@ -734,7 +833,11 @@ def _check_gpus(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
                     where = _task_path(raw, role, i, "gpus")
                     key = (_machine(spec, entry.host), gpu)
                     if key in owner:
-                        raise SpecError(shown, where, f"GPU {gpu} is already given to {owner[key]}; tasks on one host never share a GPU")
+                        raise SpecError(
+                            shown,
+                            where,
+                            f"GPU {gpu} is already given to {owner[key]}; tasks on one host never share a GPU",
+                        )
                     owner[key] = where
 
 
@@ -765,7 +868,9 @@ class _DupCheckingDict(dict):
         return obj
 
 
-def _find_duplicate_key(node: Any, loc: tuple[str | int, ...]) -> tuple[tuple[str | int, ...], str] | None:
+def _find_duplicate_key(
+    node: Any, loc: tuple[str | int, ...]
+) -> tuple[tuple[str | int, ...], str] | None:
     if isinstance(node, _DupCheckingDict):
         if node.duplicate is not None:
             return loc, node.duplicate
@@ -793,7 +898,9 @@ def _first_error(shown: str, exc: ValidationError) -> SpecError:
     err = exc.errors(include_url=False)[0]
     loc = tuple(err["loc"])
     # RoleTasks parses lists into "entries": show the path as the user wrote it.
-    loc = tuple(p for i, p in enumerate(loc) if not (p == "entries" and i >= 2 and loc[i - 2] == "tasks"))
+    loc = tuple(
+        p for i, p in enumerate(loc) if not (p == "entries" and i >= 2 and loc[i - 2] == "tasks")
+    )
     ctx_error = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_error, _PathError):
         return SpecError(shown, _json_path(loc + ctx_error.loc), ctx_error.message)

@@ -25,6 +25,7 @@ import psutil
 from distlaunch.launcher import evidence, rundir, stacks
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
+from distlaunch.launcher.oom import kill_of as oom_kill
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
 from distlaunch.launcher.policy import (
     Action,
@@ -38,10 +39,9 @@ from distlaunch.launcher.policy import (
 from distlaunch.launcher.progress_view import live_line, task_progress
 from distlaunch.launcher.spec import Restart, Timeouts
 from distlaunch.launcher.state import RunBook, RunRecord, RunState, TaskLedger, TaskState
-from distlaunch.launcher.oom import kill_of as oom_kill
 from distlaunch.launcher.summary import Failure, evidence_of
-from distlaunch.launcher.watchdog import Sample, Watchdog
 from distlaunch.launcher.transports.base import TaskHandle, Transport, exit_description
+from distlaunch.launcher.watchdog import Sample, Watchdog
 from distlaunch.worker import contract
 
 # How often logs are echoed and deadlines checked while nothing else happens.

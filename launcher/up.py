@@ -62,7 +62,9 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
     rundir.check_existing(run_dir, loaded.spec.permissions == "private")
     previous = RunRecord.load(run_dir)
     if launcher_alive(previous):
-        raise UsageError(f"run {run_id} is still running (launcher pid {previous.launcher_pid}); `distlaunch down {run_id}` first")
+        raise UsageError(
+            f"run {run_id} is still running (launcher pid {previous.launcher_pid}); `distlaunch down {run_id}` first"
+        )
     return RunTarget(run_id, run_dir, previous.attempt + 1, previous)
 
 
@@ -80,8 +82,13 @@ def build_plan(loaded: LoadedSpec, target: RunTarget) -> Plan:
     return backend.plan(loaded, target.run_id, target.run_dir, target.attempt)
 
 
-def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequest | None = None,
-       requeue: bool = False) -> None:
+def up(
+    loaded: LoadedSpec,
+    target: RunTarget,
+    console: Console,
+    image: ImageRequest | None = None,
+    requeue: bool = False,
+) -> None:
     """Run the job to its end; raise RunFailed or Interrupted (after full teardown) if it did not succeed.
 
     The backend checks its hosts first (HostError, nothing started, when an SSH host is not
@@ -89,7 +96,9 @@ def up(loaded: LoadedSpec, target: RunTarget, console: Console, image: ImageRequ
     with the slurm backend ``requeue`` requeues a batch job stopped by its pre-timeout signal.
     """
     private = loaded.spec.permissions == "private"
-    with BACKENDS[loaded.spec.backend].open(loaded, console, image=image, requeue=requeue) as launch:
+    with BACKENDS[loaded.spec.backend].open(
+        loaded, console, image=image, requeue=requeue
+    ) as launch:
         plan = launch.plan(target.run_id, target.run_dir, target.attempt)
         with _umask(rundir.PRIVATE_UMASK if private else None):
             rundir.make_dirs(target.run_dir, target.attempt, private)

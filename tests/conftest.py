@@ -31,11 +31,17 @@ def write_spec(folder: Path, name: str = "spec.json", **fields) -> Path:
     return path
 
 
-def distlaunch(*args: str, cwd: Path | None = None, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+def distlaunch(
+    *args: str, cwd: Path | None = None, timeout: float = 300, **kw
+) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess and capture its output."""
     return subprocess.run(
         [sys.executable, "-m", "distlaunch.launcher", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, **kw,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
     )
 
 
@@ -44,14 +50,22 @@ def start_up(spec: Path) -> subprocess.Popen:
     stderr.txt beside the spec (a pipe nobody reads would fill up and stall the launcher)."""
     folder = spec.parent
     with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
-        return subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=folder, stdout=out, stderr=err)
+        return subprocess.Popen(
+            [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
+            cwd=folder,
+            stdout=out,
+            stderr=err,
+        )
 
 
 def wait_for_run_dir(shared: Path, launcher: subprocess.Popen | None = None) -> Path:
     """Wait for the first run directory (one with a run.json) to appear under ``shared``; fail at
     once if ``launcher`` exits first."""
-    found = wait_for(lambda: next(shared.glob("*/run.json"), None) if shared.exists() else None,
-                     f"a run dir under {shared}", launcher=launcher)
+    found = wait_for(
+        lambda: next(shared.glob("*/run.json"), None) if shared.exists() else None,
+        f"a run dir under {shared}",
+        launcher=launcher,
+    )
     return found.parent
 
 
@@ -62,7 +76,10 @@ def processes_of_run(run_id: str) -> list[psutil.Process]:
         try:
             if proc.pid == os.getpid():
                 continue
-            if proc.environ().get("DISTLAUNCH_RUN_ID") == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+            if (
+                proc.environ().get("DISTLAUNCH_RUN_ID") == run_id
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -79,7 +96,9 @@ def wait_for(predicate, what: str, limit_s: float = 240, launcher: subprocess.Po
             return value
         if launcher is not None and launcher.poll() is not None:
             out, err = launcher.communicate()
-            pytest.fail(f"launcher exited with {launcher.returncode} while waiting for {what}:\n{out}\n{err}")
+            pytest.fail(
+                f"launcher exited with {launcher.returncode} while waiting for {what}:\n{out}\n{err}"
+            )
         time.sleep(0.05)
     pytest.fail(f"gave up after {limit_s} s waiting for {what}")
 

@@ -81,7 +81,8 @@ class HostLab:
         # In the subnet, answered by nobody: an unreachable host that costs no traffic elsewhere.
         self.unused_address = str(addresses[200])
         self.hosts = tuple(
-            TestHost(f"node{i}", f"{self.prefix}-h{i}", str(addresses[i])) for i in range(1, count + 1)
+            TestHost(f"node{i}", f"{self.prefix}-h{i}", str(addresses[i]))
+            for i in range(1, count + 1)
         )
         self.outsider = TestHost("outsider", f"{self.prefix}-o", str(addresses[count + 1]))
         self._switch = f"{self.prefix}-sw"
@@ -103,7 +104,10 @@ class HostLab:
             "address": host.address,
             "user": "root",
             "identity_file": str(self.identity),
-            "ssh_options": [f"UserKnownHostsFile={self.known_hosts}", "GlobalKnownHostsFile=/dev/null"],
+            "ssh_options": [
+                f"UserKnownHostsFile={self.known_hosts}",
+                "GlobalKnownHostsFile=/dev/null",
+            ],
             "python": sys.executable,
             "connect_timeout_s": 5,
         }
@@ -112,7 +116,9 @@ class HostLab:
 
     def processes(self, host: TestHost) -> list[psutil.Process]:
         """Every live process in ``host``'s namespace other than its sshd."""
-        out = subprocess.run(["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=True
+        )
         found = []
         for pid in out.stdout.split():
             try:
@@ -132,8 +138,9 @@ class HostLab:
         within a second (a dropped SYN counts as no)."""
         probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)"
         argv = [sys.executable, "-c", probe, address, str(port)]
-        done = subprocess.run(["ip", "netns", "exec", host.netns, *argv], capture_output=True,
-                              timeout=60)
+        done = subprocess.run(
+            ["ip", "netns", "exec", host.netns, *argv], capture_output=True, timeout=60
+        )
         return done.returncode == 0
 
     def close(self) -> None:
@@ -190,7 +197,20 @@ class HostLab:
         for host in (*self.hosts, self.outsider):
             self._netns_add(host.netns)
             leg, peer = host.netns, f"{host.netns}s"
-            _ip("-n", host.netns, "link", "add", leg, "type", "veth", "peer", "name", peer, "netns", sw)
+            _ip(
+                "-n",
+                host.netns,
+                "link",
+                "add",
+                leg,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                peer,
+                "netns",
+                sw,
+            )
             _ip("-n", sw, "link", "set", peer, "master", br, "up")
             _ip("-n", host.netns, "addr", "add", f"{host.address}/{bits}", "dev", leg)
             _ip("-n", host.netns, "link", "set", leg, "up")
@@ -202,7 +222,20 @@ class HostLab:
 
     def _make_keys(self) -> None:
         for key in (self.identity, self.wrong_identity):
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "distlaunch-test", "-f", str(key)])
+            _run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    "distlaunch-test",
+                    "-f",
+                    str(key),
+                ]
+            )
         (self.dir / "authorized_keys").write_text(self.identity.with_suffix(".pub").read_text())
         lines = []
         for host in self.hosts:
@@ -215,24 +248,28 @@ class HostLab:
 
     def _start_sshd(self, host: TestHost) -> None:
         config = self.dir / f"sshd_config-{host.name}"
-        config.write_text("\n".join([
-            f"ListenAddress {host.address}",
-            "Port 22",
-            f"HostKey {self.dir / f'hostkey-{host.name}'}",
-            f"PidFile {self.dir / f'sshd-{host.name}.pid'}",
-            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
-            "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "UsePAM no",
-            # The key files live under /tmp (world-writable): sshd's ownership checks would refuse.
-            "StrictModes no",
-            "UseDNS no",
-            "PrintMotd no",
-            # MaxSessions stays at sshd's default (10 sessions per connection), as on real hosts.
-            "Subsystem sftp internal-sftp",
-            "",
-        ]))
+        config.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress {host.address}",
+                    "Port 22",
+                    f"HostKey {self.dir / f'hostkey-{host.name}'}",
+                    f"PidFile {self.dir / f'sshd-{host.name}.pid'}",
+                    f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    # The key files live under /tmp (world-writable): sshd's ownership checks would refuse.
+                    "StrictModes no",
+                    "UseDNS no",
+                    "PrintMotd no",
+                    # MaxSessions stays at sshd's default (10 sessions per connection), as on real hosts.
+                    "Subsystem sftp internal-sftp",
+                    "",
+                ]
+            )
+        )
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
         log = open(self.dir / f"sshd-{host.name}.log", "ab")
         # `ip netns exec` gives the command a mount namespace of its own whose mounts do not
@@ -240,14 +277,19 @@ class HostLab:
         script = f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(self.private_dir))} && exec {SSHD} -D -e -f {shlex.quote(str(config))}"
         proc = subprocess.Popen(
             ["ip", "netns", "exec", host.netns, "sh", "-c", script],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
         )
         log.close()
         self._sshd.append(proc)
         deadline = time.monotonic() + READY_WAIT_S
         while not _accepts(host.address, 22):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sshd on {host.address} did not start; see {self.dir}/sshd-{host.name}.log")
+                raise RuntimeError(
+                    f"sshd on {host.address} did not start; see {self.dir}/sshd-{host.name}.log"
+                )
             time.sleep(0.05)
 
 

@@ -33,7 +33,11 @@ def latest_checkpoint_step(run_dir: Path) -> int:
     # after every file of ckpt-N is in place. A ckpt-N.index alone may belong to a save the kill
     # interrupts, and then the restart rightly resumes from the one before.
     state = run_dir / "checkpoints" / "checkpoint"
-    m = re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M) if state.exists() else None
+    m = (
+        re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', state.read_text(), re.M)
+        if state.exists()
+        else None
+    )
     return int(m.group(1)) if m else 0
 
 
@@ -44,15 +48,26 @@ def reported_step(run_dir: Path, task: str) -> int:
 
 def all_running(run_dir: Path, attempt_at_least: int = 0) -> bool:
     tasks = run_record(run_dir).get("tasks", {}).values()
-    return bool(tasks) and all(t.get("state") == "running" and t.get("attempt", 0) >= attempt_at_least for t in tasks)
+    return bool(tasks) and all(
+        t.get("state") == "running" and t.get("attempt", 0) >= attempt_at_least for t in tasks
+    )
 
 
 def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
     epochs, steps = 6, 20
     spec = write_spec(
         tmp,
-        program={"module": "distlaunch.worker.examples.mnist_mlp",
-                 "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL)]},
+        program={
+            "module": "distlaunch.worker.examples.mnist_mlp",
+            "args": [
+                "--epochs",
+                str(epochs),
+                "--steps-per-epoch",
+                str(steps),
+                "--checkpoint-every",
+                str(INTERVAL),
+            ],
+        },
         restart=ON_FAILURE,
     )
     launcher = start_up(spec)
@@ -62,14 +77,22 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
         for round_ in (1, 2):
             # Kill once a checkpoint of this incarnation exists and training is past it.
             floor = latest_checkpoint_step(run_dir)
-            wait_for(lambda: all_running(run_dir, round_ - 1) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint in round {round_}")
+            wait_for(
+                lambda: (
+                    all_running(run_dir, round_ - 1) and latest_checkpoint_step(run_dir) > floor
+                ),
+                f"a checkpoint in round {round_}",
+            )
             victim = "worker-1" if round_ == 1 else "worker-0"
             pid = run_record(run_dir)["tasks"][victim]["pid"]
             step_at_kill = reported_step(run_dir, victim)
             saved = latest_checkpoint_step(run_dir)
             os.kill(pid, signal.SIGKILL)
             kills.append((victim, pid, step_at_kill, saved))
-            wait_for(lambda: sum(e["event"] == "restarted" for e in events(run_dir)) >= 2 * round_, f"the gang restart in round {round_}")
+            wait_for(
+                lambda: sum(e["event"] == "restarted" for e in events(run_dir)) >= 2 * round_,
+                f"the gang restart in round {round_}",
+            )
         launcher.wait(timeout=300)
     finally:
         launcher.kill()
@@ -92,7 +115,10 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
     story = events(run_dir)
     decisions = [e for e in story if e.get("decision") == "restart"]
     assert [e["task"] for e in decisions] == [k[0] for k in kills]
-    assert all(e["exit"] == "signal SIGKILL" and "restarting worker-0, worker-1" in e["reason"] for e in decisions)
+    assert all(
+        e["exit"] == "signal SIGKILL" and "restarting worker-0, worker-1" in e["reason"]
+        for e in decisions
+    )
     assert sum(e["event"] == "killed" for e in story) == 2  # each survivor stopped at once
     assert not processes_of_run(rec["run_id"])
 
@@ -103,20 +129,35 @@ def test_mwms_both_workers_exit_at_once_gang_restarts_and_finishes(tmp):
     epochs, steps = 3, 20
     spec = write_spec(
         tmp,
-        program={"module": "distlaunch.worker.examples.mnist_mlp",
-                 "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL)]},
+        program={
+            "module": "distlaunch.worker.examples.mnist_mlp",
+            "args": [
+                "--epochs",
+                str(epochs),
+                "--steps-per-epoch",
+                str(steps),
+                "--checkpoint-every",
+                str(INTERVAL),
+            ],
+        },
         restart=ON_FAILURE,
     )
     launcher = start_up(spec)
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > 0, "a first checkpoint")
+        wait_for(
+            lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > 0,
+            "a first checkpoint",
+        )
         pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
         # Both exits are made to land in one select() batch: the launcher sleeps through them.
         os.kill(launcher.pid, signal.SIGSTOP)
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not any(os.path.exists(f"/proc/{pid}/fd/0") for pid in pids), "both workers to be dead")
+        wait_for(
+            lambda: not any(os.path.exists(f"/proc/{pid}/fd/0") for pid in pids),
+            "both workers to be dead",
+        )
         os.kill(launcher.pid, signal.SIGCONT)
         launcher.wait(timeout=300)
     finally:
@@ -151,13 +192,23 @@ def test_non_retryable_failures_are_not_restarted(tmp):
     assert not any(e["event"] == "restarted" for e in events(run_dir))
     # A later `up` of the same spec notices the unfinished run and says how to resume it.
     again = distlaunch("up", str(spec), cwd=tmp)
-    assert f"run {run_dir.name} did not finish: starting a new run (`up --resume` continues it" in again.stderr
+    assert (
+        f"run {run_dir.name} did not finish: starting a new run (`up --resume` continues it"
+        in again.stderr
+    )
 
 
 def test_budget_is_honored_and_backoff_grows(tmp):
     (tmp / "task.py").write_text("import sys; sys.exit(3)\n")
-    spec = write_spec(tmp, tasks={"worker": {"count": 1}},
-                      restart={"policy": "on-failure", "max_restarts": 2, "backoff": {"initial_s": 0.3, "max_s": 5}})
+    spec = write_spec(
+        tmp,
+        tasks={"worker": {"count": 1}},
+        restart={
+            "policy": "on-failure",
+            "max_restarts": 2,
+            "backoff": {"initial_s": 0.3, "max_s": 5},
+        },
+    )
     result = distlaunch("up", str(spec), cwd=tmp)
     assert result.returncode == 1
     assert "restart budget exhausted (2 of 2 restarts used)" in result.stderr
@@ -171,7 +222,11 @@ def test_budget_is_honored_and_backoff_grows(tmp):
     reasons = [e["reason"] for e in story if e.get("decision") == "restart"]
     assert [r.rsplit("(", 1)[1] for r in reasons] == ["restart 1 of 2)", "restart 2 of 2)"]
     assert run_record(run_dir)["tasks"]["worker-0"]["restarts"] == 2
-    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["attempt-0", "attempt-1", "attempt-2"]
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == [
+        "attempt-0",
+        "attempt-1",
+        "attempt-2",
+    ]
 
 
 # Headroom beyond the three kills: a freshly restarted ClusterCoordinator now and then dies of a
@@ -183,7 +238,7 @@ PSS_ON_FAILURE = {**ON_FAILURE, "max_restarts": 6}
 
 def attempt_started_after(story: list[dict], decision: dict, task: str) -> int:
     """The attempt at which ``task`` was started again after the restart ``decision``."""
-    later = story[story.index(decision):]
+    later = story[story.index(decision) :]
     return next(e["attempt"] for e in later if e["event"] == "restarted" and e["task"] == task)
 
 
@@ -193,8 +248,19 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
         tmp,
         strategy="parameter_server",
         tasks={"chief": {}, "worker": {"count": 2}, "ps": {}},
-        program={"module": "distlaunch.worker.examples.cnn_mnist",
-                 "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), "--checkpoint-every", str(INTERVAL), "--train-examples", "2000"]},
+        program={
+            "module": "distlaunch.worker.examples.cnn_mnist",
+            "args": [
+                "--epochs",
+                str(epochs),
+                "--steps-per-epoch",
+                str(steps),
+                "--checkpoint-every",
+                str(INTERVAL),
+                "--train-examples",
+                "2000",
+            ],
+        },
         restart=PSS_ON_FAILURE,
     )
     launcher = start_up(spec)
@@ -203,11 +269,22 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
         for victim in ("worker-1", "ps-0", "chief-0"):
             floor = latest_checkpoint_step(run_dir)
-            wait_for(lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor, f"a checkpoint before killing {victim}")
+            wait_for(
+                lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor,
+                f"a checkpoint before killing {victim}",
+            )
             task = run_record(run_dir)["tasks"][victim]
-            kills.append((victim, reported_step(run_dir, "chief-0"), latest_checkpoint_step(run_dir)))
+            kills.append(
+                (victim, reported_step(run_dir, "chief-0"), latest_checkpoint_step(run_dir))
+            )
             os.kill(task["pid"], signal.SIGKILL)
-            wait_for(lambda: run_record(run_dir)["tasks"][victim].get("attempt", 0) > task.get("attempt", 0) and all_running(run_dir), f"{victim} back")
+            wait_for(
+                lambda: (
+                    run_record(run_dir)["tasks"][victim].get("attempt", 0) > task.get("attempt", 0)
+                    and all_running(run_dir)
+                ),
+                f"{victim} back",
+            )
         launcher.wait(timeout=300)
     finally:
         launcher.kill()
@@ -219,21 +296,31 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
     by_kill = [e for e in decisions if e["exit"] == "signal SIGKILL"]
     on_its_own = [e for e in decisions if e not in by_kill]
     for e in on_its_own:
-        print(f"chief-0 failed on its own at attempt {e['attempt']} ({e['exit']}) and was restarted: {e['reason']}")
+        print(
+            f"chief-0 failed on its own at attempt {e['attempt']} ({e['exit']}) and was restarted: {e['reason']}"
+        )
     # events.jsonl tells the story: each kill, the decision and why. Restarts other than the
     # kills' can only be the chief's own failures (see PSS_ON_FAILURE), and the chief alone restarts.
     assert [e["task"] for e in by_kill] == ["worker-1", "ps-0", "chief-0"]
     assert "restarting worker-1 (restart" in by_kill[0]["reason"]
     assert "restarting ps-0, chief-0 (restart" in by_kill[1]["reason"]
     assert "restarting chief-0 (restart" in by_kill[2]["reason"]
-    assert all(e["task"] == "chief-0" and e["exit"].startswith("exit code") and "restarting chief-0 (restart" in e["reason"] for e in on_its_own)
+    assert all(
+        e["task"] == "chief-0"
+        and e["exit"].startswith("exit code")
+        and "restarting chief-0 (restart" in e["reason"]
+        for e in on_its_own
+    )
     assert rec["state"] == "succeeded" and rec["attempt"] == 3 + len(on_its_own)
     restarts = {name: t["restarts"] for name, t in rec["tasks"].items()}
     assert restarts == {"chief-0": 2 + len(on_its_own), "worker-0": 0, "worker-1": 1, "ps-0": 1}
     # The worker came back alone and the chief carried on; after the ps and the chief died, the
     # chief restored from the checkpoint saved before the kill.
     worker_attempt = attempt_started_after(story, by_kill[0], "worker-1")
-    assert "resumed from" not in (run_dir / "logs" / f"attempt-{worker_attempt}" / "worker-1.log").read_text()
+    assert (
+        "resumed from"
+        not in (run_dir / "logs" / f"attempt-{worker_attempt}" / "worker-1.log").read_text()
+    )
     for decision, (victim, step_at_kill, saved) in zip(by_kill[1:], kills[1:]):
         attempt = attempt_started_after(story, decision, "chief-0")
         log = (run_dir / "logs" / f"attempt-{attempt}" / "chief-0.log").read_text()
@@ -273,7 +360,11 @@ def test_two_workers_exiting_in_one_batch_gang_restart_once_and_succeed(tmp):
     launcher = start_up(spec)
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(lambda: all_running(run_dir) and len(run_record(run_dir)["tasks"]) == 2, "both workers joined", launcher=launcher)
+        wait_for(
+            lambda: all_running(run_dir) and len(run_record(run_dir)["tasks"]) == 2,
+            "both workers joined",
+            launcher=launcher,
+        )
         pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
         os.kill(launcher.pid, signal.SIGSTOP)
         try:

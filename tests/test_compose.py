@@ -36,7 +36,10 @@ PROJECT_LABEL = "com.docker.compose.project"
 # A cold machine builds the base rootfs and the TensorFlow layer (about 5 minutes) inside the
 # setup of the first test that needs the image, which counts against that test's timeout.
 pytestmark = pytest.mark.timeout(1200)
-MNIST = {"module": "distlaunch.worker.examples.mnist_mlp", "args": ["--epochs", "1", "--steps-per-epoch", "5"]}
+MNIST = {
+    "module": "distlaunch.worker.examples.mnist_mlp",
+    "args": ["--epochs", "1", "--steps-per-epoch", "5"],
+}
 
 # Joins its cluster, then only waits: a peer's death reaches it through TF's coordination
 # heartbeat (10 s) at the earliest, long after the launcher saw the container exit.
@@ -65,7 +68,10 @@ if attempt == "0":
 
 
 def test_each_task_is_a_service_on_an_internal_network_with_no_published_port(tmp):
-    spec = write_spec(tmp, program={"script": "task.py", "args": ["--out", "$HOME/x"], "env": {"GREETING": "a $b"}})
+    spec = write_spec(
+        tmp,
+        program={"script": "task.py", "args": ["--out", "$HOME/x"], "env": {"GREETING": "a $b"}},
+    )
     (tmp / "task.py").write_text("")
     loaded = load_spec(spec)
     plan = compose.compose_plan(loaded, "t-1", tmp / "runs" / "t-1")
@@ -79,7 +85,12 @@ def test_each_task_is_a_service_on_an_internal_network_with_no_published_port(tm
         assert service["restart"] == "no"
         # Exec form, the image's python, and $ kept literal (compose would substitute $HOME).
         assert service["command"] == [
-            "python", "-m", "distlaunch.worker.bootstrap", str(tmp / "task.py"), "--out", "$$HOME/x"
+            "python",
+            "-m",
+            "distlaunch.worker.bootstrap",
+            str(tmp / "task.py"),
+            "--out",
+            "$$HOME/x",
         ]
         assert service["environment"]["GREETING"] == "a $$b"
         tf_config = json.loads(service["environment"]["TF_CONFIG"])
@@ -87,29 +98,48 @@ def test_each_task_is_a_service_on_an_internal_network_with_no_published_port(tm
         assert tf_config["task"] == {"type": "worker", "index": int(name[-1])}
         # The shared dir at its own path, writable; the spec's folder (holding it) read-only.
         assert service["volumes"] == [
-            {"type": "bind", "source": str(tmp / "runs"), "target": str(tmp / "runs"), "read_only": False},
+            {
+                "type": "bind",
+                "source": str(tmp / "runs"),
+                "target": str(tmp / "runs"),
+                "read_only": False,
+            },
             {"type": "bind", "source": str(tmp), "target": str(tmp), "read_only": True},
         ]
         assert service["user"] == "1000:1000"
         # "permissions" is private by default: the entrypoint sets the umask, then execs the
         # command it gets as its arguments (data, no shell in between).
-        assert service["entrypoint"][:2] == ["python", "-c"] and "os.umask(0o077)" in service["entrypoint"][2]
+        assert (
+            service["entrypoint"][:2] == ["python", "-c"]
+            and "os.umask(0o077)" in service["entrypoint"][2]
+        )
 
     shared = load_spec(write_spec(tmp, program={"script": "task.py"}, permissions="shared"))
-    data = compose.compose_file(shared, compose.compose_plan(shared, "t-1", tmp / "runs" / "t-1"), "img:tag", "1000:1000")
+    data = compose.compose_file(
+        shared, compose.compose_plan(shared, "t-1", tmp / "runs" / "t-1"), "img:tag", "1000:1000"
+    )
     assert all("entrypoint" not in service for service in data["services"].values())
 
 
 def test_ps_workers_restart_alone_where_the_spec_allows_it(tmp):
     spec = write_spec(
-        tmp, strategy="parameter_server", program=MNIST,
+        tmp,
+        strategy="parameter_server",
+        program=MNIST,
         tasks={"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}},
         restart={"policy": "on-failure", "max_restarts": 4},
     )
     loaded = load_spec(spec)
-    data = compose.compose_file(loaded, compose.compose_plan(loaded, "t-1", tmp / "runs" / "t-1"), "img", "0:0")
+    data = compose.compose_file(
+        loaded, compose.compose_plan(loaded, "t-1", tmp / "runs" / "t-1"), "img", "0:0"
+    )
     restarts = {name: service["restart"] for name, service in data["services"].items()}
-    assert restarts == {"chief-0": "no", "worker-0": "on-failure:4", "worker-1": "on-failure:4", "ps-0": "no"}
+    assert restarts == {
+        "chief-0": "no",
+        "worker-0": "on-failure:4",
+        "worker-1": "on-failure:4",
+        "ps-0": "no",
+    }
 
 
 def test_gpus_and_ssh_hosts_are_refused_with_their_json_path(tmp):
@@ -117,9 +147,14 @@ def test_gpus_and_ssh_hosts_are_refused_with_their_json_path(tmp):
     with pytest.raises(SpecError) as err:
         compose.compose_plan(loaded, "t-1", tmp / "runs" / "t-1")
     assert err.value.json_path == "$.tasks.worker.gpus"
-    loaded = load_spec(write_spec(
-        tmp, program=MNIST, hosts={"far": {"address": "10.0.0.9"}}, tasks={"worker": {"count": 2, "host": "far"}},
-    ))
+    loaded = load_spec(
+        write_spec(
+            tmp,
+            program=MNIST,
+            hosts={"far": {"address": "10.0.0.9"}},
+            tasks={"worker": {"count": 2, "host": "far"}},
+        )
+    )
     with pytest.raises(SpecError) as err:
         compose.compose_plan(loaded, "t-1", tmp / "runs" / "t-1")
     assert err.value.json_path == "$.tasks.worker.host"
@@ -129,13 +164,29 @@ def test_compose_command_writes_an_owner_only_file_and_the_run_dir(tmp):
     spec = write_spec(tmp, program=MNIST)
     out = tmp / "docker-compose.yml"
     result = subprocess.run(
-        [sys.executable, "-m", "distlaunch.launcher", "compose", str(spec), "-o", str(out), "--run-id", "r1", "--image", "img:1"],
-        cwd=tmp, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "distlaunch.launcher",
+            "compose",
+            str(spec),
+            "-o",
+            str(out),
+            "--run-id",
+            "r1",
+            "--image",
+            "img:1",
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stderr
     # The environment in it may carry the program's secrets.
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
-    assert {service["image"] for service in json.loads(out.read_text())["services"].values()} == {"img:1"}
+    assert {service["image"] for service in json.loads(out.read_text())["services"].values()} == {
+        "img:1"
+    }
     # Bind mounts need their source: the run dir is there for the containers to write into.
     assert (tmp / "runs" / "r1" / "checkpoints").is_dir()
     assert f"-p r1 -f {out} up" in result.stderr
@@ -164,13 +215,20 @@ def engine(tmp_path_factory):
 
 def _start_dockerd(folder: Path) -> subprocess.Popen:
     if shutil.which("dockerd") is None or os.geteuid() != 0:
-        pytest.skip("the Docker engine is not running, and dockerd is not installed or we are not root to start it")
+        pytest.skip(
+            "the Docker engine is not running, and dockerd is not installed or we are not root to start it"
+        )
     log = folder / "dockerd.log"
     # --iptables=false: leave the host's firewall alone (Docker's FORWARD policy DROP would cut the
     # bridged network namespaces of other tests). Compose's internal network needs no rule, and
     # image builds use the host's network (see image.py).
     with open(log, "w") as out:
-        daemon = subprocess.Popen(["dockerd", "--iptables=false"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        daemon = subprocess.Popen(
+            ["dockerd", "--iptables=false"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     for _ in range(120):
         if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
             return daemon
@@ -195,36 +253,57 @@ def image(engine, tmp_path_factory):
     if not docker("image", "inspect", "--format", "{{.Id}}", BASE_IMAGE, check=False).strip():
         _build_base(folder / "rootfs")
     started = time.monotonic()
-    built = ensure_image(ImageRequest(TEST_IMAGE, BASE_IMAGE), folder / "build.log", pip_ca_bundle())
-    print(f"image {TEST_IMAGE}: {'built' if built.built else 'reused'} in {time.monotonic() - started:.1f} s")
+    built = ensure_image(
+        ImageRequest(TEST_IMAGE, BASE_IMAGE), folder / "build.log", pip_ca_bundle()
+    )
+    print(
+        f"image {TEST_IMAGE}: {'built' if built.built else 'reused'} in {time.monotonic() - started:.1f} s"
+    )
     return built
 
 
 def _build_base(rootfs: Path) -> None:
     """A minimal Debian bookworm with python3 and venv, imported as BASE_IMAGE (about 80 s)."""
     if shutil.which("debootstrap") is None or os.geteuid() != 0:
-        pytest.skip(f"no {BASE_IMAGE} image, and debootstrap is not installed or we are not root to build it")
+        pytest.skip(
+            f"no {BASE_IMAGE} image, and debootstrap is not installed or we are not root to build it"
+        )
     done = subprocess.run(
-        ["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates", "bookworm", str(rootfs)],
-        capture_output=True, text=True,
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,python3-venv,ca-certificates",
+            "bookworm",
+            str(rootfs),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    imported = subprocess.run(["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True, text=True)
+    imported = subprocess.run(
+        ["docker", "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True, text=True
+    )
     tar.stdout.close()
     assert tar.wait() == 0 and imported.returncode == 0, imported.stderr
     shutil.rmtree(rootfs)
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("spec", sorted((REPO / "cluster_specs").glob("*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "spec", sorted((REPO / "cluster_specs").glob("*.json")), ids=lambda p: p.name
+)
 def test_every_example_spec_makes_a_valid_compose_file(engine, tmp, spec):
     loaded = load_spec(spec)
-    if any(loaded.ssh_host(e.host) for entries in loaded.spec.tasks.by_role().values() for e in entries):
+    if any(
+        loaded.ssh_host(e.host) for entries in loaded.spec.tasks.by_role().values() for e in entries
+    ):
         with pytest.raises(SpecError, match="compose backend"):
             compose.compose_plan(loaded, "t-1", tmp / "t-1")
         return
-    data = compose.compose_file(loaded, compose.compose_plan(loaded, "t-1", tmp / "t-1"), TEST_IMAGE, "0:0")
+    data = compose.compose_file(
+        loaded, compose.compose_plan(loaded, "t-1", tmp / "t-1"), TEST_IMAGE, "0:0"
+    )
     file = tmp / "docker-compose.yml"
     file.write_text(json.dumps(data))
     resolved = run([*compose_command(), "--project-name", "t-1", "--file", str(file), "config"])
@@ -240,9 +319,16 @@ def test_two_mwms_workers_train_in_containers(image, tmp):
     run_dir = only_run_dir(tmp / "runs")
     record = run_record(run_dir)
     assert record["state"] == "succeeded"
-    assert record["plan"]["tasks"][0]["tf_config"]["cluster"] == {"worker": ["worker-0:2222", "worker-1:2222"]}
+    assert record["plan"]["tasks"][0]["tf_config"]["cluster"] == {
+        "worker": ["worker-0:2222", "worker-1:2222"]
+    }
     # Logs and checkpoints land on the host, in the run dir, at the paths run.json names.
-    losses = [re.findall(r"final loss (\S+)", (run_dir / "logs" / "attempt-0" / f"worker-{i}.log").read_text()) for i in (0, 1)]
+    losses = [
+        re.findall(
+            r"final loss (\S+)", (run_dir / "logs" / "attempt-0" / f"worker-{i}.log").read_text()
+        )
+        for i in (0, 1)
+    ]
     assert losses[0] and losses[0] == losses[1]
     assert (run_dir / "checkpoints" / "checkpoint").is_file()
     # What the containers wrote (checkpoints, status files) is owner-only, like the launcher's files.
@@ -253,7 +339,9 @@ def test_two_mwms_workers_train_in_containers(image, tmp):
 @pytest.mark.integration
 def test_chief_two_workers_and_a_ps_train_in_containers(image, tmp):
     spec = write_spec(
-        tmp, strategy="parameter_server", program=MNIST,
+        tmp,
+        strategy="parameter_server",
+        program=MNIST,
         tasks={"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}},
     )
     result = _up(tmp, spec)
@@ -261,11 +349,16 @@ def test_chief_two_workers_and_a_ps_train_in_containers(image, tmp):
     run_dir = only_run_dir(tmp / "runs")
     record = run_record(run_dir)
     assert record["state"] == "succeeded"
-    assert re.search(r"final loss \S+", (run_dir / "logs" / "attempt-0" / "chief-0.log").read_text())
+    assert re.search(
+        r"final loss \S+", (run_dir / "logs" / "attempt-0" / "chief-0.log").read_text()
+    )
     assert (run_dir / "checkpoints" / "checkpoint").is_file()
     # The servers never end on their own: the launcher stopped them once the chief was done.
     assert {name: task["state"] for name, task in record["tasks"].items()} == {
-        "chief-0": "succeeded", "worker-0": "stopped", "worker-1": "stopped", "ps-0": "stopped",
+        "chief-0": "succeeded",
+        "worker-0": "stopped",
+        "worker-1": "stopped",
+        "ps-0": "stopped",
     }
     assert _leftovers(record["compose"]["project"]) == ([], [])
 
@@ -291,7 +384,9 @@ def test_killing_a_worker_container_fails_the_run_and_names_it(image, tmp):
 @pytest.mark.integration
 def test_a_restart_starts_new_containers_with_the_new_attempt(image, tmp):
     (tmp / "task.py").write_text(JOIN_ONCE)
-    spec = write_spec(tmp, restart={"policy": "on-failure", "max_restarts": 1, "backoff": {"initial_s": 0}})
+    spec = write_spec(
+        tmp, restart={"policy": "on-failure", "max_restarts": 1, "backoff": {"initial_s": 0}}
+    )
     launcher = _start_up(tmp, spec)
     try:
         run_dir = _all_joined(tmp, 2)
@@ -304,7 +399,9 @@ def test_a_restart_starts_new_containers_with_the_new_attempt(image, tmp):
     # process relays the container's 137, not a signal of its own), replaced too, and both get
     # the new attempt's environment.
     assert launcher.returncode == 0, err[-3000:]
-    assert [(e["task"], e["exit"]) for e in events(run_dir) if e["event"] == "killed"] == [("worker-0", "exit code 137")]
+    assert [(e["task"], e["exit"]) for e in events(run_dir) if e["event"] == "killed"] == [
+        ("worker-0", "exit code 137")
+    ]
     for name in ("worker-0", "worker-1"):
         assert "joined in attempt 1" in (run_dir / "logs" / "attempt-1" / f"{name}.log").read_text()
     assert _leftovers(project) == ([], [])
@@ -321,8 +418,12 @@ def test_ctrl_c_removes_every_container_and_network(image, tmp):
         containers, networks = _leftovers(project)
         assert len(containers) == 2 and len(networks) == 1
         for container in containers:
-            assert docker("inspect", "--format", "{{json .HostConfig.PortBindings}}", container).strip() in ("{}", "null")
-        assert docker("network", "inspect", "--format", "{{.Internal}}", networks[0]).strip() == "true"
+            assert docker(
+                "inspect", "--format", "{{json .HostConfig.PortBindings}}", container
+            ).strip() in ("{}", "null")
+        assert (
+            docker("network", "inspect", "--format", "{{.Internal}}", networks[0]).strip() == "true"
+        )
         launcher.send_signal(signal.SIGINT)
         _, err = launcher.communicate(timeout=300)
     finally:
@@ -341,16 +442,43 @@ def _env() -> dict[str, str]:
 
 def _up(tmp: Path, spec: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec), "--backend", "compose", "--fresh"],
-        cwd=tmp, capture_output=True, text=True, timeout=600, env=_env(),
+        [
+            sys.executable,
+            "-m",
+            "distlaunch.launcher",
+            "up",
+            str(spec),
+            "--backend",
+            "compose",
+            "--fresh",
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
     )
 
 
 def _start_up(tmp: Path, spec: Path) -> subprocess.Popen:
     # A session of its own: the SIGINT the test sends reaches the launcher alone.
     return subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec), "--backend", "compose", "--fresh"],
-        cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "distlaunch.launcher",
+            "up",
+            str(spec),
+            "--backend",
+            "compose",
+            "--fresh",
+        ],
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        start_new_session=True,
     )
 
 
@@ -390,7 +518,9 @@ def test_every_spec_string_reaches_the_container_unchanged(image, tmp, capsys):
     from test_injection import NAME_PAYLOADS, PATH_PAYLOADS, PAYLOADS, chain
 
     shared = tmp / "r" / Path(*PATH_PAYLOADS)
-    canary = shared / "canary"  # inside the mounted shared dir: a shell in a container would make it
+    canary = (
+        shared / "canary"
+    )  # inside the mounted shared dir: a shell in a container would make it
     workdir = chain(tmp / "w")
     script = chain(tmp / "s") / "echo.py"
     script.write_text(ECHO_TO_RUN_DIR)
@@ -401,12 +531,29 @@ def test_every_spec_string_reaches_the_container_unchanged(image, tmp, capsys):
         tmp,
         tasks={"worker": {"count": 1}},
         shared_dir=str(shared.relative_to(tmp)),
-        program={"script": str(script.relative_to(tmp)), "args": PAYLOADS, "env": env,
-                 "workdir": str(workdir.relative_to(tmp))},
+        program={
+            "script": str(script.relative_to(tmp)),
+            "args": PAYLOADS,
+            "env": env,
+            "workdir": str(workdir.relative_to(tmp)),
+        },
     )
     result = subprocess.run(
-        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec), "--backend", "compose", "--fresh"],
-        cwd=tmp, capture_output=True, text=True, timeout=600, env={**_env(), "DL_CANARY": "the launcher's, not the task's"},
+        [
+            sys.executable,
+            "-m",
+            "distlaunch.launcher",
+            "up",
+            str(spec),
+            "--backend",
+            "compose",
+            "--fresh",
+        ],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**_env(), "DL_CANARY": "the launcher's, not the task's"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(shared)
@@ -416,8 +563,16 @@ def test_every_spec_string_reaches_the_container_unchanged(image, tmp, capsys):
     assert got["cwd"] == str(workdir.resolve())
     assert {k: got["env"].get(k) for k in env} == env
     assert not canary.exists(), "a payload was run by a shell"
-    fields = {"program.args": len(PAYLOADS), "program.env values": len(PAYLOADS), "program.env names": len(NAME_PAYLOADS),
-              "program.workdir": len(PATH_PAYLOADS), "program.script": len(PATH_PAYLOADS), "shared_dir": len(PATH_PAYLOADS)}
+    fields = {
+        "program.args": len(PAYLOADS),
+        "program.env values": len(PAYLOADS),
+        "program.env names": len(NAME_PAYLOADS),
+        "program.workdir": len(PATH_PAYLOADS),
+        "program.script": len(PATH_PAYLOADS),
+        "shared_dir": len(PATH_PAYLOADS),
+    }
     with capsys.disabled():
-        print(f"\ninjection (compose): {len(fields)} fields x up to {len(PAYLOADS)} payloads = {sum(fields.values())} "
-              "values passed through the compose file into a container: all arrived unchanged, none ran")
+        print(
+            f"\ninjection (compose): {len(fields)} fields x up to {len(PAYLOADS)} payloads = {sum(fields.values())} "
+            "values passed through the compose file into a container: all arrived unchanged, none ran"
+        )

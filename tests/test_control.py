@@ -23,32 +23,69 @@ pytestmark = pytest.mark.integration
 
 
 def test_status_logs_restart_down_from_another_shell(tmp):
-    spec = write_spec(tmp, program={"module": "distlaunch.worker.examples.mnist_mlp", "args": ["--epochs", "1000", "--steps-per-epoch", "100"]})
+    spec = write_spec(
+        tmp,
+        program={
+            "module": "distlaunch.worker.examples.mnist_mlp",
+            "args": ["--epochs", "1000", "--steps-per-epoch", "100"],
+        },
+    )
     launcher = start_up(spec)
     follower = None
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
         run_id = run_dir.name
-        wait_for(lambda: all(t.get("state") == "running" for t in run_record(run_dir)["tasks"].values()) and len(run_record(run_dir)["tasks"]) == 2, "both joined")
+        wait_for(
+            lambda: (
+                all(t.get("state") == "running" for t in run_record(run_dir)["tasks"].values())
+                and len(run_record(run_dir)["tasks"]) == 2
+            ),
+            "both joined",
+        )
 
         status = distlaunch("status", run_id, "--json", cwd=tmp)  # by id, under ./runs
         assert status.returncode == 0, status.stderr
         table = json.loads(status.stdout)
         assert table["state"] == "running"
-        assert [(r["task"], r["state"], r["attempt"], r["restarts"]) for r in table["tasks"]] == [("worker-0", "running", 0, 0), ("worker-1", "running", 0, 0)]
+        assert [(r["task"], r["state"], r["attempt"], r["restarts"]) for r in table["tasks"]] == [
+            ("worker-0", "running", 0, 0),
+            ("worker-1", "running", 0, 0),
+        ]
         assert all(r["pid"] > 0 and r["uptime_s"] >= 0 for r in table["tasks"])
         text = distlaunch("status", str(run_dir), cwd=tmp)
         assert "worker-1" in text.stdout and "RESTARTS" in text.stdout
 
-        follower = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "logs", str(run_dir), "worker-1", "-f", "-n", "0"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        follower = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distlaunch.launcher",
+                "logs",
+                str(run_dir),
+                "worker-1",
+                "-f",
+                "-n",
+                "0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
         # A manual restart of one MWMS worker restarts the gang, outside the (never) policy's budget.
         restarted = distlaunch("restart", str(run_dir), "worker:1")
         assert restarted.returncode == 0, restarted.stderr
-        wait_for(lambda: all(t.get("state") == "running" and t.get("attempt") == 1 for t in run_record(run_dir)["tasks"].values()), "the gang back")
+        wait_for(
+            lambda: all(
+                t.get("state") == "running" and t.get("attempt") == 1
+                for t in run_record(run_dir)["tasks"].values()
+            ),
+            "the gang back",
+        )
         assert {t["restarts"] for t in run_record(run_dir)["tasks"].values()} == {1}
-        assert [e["task"] for e in events(run_dir) if e["event"] == "restart-requested"] == ["worker-1"]
+        assert [e["task"] for e in events(run_dir) if e["event"] == "restart-requested"] == [
+            "worker-1"
+        ]
         new_log = run_dir / "logs" / "attempt-1" / "worker-0.log"
         # Joined means its server listens; its first line may come a moment later.
         wait_for(lambda: new_log.exists() and new_log.stat().st_size > 0, "worker-0's new log")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import (
     distlaunch,
     events,
@@ -28,8 +29,8 @@ from conftest import (
     write_spec,
 )
 from distlaunch.launcher import procs
-from distlaunch.launcher.transports import netns
 from distlaunch.launcher.policy import NON_RETRYABLE_ERRORS
+from distlaunch.launcher.transports import netns
 
 CAPS = netns.probe()
 ISOLATIONS = ["off", "auto"] if (CAPS.netns or CAPS.userns) else ["off"]

@@ -286,9 +286,19 @@ def test_stacks_fall_back_to_the_tasks_faulthandler_when_py_spy_cannot_read_it(t
         (tmp / "bin").mkdir()
         (tmp / "bin" / "python").symlink_to(sys.executable)
         shown = subprocess.run(
-            [str(tmp / "bin" / "python"), "-m", "distlaunch.launcher", "stacks", run_dir.name,
-             "--full"],
-            cwd=tmp, env=bare, capture_output=True, text=True, timeout=120,
+            [
+                str(tmp / "bin" / "python"),
+                "-m",
+                "distlaunch.launcher",
+                "stacks",
+                run_dir.name,
+                "--full",
+            ],
+            cwd=tmp,
+            env=bare,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         print(shown.stdout, shown.stderr)
         assert shown.returncode == 0

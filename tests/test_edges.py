@@ -25,9 +25,9 @@ def _spec(tmp: Path, **fields) -> Path:
 def _assert_one_line_exit_2(done, *expected: str) -> str:
     """The command failed as bad input should: exit 2, one line on stderr, no traceback."""
     lines = done.stderr.strip().splitlines()
-    assert (
-        done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr
-    ), done.stderr[-2000:]
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[
+        -2000:
+    ]
     for text in expected:
         assert text in lines[0], lines[0]
     return lines[0]
@@ -90,18 +90,14 @@ HOSTILE = [
 def test_hostile_spec_values_are_one_line_and_exit_2(tmp, case, text, expected):
     spec = _raw_spec(tmp, text)
     for command in ("validate", "plan"):
-        line = _assert_one_line_exit_2(
-            distlaunch(command, str(spec), cwd=tmp), expected
-        )
+        line = _assert_one_line_exit_2(distlaunch(command, str(spec), cwd=tmp), expected)
         assert len(line) < 400, line  # the value itself is not echoed whole
 
 
 def test_a_program_python_that_does_not_exist_is_a_spec_error(tmp):
     spec = _spec(tmp, program={"script": "task.py", "python": "/nonexistent/python3"})
     for command in ("validate", "up"):
-        _assert_one_line_exit_2(
-            distlaunch(command, str(spec), cwd=tmp), "$.program.python"
-        )
+        _assert_one_line_exit_2(distlaunch(command, str(spec), cwd=tmp), "$.program.python")
     assert not (tmp / "runs").exists()
 
 
@@ -109,9 +105,7 @@ def test_a_shared_dir_under_a_regular_file_is_a_spec_error(tmp):
     (tmp / "blocker").write_text("a file, not a folder")
     spec = _spec(tmp, shared_dir="blocker/runs")
     for command in ("validate", "up"):
-        _assert_one_line_exit_2(
-            distlaunch(command, str(spec), cwd=tmp), "$.shared_dir", "blocker"
-        )
+        _assert_one_line_exit_2(distlaunch(command, str(spec), cwd=tmp), "$.shared_dir", "blocker")
 
 
 # ---------------------------------------------------------------- item 10: run ids and run dirs
@@ -120,9 +114,7 @@ def test_a_shared_dir_under_a_regular_file_is_a_spec_error(tmp):
 @pytest.mark.parametrize("run_id", ["../escaped", "", ".", "a/b", "-x"])
 def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp, run_id):
     spec = _spec(tmp)
-    _assert_one_line_exit_2(
-        distlaunch("up", str(spec), "--run-id", run_id, cwd=tmp), "--run-id"
-    )
+    _assert_one_line_exit_2(distlaunch("up", str(spec), "--run-id", run_id, cwd=tmp), "--run-id")
     assert not (tmp / "escaped").exists() and not (tmp / "runs" / "run.json").exists()
 
 
@@ -138,9 +130,7 @@ def test_an_existing_folder_is_never_reused_as_a_new_run_dir(tmp):
 def _finished_run(run_dir: Path, mode: int = 0o700) -> None:
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text(
-        json.dumps(
-            {"run_id": run_dir.name, "name": "t", "state": "failed", "attempt": 0}
-        )
+        json.dumps({"run_id": run_dir.name, "name": "t", "state": "failed", "attempt": 0})
     )
     run_dir.chmod(mode)
 
@@ -154,9 +144,7 @@ def test_resume_refuses_a_symlinked_or_open_run_dir(tmp):
         distlaunch("up", str(spec), "--run-id", "link", cwd=tmp), "symbolic link"
     )
     _finished_run(tmp / "runs" / "open", 0o755)
-    _assert_one_line_exit_2(
-        distlaunch("up", str(spec), "--run-id", "open", cwd=tmp), "0755"
-    )
+    _assert_one_line_exit_2(distlaunch("up", str(spec), "--run-id", "open", cwd=tmp), "0755")
     assert (
         not (tmp / "elsewhere" / "real" / "logs").exists()
         and not (tmp / "runs" / "open" / "logs").exists()
@@ -235,9 +223,7 @@ def test_down_leaves_another_projects_run_with_the_same_id_alone(tmp):
                 launcher=launcher,
             )
         other_task = psutil.Process(run_record(run_dirs[1])["tasks"]["worker-0"]["pid"])
-        done = distlaunch(
-            "down", "same", "--shared-dir", str(tmp / "a" / "runs"), "--grace", "1"
-        )
+        done = distlaunch("down", "same", "--shared-dir", str(tmp / "a" / "runs"), "--grace", "1")
         assert done.returncode == 0, done.stderr
         launchers[0].wait(timeout=60)
         assert run_record(run_dirs[0])["state"] == "interrupted"
@@ -317,9 +303,7 @@ def test_passwords_and_url_credentials_are_masked_everywhere(tmp):
 )
 def test_a_spec_error_in_env_never_echoes_the_value(tmp, env):
     spec = _spec(tmp, program={"script": "task.py", "env": env})
-    line = _assert_one_line_exit_2(
-        distlaunch("validate", str(spec), cwd=tmp), "$.program.env"
-    )
+    line = _assert_one_line_exit_2(distlaunch("validate", str(spec), cwd=tmp), "$.program.env")
     assert "987654321" not in line
 
 
@@ -372,11 +356,7 @@ def test_a_stdout_nobody_reads_never_holds_the_run(tmp, reader):
     run_dir = next((tmp / "runs").iterdir())
     assert run_record(run_dir)["state"] == "succeeded"
     for attempt in (0, 1):
-        lines = (
-            (run_dir / "logs" / f"attempt-{attempt}" / "worker-0.log")
-            .read_text()
-            .splitlines()
-        )
+        lines = (run_dir / "logs" / f"attempt-{attempt}" / "worker-0.log").read_text().splitlines()
         assert [line[5:10] for line in lines] == [
             f"{i:05d}" for i in range(20000)
         ]  # the logs are complete
@@ -401,11 +381,7 @@ def test_carriage_return_progress_is_echoed_as_its_latest_state(tmp):
     lines = done.stdout.splitlines()
     assert lines[-1] == "worker-0 | done"
     shown = [line for line in lines if "progress" in line]
-    assert (
-        shown
-        and [line for line in shown if not line.startswith("worker-0 | progress ")]
-        == []
-    )
+    assert shown and [line for line in shown if not line.startswith("worker-0 | progress ")] == []
     assert shown[-1].startswith("worker-0 | progress 200000/200000")
     # States, not every update: how many states show depends on how often the launcher reads
     # the log (a loaded machine reads less often), but never near one line per update.

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 import sshhosts
 from conftest import (
     distlaunch,
@@ -66,9 +67,7 @@ server.listen()
 )
 
 
-def _task(
-    name: str, host: str, address: str, port: int, transport: str = "ssh"
-) -> TaskPlan:
+def _task(name: str, host: str, address: str, port: int, transport: str = "ssh") -> TaskPlan:
     role, index = name.split("-")
     return TaskPlan(
         role,
@@ -102,37 +101,23 @@ def test_each_remote_host_admits_every_host_of_the_run_to_its_own_ports_only() -
     rules = firewall.plan_rules(plan)
     assert sorted(rules) == ["node1", "node2"]  # this machine is no remote host
     assert rules["node1"].ports == (4000,) and rules["node2"].ports == (4001, 4002)
-    assert (
-        rules["node1"].allow
-        == rules["node2"].allow
-        == ("10.0.0.1", "10.0.0.2", "10.0.0.9")
-    )
+    assert rules["node1"].allow == rules["node2"].allow == ("10.0.0.1", "10.0.0.2", "10.0.0.9")
     assert firewall.plan_json("off", "r", rules)["hosts"] == {}
 
 
-def test_the_nft_script_drops_all_but_the_run_and_a_hostile_run_id_stays_a_name() -> (
-    None
-):
+def test_the_nft_script_drops_all_but_the_run_and_a_hostile_run_id_stays_a_name() -> None:
     table = guard.table_name('x"; flush ruleset; }\ntable ip t {')
-    assert (
-        table.startswith("distlaunch_x") and table[len("distlaunch_") :].isidentifier()
-    )
-    script = guard.nft_ruleset(
-        "distlaunch_r", (4000, 4001), ["10.0.0.2", "10.0.0.1", "fd00::1"]
-    )
+    assert table.startswith("distlaunch_x") and table[len("distlaunch_") :].isidentifier()
+    script = guard.nft_ruleset("distlaunch_r", (4000, 4001), ["10.0.0.2", "10.0.0.1", "fd00::1"])
     assert "tcp dport { 4000, 4001 } ip saddr { 10.0.0.1, 10.0.0.2 } accept" in script
     assert "tcp dport { 4000, 4001 } ip6 saddr { fd00::1 } accept" in script
     # Loopback first, the drop last: nothing but the run's hosts gets past it.
     lines = [line.strip() for line in script.splitlines()]
-    assert lines.index('iifname "lo" accept') < lines.index(
-        "tcp dport { 4000, 4001 } drop"
-    )
+    assert lines.index('iifname "lo" accept') < lines.index("tcp dport { 4000, 4001 } drop")
     with pytest.raises(ValueError):
         guard.nft_ruleset("distlaunch_r", (4000,), ["10.0.0.1; flush ruleset"])
     chain = guard.chain_name('x"; -F INPUT')
-    assert (
-        len(chain) <= 28 and chain[3:].isalnum()
-    )  # iptables' limit; nothing but a digest
+    assert len(chain) <= 28 and chain[3:].isalnum()  # iptables' limit; nothing but a digest
     add, remove = guard.iptables_scripts(
         chain, tuple(range(4000, 4016)), ["10.0.0.1", "fd00::1"], 4
     )
@@ -154,9 +139,7 @@ def test_a_bad_protect_value_is_one_line_and_plan_shows_the_rules(tmp: Path) -> 
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "$.network.protect" in bad.stderr
     hosts = {"node1": {"address": "10.1.0.1"}, "node2": {"address": "10.1.0.2"}}
-    tasks = {
-        "worker": [{"host": "node1", "port": 4000}, {"host": "node2", "port": 4001}]
-    }
+    tasks = {"worker": [{"host": "node1", "port": 4000}, {"host": "node2", "port": 4001}]}
     plan = distlaunch("plan", str(write_spec(tmp, hosts=hosts, tasks=tasks)))
     assert plan.returncode == 0, plan.stderr
     assert "node2: nftables table inet distlaunch_t_" in plan.stdout
@@ -244,9 +227,7 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
         "distlaunch.worker.guard",
     ]
     if backend == "iptables":
-        argv = _hiding_nft(
-            argv
-        )  # every program execs the next: the pid stays the guard's
+        argv = _hiding_nft(argv)  # every program execs the next: the pid stays the guard's
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -270,15 +251,11 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
         "table": name,
         "allowed": ["10.9.9.9"],
     }
-    assert _rules_left(netns_name) and all(
-        name in line for line in _rules_left(netns_name)
-    )
+    assert _rules_left(netns_name) and all(name in line for line in _rules_left(netns_name))
     if how == "eof":
         proc.stdin.close()
     elif how == "sigterm":
-        proc.send_signal(
-            signal.SIGTERM
-        )  # `ip netns exec` execs: this is the guard itself
+        proc.send_signal(signal.SIGTERM)  # `ip netns exec` execs: this is the guard itself
     # "silence": stdin stays open, and no heartbeat comes.
     proc.wait(timeout=60)
     err = proc.stderr.read()
@@ -327,8 +304,7 @@ def _hold(lab: sshhosts.HostLab, tmp: Path, spec: Path, holders: list[str]) -> t
 
     def holding() -> bool:
         return all(
-            (logs / f"{n}.log").exists()
-            and "holding" in (logs / f"{n}.log").read_text()
+            (logs / f"{n}.log").exists() and "holding" in (logs / f"{n}.log").read_text()
             for n in holders
         )
 
@@ -347,9 +323,7 @@ def _shut_to_outsiders_open_to_peers(lab: sshhosts.HostLab, tasks: list[tuple]) 
         assert lab.connects(peer, address, port), (
             f"{name} on {host}: the run's own host {peer.name} was refused"
         )
-        assert lab.connects(by_name[host], address, port), (
-            f"{name}: its own host was refused"
-        )
+        assert lab.connects(by_name[host], address, port), f"{name}: its own host was refused"
         assert not lab.connects(lab.outsider, address, port), (
             f"{name} on {host}:{port} admitted the outsider"
         )
@@ -380,25 +354,16 @@ def test_outsider_is_shut_out_while_mwms_trains_across_hosts(
     finally:
         out, err = _release(launcher, run_dir)
     assert launcher.returncode == 0, err
-    assert (
-        "firewall: on node1, node2 the run's task ports admit only the run's hosts"
-        in err
-    )
-    losses = [
-        line.split("final loss")[1] for line in out.splitlines() if "final loss" in line
-    ]
+    assert "firewall: on node1, node2 the run's task ports admit only the run's hosts" in err
+    losses = [line.split("final loss")[1] for line in out.splitlines() if "final loss" in line]
     assert len(losses) == 2 and losses[0] == losses[1]
     assert _tables(fw_lab) == {"node1": [], "node2": []}
     network = run_record(run_dir)["network"]
-    assert all(
-        h["protected"] and h["how"] == "nftables" for h in network["hosts"].values()
-    )
+    assert all(h["protected"] and h["how"] == "nftables" for h in network["hosts"].values())
     assert (
         fw_lab.launcher_address in network["hosts"]["node1"]["allowed"]
     )  # the SSH client, for join checks
-    assert (
-        "was protected while the run ran" in distlaunch("status", str(run_dir)).stdout
-    )
+    assert "was protected while the run ran" in distlaunch("status", str(run_dir)).stdout
 
 
 @pytest.mark.integration
@@ -410,15 +375,11 @@ def test_outsider_is_shut_out_while_pss_trains_across_hosts(
         "worker": [{"host": "node2"}],
         "ps": [{"host": "node2"}],
     }
-    spec = _spec(
-        tmp, fw_lab, _script(tmp, PS_JOB + HOLD), tasks, strategy="parameter_server"
-    )
+    spec = _spec(tmp, fw_lab, _script(tmp, PS_JOB + HOLD), tasks, strategy="parameter_server")
     launcher, run_dir, planned = _hold(fw_lab, tmp, spec, ["chief-0"])
     try:
         # The chief's own port is unused by TensorFlow: only the servers' ports are probed.
-        _shut_to_outsiders_open_to_peers(
-            fw_lab, [t for t in planned if t[0] != "chief-0"]
-        )
+        _shut_to_outsiders_open_to_peers(fw_lab, [t for t in planned if t[0] != "chief-0"])
     finally:
         out, err = _release(launcher, run_dir)
     assert launcher.returncode == 0, err
@@ -437,27 +398,17 @@ def test_no_rule_is_left_after_kill_9_of_the_launcher(
     hosts = None
     if backend == "iptables":  # hosts without nftables: their python cannot find nft
         wrapper = tmp / "python-without-nft"
-        wrapper.write_text(
-            f'#!/bin/sh\nexec {shlex.join(_hiding_nft([sys.executable]))} "$@"\n'
-        )
+        wrapper.write_text(f'#!/bin/sh\nexec {shlex.join(_hiding_nft([sys.executable]))} "$@"\n')
         wrapper.chmod(0o755)
-        hosts = {
-            h.name: fw_lab.host_entry(h, python=str(wrapper)) for h in fw_lab.hosts
-        }
+        hosts = {h.name: fw_lab.host_entry(h, python=str(wrapper)) for h in fw_lab.hosts}
     tasks = {"worker": [{"host": "node1"}, {"host": "node2"}, {"host": "node2"}]}
     spec = _spec(tmp, fw_lab, _script(tmp, LISTENER), tasks, hosts)
-    launcher, run_dir, planned = _hold(
-        fw_lab, tmp, spec, ["worker-0", "worker-1", "worker-2"]
-    )
+    launcher, run_dir, planned = _hold(fw_lab, tmp, spec, ["worker-0", "worker-1", "worker-2"])
     try:
-        assert all(
-            h["how"] == backend
-            for h in run_record(run_dir)["network"]["hosts"].values()
-        )
+        assert all(h["how"] == backend for h in run_record(run_dir)["network"]["hosts"].values())
         assert all(_tables(fw_lab).values())
         assert not any(
-            fw_lab.connects(fw_lab.outsider, address, port)
-            for _, _, address, port in planned
+            fw_lab.connects(fw_lab.outsider, address, port) for _, _, address, port in planned
         )
         launcher.kill()
         launcher.wait()
@@ -476,9 +427,7 @@ def test_no_rule_is_left_after_kill_9_of_the_launcher(
 
 
 @pytest.mark.integration
-def test_protect_off_leaves_the_ports_open_and_says_so(
-    fw_lab: sshhosts.HostLab, tmp: Path
-) -> None:
+def test_protect_off_leaves_the_ports_open_and_says_so(fw_lab: sshhosts.HostLab, tmp: Path) -> None:
     """The control: on the same hosts and network, the outsider does reach an unprotected port."""
     spec = _spec(
         tmp,
@@ -536,9 +485,7 @@ def test_a_host_without_cap_net_admin_is_named_open_or_refused(
     network = run_record(only)["network"]["hosts"]
     assert network["node1"]["protected"] and not network["node2"]["protected"]
     assert "CAP_NET_ADMIN" in network["node2"]["why"]
-    assert (
-        f"firewall: node2 OPEN (ports {port})" in distlaunch("status", str(only)).stdout
-    )
+    assert f"firewall: node2 OPEN (ports {port})" in distlaunch("status", str(only)).stdout
 
     shutil.rmtree(tmp / "runs")
     spec = _spec(

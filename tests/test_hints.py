@@ -24,10 +24,7 @@ PER_REPLICA = (
     '  File "/venv/tensorflow/python/framework/constant_op.py", line 108, in convert\n'
     "    return ops.EagerTensor(value, ctx.device_name, dtype)\n"
     "ValueError: Attempt to convert a value (PerReplica:{\n"
-    + "".join(
-        f"  {i}: <tf.Tensor: shape=(32, 10), dtype=float64, numpy=\n{ROW}"
-        for i in (0, 1)
-    )
+    + "".join(f"  {i}: <tf.Tensor: shape=(32, 10), dtype=float64, numpy=\n{ROW}" for i in (0, 1))
     + "}) with an unsupported type (<class 'tensorflow.python.distribute.values.PerReplica'>) "
     "to a Tensor.\n"
 )
@@ -92,9 +89,7 @@ SEEN = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("name", "log"), SEEN, ids=[f"{n}-{i}" for i, (n, _) in enumerate(SEEN)]
-)
+@pytest.mark.parametrize(("name", "log"), SEEN, ids=[f"{n}-{i}" for i, (n, _) in enumerate(SEEN)])
 def test_each_known_failure_is_recognised(name: str, log: str) -> None:
     found = evidence.from_log("2026 some earlier line\n" + TB + log)
     assert found is not None
@@ -113,8 +108,7 @@ def test_an_unknown_failure_gets_no_hint() -> None:
     assert (
         hints.find(
             evidence.from_log(
-                TB
-                + "KeyError: 'unsupported type (<class 'x.PerReplica'>) to a Tensor'\n"
+                TB + "KeyError: 'unsupported type (<class 'x.PerReplica'>) to a Tensor'\n"
             )
         )
         is None
@@ -137,9 +131,7 @@ def _failure(tmp: Path, log: str, error: dict | None = None) -> Failure:
 def test_summary_from_a_log_names_the_exception_and_the_hint_not_the_tensor(
     tmp_path: Path,
 ) -> None:
-    failure = _failure(
-        tmp_path, "Epoch 1/5\n" + TB + PER_REPLICA + "W0000 shutting down\n"
-    )
+    failure = _failure(tmp_path, "Epoch 1/5\n" + TB + PER_REPLICA + "W0000 shutting down\n")
     line = headline("r1", failure)
     assert line.startswith(
         "run r1 failed: worker-0 exit code 1 after 7.0 s: ValueError: Attempt to convert a value"
@@ -151,9 +143,7 @@ def test_summary_from_a_log_names_the_exception_and_the_hint_not_the_tensor(
     assert "(keras-team/keras#20585)" in body[0]
     assert len(body) + 1 <= 12
     text = "\n".join(body)
-    assert (
-        'File "/job/train.py", line 25' in text and "history = model.fit(x, y)" in text
-    )
+    assert 'File "/job/train.py", line 25' in text and "history = model.fit(x, y)" in text
     assert "0.51, 0.22" not in text and "more lines" in text
 
 
@@ -173,7 +163,6 @@ def test_summary_prefers_the_error_file_and_clips_long_lines(tmp_path: Path) -> 
 
 def test_clip_collapses_array_reprs() -> None:
     assert (
-        evidence.clip("numpy=array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])>")
-        == "numpy=array([...])>"
+        evidence.clip("numpy=array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])>") == "numpy=array([...])>"
     )
     assert len(evidence.clip("a" * 500)) == evidence.MAX_LINE

@@ -52,6 +52,7 @@ with open(os.path.join(out, os.environ["DISTLAUNCH_ROLE"] + ".json"), "w", encod
     json.dump(record, f)
 """
 
+
 def _rename(spec: Path, name: str) -> None:
     """Set the spec's `name` (write_spec's own `name` is the file's)."""
     data = json.loads(spec.read_text())
@@ -67,7 +68,9 @@ def chain(root: Path) -> Path:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("isolation", ["auto", "off"])
-def test_every_spec_string_reaches_the_task_unchanged(tmp: Path, isolation: str, capsys: pytest.CaptureFixture) -> None:
+def test_every_spec_string_reaches_the_task_unchanged(
+    tmp: Path, isolation: str, capsys: pytest.CaptureFixture
+) -> None:
     canary = tmp / "canary"
     out = tmp / "out"
     out.mkdir()
@@ -114,7 +117,9 @@ def test_every_spec_string_reaches_the_task_unchanged(tmp: Path, isolation: str,
     assert got["cwd"] == str(workdir.resolve())
     assert {k: got["env"].get(k) for k in env} == env
     assert got["env"]["DISTLAUNCH_RUN_DIR"] == str(run_dir)
-    assert got["env"]["DISTLAUNCH_RUN_ID"] == run_dir.name and run_dir.name.startswith("inj.case-1_x-")
+    assert got["env"]["DISTLAUNCH_RUN_ID"] == run_dir.name and run_dir.name.startswith(
+        "inj.case-1_x-"
+    )
     assert not canary.exists(), "a payload was run by a shell"
 
     fields = {
@@ -146,7 +151,9 @@ def test_every_spec_string_reaches_the_task_unchanged(tmp: Path, isolation: str,
         ("NUL in shared_dir", {}, {"shared_dir": "a\0b"}, "$.shared_dir"),
     ],
 )
-def test_values_a_process_cannot_carry_are_spec_errors(tmp: Path, where: str, program: dict, top: dict, path: str) -> None:
+def test_values_a_process_cannot_carry_are_spec_errors(
+    tmp: Path, where: str, program: dict, top: dict, path: str
+) -> None:
     (tmp / "task.py").write_text("")
     merged = {k: v for k, v in {"script": "task.py", **program}.items() if v is not None}
     spec = write_spec(tmp, program=merged, **{k: v for k, v in top.items() if k != "name"})
@@ -170,7 +177,11 @@ def test_a_rejected_value_is_one_line_and_exit_2(tmp: Path) -> None:
 # ---------------------------------------------------------------- secrets
 
 
-SECRETS = {"API_TOKEN": "tok-1234567", "DB_PASSWORD": "pw-7654321", "AWS_SECRET_ACCESS_KEY": "ak-999888"}
+SECRETS = {
+    "API_TOKEN": "tok-1234567",
+    "DB_PASSWORD": "pw-7654321",
+    "AWS_SECRET_ACCESS_KEY": "ak-999888",
+}
 # Exits 3 only when the task itself did receive every secret, so the failure summary is printed.
 SECRET_TASK = """
 import os, sys
@@ -183,7 +194,11 @@ sys.exit(3 if all(os.environ.get(k) == v for k, v in secrets.items()) else 5)
 @pytest.mark.integration
 def test_secrets_are_masked_everywhere_the_launcher_prints_or_stores_env(tmp: Path) -> None:
     (tmp / "task.py").write_text(SECRET_TASK.format(secrets=SECRETS))
-    spec = write_spec(tmp, tasks={"worker": {"count": 1}}, program={"script": "task.py", "env": {**SECRETS, "PLAIN": "visible-1"}})
+    spec = write_spec(
+        tmp,
+        tasks={"worker": {"count": 1}},
+        program={"script": "task.py", "env": {**SECRETS, "PLAIN": "visible-1"}},
+    )
     shown = []
     for args in (("plan", str(spec)), ("plan", "--json", str(spec))):
         done = distlaunch(*args)
@@ -229,7 +244,15 @@ def test_run_files_are_private_unless_shared(tmp: Path, permissions: str) -> Non
     run_dir = only_run_dir(tmp / "runs")
     made = [p for p in run_dir.rglob("*")] + [run_dir, tmp / "made-by-task.txt"]
     names = {p.relative_to(tmp).as_posix() for p in made}
-    for expected in ("logs/attempt-0/worker-0.log", "errors/attempt-0", "status", "metrics", "run.json", "events.jsonl", "checkpoints/made-by-task.ckpt"):
+    for expected in (
+        "logs/attempt-0/worker-0.log",
+        "errors/attempt-0",
+        "status",
+        "metrics",
+        "run.json",
+        "events.jsonl",
+        "checkpoints/made-by-task.ckpt",
+    ):
         assert any(n.endswith(expected) for n in names), expected
     for path in made:
         mode = stat.S_IMODE(path.stat().st_mode)

@@ -103,15 +103,25 @@ def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
     assert isolation.choose(off, both).mode == isolation.HOST
     assert isolation.choose(auto, both).mode == isolation.NETNS
     assert isolation.choose(auto, isolation.Capabilities(False, True, "")).mode == isolation.USERNS
-    unable = isolation.choose(auto, isolation.Capabilities(False, False, "unshare: Operation not permitted"))
+    unable = isolation.choose(
+        auto, isolation.Capabilities(False, False, "unshare: Operation not permitted")
+    )
     assert unable.mode == isolation.HOST and not unable.private
     assert "unshare: Operation not permitted" in unable.reason and "root" in unable.remedy
     # Tasks other hosts must reach cannot be shut in, whatever the machine can do.
     me = {"transport": "local", "address": "10.1.2.3"}
     for hosts in ({"me": me, "gpu1": {"transport": "ssh"}}, {"me": me, "gpu1": me}):
-        mixed = load_spec(write_spec(tmp, "mixed.json", hosts=hosts, tasks={"worker": [{"host": "me"}, {"host": "gpu1"}]}))
+        mixed = load_spec(
+            write_spec(
+                tmp, "mixed.json", hosts=hosts, tasks={"worker": [{"host": "me"}, {"host": "gpu1"}]}
+            )
+        )
         reached = isolation.choose(mixed, both)
-        assert reached.mode == isolation.HOST and "worker:0 at 10.1.2.3" in reached.reason and "firewall" in reached.remedy
+        assert (
+            reached.mode == isolation.HOST
+            and "worker:0 at 10.1.2.3" in reached.reason
+            and "firewall" in reached.remedy
+        )
 
 
 def test_plan_shows_the_isolation_mode(tmp: Path) -> None:
@@ -152,7 +162,9 @@ def test_private_ports_need_no_lookup_and_no_check(tmp: Path) -> None:
 
 
 @pytest.mark.integration
-def test_isolated_cluster_trains_and_its_ports_are_unreachable(tmp: Path, needs_netns: None) -> None:
+def test_isolated_cluster_trains_and_its_ports_are_unreachable(
+    tmp: Path, needs_netns: None
+) -> None:
     spec = write_spec(tmp, program=MNIST)
     launcher, run_dir = _start(spec)
     record = _wait_running(run_dir, launcher)
@@ -164,7 +176,9 @@ def test_isolated_cluster_trains_and_its_ports_are_unreachable(tmp: Path, needs_
             with pytest.raises(OSError):
                 socket.create_connection((address, task["port"]), timeout=2).close()
         # Not vacuous: the task's server was listening inside the run while we knocked.
-        assert procs.listening(holder, task["port"]), f"{task['name']} stopped listening too early to tell"
+        assert procs.listening(holder, task["port"]), (
+            f"{task['name']} stopped listening too early to tell"
+        )
     out, err = launcher.communicate(timeout=DEADLINE_S)
     assert launcher.returncode == 0, err
     assert "isolated: tasks run in a private network namespace" in err
@@ -278,7 +292,9 @@ def test_unprivileged_user_gets_a_user_namespace(capsys: pytest.CaptureFixture) 
     """
     python = shutil.which("python3", path="/usr/bin:/bin")
     why = None if os.geteuid() == 0 else "needs root to switch to the nobody user"
-    why = why or (None if shutil.which("setpriv") and python else "needs setpriv and /usr/bin/python3")
+    why = why or (
+        None if shutil.which("setpriv") and python else "needs setpriv and /usr/bin/python3"
+    )
     if why:
         with capsys.disabled():
             print(f"\nskipping unprivileged test: {why}")
@@ -291,9 +307,20 @@ def test_unprivileged_user_gets_a_user_namespace(capsys: pytest.CaptureFixture) 
             (root / "distlaunch" / part).symlink_to(REPO / part)
         (root / "driver.py").write_text(_DRIVER)
         driver = subprocess.Popen(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, str(root / "driver.py")],
-            cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                python,
+                str(root / "driver.py"),
+            ],
+            cwd=root,
+            env={"PYTHONPATH": str(root), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         report = json.loads(driver.stdout.readline() or "{}")
         try:
@@ -301,7 +328,9 @@ def test_unprivileged_user_gets_a_user_namespace(capsys: pytest.CaptureFixture) 
                 with capsys.disabled():
                     print(f"\nskipping unprivileged test: {report['reason']}")
                 pytest.skip(report["reason"])
-            assert report.get("mode") == isolation.USERNS, driver.stderr.read() if not report else report
+            assert report.get("mode") == isolation.USERNS, (
+                driver.stderr.read() if not report else report
+            )
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", report["port"]), timeout=2).close()
             assert procs.listening(report["holder"], report["port"])
@@ -351,7 +380,10 @@ def _start(spec: Path) -> tuple[subprocess.Popen, Path]:
     """Start `distlaunch up SPEC` in the background; return it and its run dir (once it exists)."""
     launcher = subprocess.Popen(
         [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
-        cwd=spec.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=spec.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     return launcher, wait_for_run_dir(spec.parent / "runs", launcher)
 
@@ -367,7 +399,9 @@ def _wait_running(run_dir: Path, launcher: subprocess.Popen) -> dict:
         record = run_record(run_dir)
         tasks = record.get("tasks") or {}
         states = {t.get("state") for t in tasks.values()}
-        return record if len(tasks) == len(record["plan"]["tasks"]) and states == {"running"} else None
+        return (
+            record if len(tasks) == len(record["plan"]["tasks"]) and states == {"running"} else None
+        )
 
     return wait_for(running, "every task to be running", launcher=launcher)
 
@@ -387,7 +421,12 @@ def _settled(run_id: str, count: int) -> list[psutil.Process] | None:
 def _host_addresses() -> list[str]:
     """Every IPv4 address of this machine's own network namespace (loopback included)."""
     return sorted(
-        {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}
+        {
+            a.address
+            for addrs in psutil.net_if_addrs().values()
+            for a in addrs
+            if a.family == socket.AF_INET
+        }
     )
 
 

@@ -166,9 +166,7 @@ def _payload_spec(tmp: Path, strategy: str, tasks: dict, restart: str) -> Path:
 @pytest.mark.parametrize("restart", ["never", "on-failure"])
 @pytest.mark.parametrize("jobset", [False, True], ids=["jobs", "jobset"])
 @pytest.mark.parametrize("mix", ROLE_MIXES)
-def test_every_manifest_validates_and_carries_every_payload_unchanged(
-    tmp, mix, jobset, restart
-):
+def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, jobset, restart):
     strategy, tasks = ROLE_MIXES[mix]
     loaded = load_spec(_payload_spec(tmp, strategy, tasks, restart))
     made = k8s.manifests(
@@ -212,9 +210,7 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(
             *PAYLOADS,
         ]
         assert container["workingDir"] == str(loaded.workdir)
-        assert {k: env[k] for k in loaded.spec.program.env} == dict(
-            loaded.spec.program.env
-        )
+        assert {k: env[k] for k in loaded.spec.program.env} == dict(loaded.spec.program.env)
         assert job["completionMode"] == "Indexed" and job["completions"] == job[
             "parallelism"
         ] == len(loaded.spec.tasks.by_role()[role])
@@ -224,24 +220,18 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(
         assert pod["volumes"] == [
             {"name": "shared", "persistentVolumeClaim": {"claimName": "shared.runs"}}
         ]
-        assert (
-            job["activeDeadlineSeconds"] == 100
-            and pod["terminationGracePeriodSeconds"] == 3
-        )
+        assert job["activeDeadlineSeconds"] == 100 and pod["terminationGracePeriodSeconds"] == 3
         # The role's cluster names every training pod at its stable DNS name.
         cluster = json.loads(env[contract.CLUSTER])
         sep = "-0-" if jobset else "-"
         if role != "evaluator":
             for r, addrs in cluster.items():
                 assert addrs == [
-                    f"{made.name}-{r}{sep}{i}.{made.name}:2222"
-                    for i in range(len(addrs))
+                    f"{made.name}-{r}{sep}{i}.{made.name}:2222" for i in range(len(addrs))
                 ]
             assert "evaluator" not in cluster
         else:
-            assert cluster == {
-                "evaluator": [f"{made.name}-evaluator{sep}0.{made.name}:2222"]
-            }
+            assert cluster == {"evaluator": [f"{made.name}-evaluator{sep}0.{made.name}:2222"]}
         assert job_name + "-0" == f"{made.name}-{role}{sep}0"
         assert len(job_name + "-9999") <= 63
         # Exit codes Kubernetes can match (1-255): never retried; evictions not counted.
@@ -255,9 +245,7 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(
             },
         }
         assert rules[1]["action"] == "Ignore"
-        alone = role == "evaluator" or (
-            strategy == "parameter_server" and role == "worker"
-        )
+        alone = role == "evaluator" or (strategy == "parameter_server" and role == "worker")
         assert job["backoffLimit"] == (budget if alone or not jobset else 0)
         gpus = container["resources"]["limits"].get("nvidia.com/gpu")
         assert (
@@ -271,24 +259,20 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(
         spec = made.objects[1]["spec"]
         assert spec["failurePolicy"]["maxRestarts"] == budget
         decides = (
-            ["chief"]
-            if strategy == "parameter_server"
-            else [r for r in roles if r != "evaluator"]
+            ["chief"] if strategy == "parameter_server" else [r for r in roles if r != "evaluator"]
         )
         assert spec["successPolicy"] == {
             "operator": "All",
             "targetReplicatedJobs": decides,
         }
         assert spec["network"]["subdomain"] == made.name
-        env = made.objects[1]["spec"]["replicatedJobs"][0]["template"]["spec"][
-            "template"
-        ]["spec"]["containers"][0]["env"]
+        env = made.objects[1]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+            "containers"
+        ][0]["env"]
         assert {
             "name": "DISTLAUNCH_ATTEMPT",
             "valueFrom": {
-                "fieldRef": {
-                    "fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
-                }
+                "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}
             },
         } in env
 
@@ -339,13 +323,8 @@ def test_long_and_odd_run_ids_make_valid_names():
         "t",
     ):
         name = k8s.object_name(run_id)
-        assert (
-            re.fullmatch(r"[a-z]([a-z0-9-]*[a-z0-9])?", name)
-            and len(name) <= k8s.MAX_NAME
-        ), name
-    assert k8s.object_name("a" * 64 + "-20261123-101010-abcd").endswith(
-        "20261123-101010-abcd"
-    )
+        assert re.fullmatch(r"[a-z]([a-z0-9-]*[a-z0-9])?", name) and len(name) <= k8s.MAX_NAME, name
+    assert k8s.object_name("a" * 64 + "-20261123-101010-abcd").endswith("20261123-101010-abcd")
 
 
 @pytest.mark.parametrize(
@@ -416,10 +395,7 @@ def test_the_command_writes_a_private_file_and_bad_flags_exit_2(tmp):
     ]
     assert {o["metadata"]["namespace"] for o in objects} == {"ml"}
     # PSS: the chief's Job decides; how the servers' Jobs are removed is said, not hidden.
-    assert (
-        "kubectl -n ml wait --for=condition=complete --timeout=-1s job/r1-chief"
-        in done.stderr
-    )
+    assert "kubectl -n ml wait --for=condition=complete --timeout=-1s job/r1-chief" in done.stderr
     assert (
         "kubectl -n ml delete job -l 'distlaunch.io/run=r1,distlaunch.io/role in (ps,worker)'"
         in done.stderr
@@ -431,9 +407,7 @@ def test_the_command_writes_a_private_file_and_bad_flags_exit_2(tmp):
     ):
         bad = distlaunch("k8s", str(spec), *flag, cwd=tmp)
         assert (
-            bad.returncode == 2
-            and bad.stderr.count("\n") == 1
-            and "Traceback" not in bad.stderr
+            bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
         ), bad.stderr
     bad = distlaunch(
         "k8s",
@@ -441,9 +415,7 @@ def test_the_command_writes_a_private_file_and_bad_flags_exit_2(tmp):
         cwd=tmp,
     )
     assert (
-        bad.returncode == 2
-        and "$.kubernetes.pvc" in bad.stderr
-        and "Traceback" not in bad.stderr
+        bad.returncode == 2 and "$.kubernetes.pvc" in bad.stderr and "Traceback" not in bad.stderr
     )
 
 
@@ -505,9 +477,7 @@ def test_the_entrypoint_execs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp)
         == '{"cluster":{"worker":["w-0.s:2222"]},"task":{"type":"worker","index":0}} '
         + "['a b', '$x']"
     )
-    assert (tmp / "run" / "status").is_dir() and (
-        tmp / "run" / "errors" / "attempt-0"
-    ).is_dir()
+    assert (tmp / "run" / "status").is_dir() and (tmp / "run" / "errors" / "attempt-0").is_dir()
     bad = subprocess.run(
         [sys.executable, "-m", "distlaunch.worker.k8s_entry", "--", "true"],
         env={**environ, contract.JOB_COMPLETION_INDEX: "5"},
@@ -516,9 +486,7 @@ def test_the_entrypoint_execs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp)
         check=False,
     )
     assert (
-        bad.returncode == 2
-        and "no task worker:5" in bad.stderr
-        and "Traceback" not in bad.stderr
+        bad.returncode == 2 and "no task worker:5" in bad.stderr and "Traceback" not in bad.stderr
     )
 
 
@@ -560,9 +528,7 @@ class PodRunner:
             pod = job["template"]["spec"]
             (container,) = pod["containers"]
             (volume,) = pod["volumes"]
-            assert "persistentVolumeClaim" in volume, (
-                "these runs need a PVC: the shared run dir"
-            )
+            assert "persistentVolumeClaim" in volume, "these runs need a PVC: the shared run dir"
             for index in range(job["completions"]):
                 host = f"{job_name}-{index}"
                 env = {contract.JOB_COMPLETION_INDEX: str(index), **pod_env(container)}
@@ -588,9 +554,7 @@ class PodRunner:
                 for key, value in env.items():
                     args += ["--env", f"{key}={value}"]
                 self.containers.append(name)
-                docker(
-                    *args, "--entrypoint", command[0], container["image"], *command[1:]
-                )
+                docker(*args, "--entrypoint", command[0], container["image"], *command[1:])
                 started[host] = name
         return started
 
@@ -599,10 +563,7 @@ class PodRunner:
         return int(docker("wait", container).strip())
 
     def running(self, container: str) -> bool:
-        return (
-            docker("inspect", "--format", "{{.State.Running}}", container).strip()
-            == "true"
-        )
+        return docker("inspect", "--format", "{{.State.Running}}", container).strip() == "true"
 
     def logs(self, container: str) -> str:
         done = subprocess.run(

@@ -7,13 +7,23 @@ import pytest
 from distlaunch.launcher.policy import Action, Cluster, RestartPolicy, RestartRules, TaskEvent
 
 MWMS = Cluster("multi_worker_mirrored", {"worker": ["worker-0", "worker-1"]})
-PSS = Cluster("parameter_server", {"chief": ["chief-0"], "worker": ["worker-0", "worker-1"], "ps": ["ps-0"], "evaluator": ["evaluator-0"]})
+PSS = Cluster(
+    "parameter_server",
+    {
+        "chief": ["chief-0"],
+        "worker": ["worker-0", "worker-1"],
+        "ps": ["ps-0"],
+        "evaluator": ["evaluator-0"],
+    },
+)
 ON_FAILURE = RestartRules(policy="on-failure", max_restarts=3, initial_backoff_s=1, max_backoff_s=3)
 
 
 def decide(cluster, rules, name, code, error_type=None, exited=None, restarts=(), now=100.0):
     role = cluster.role_of(name)
-    return RestartPolicy(cluster, rules).decide(TaskEvent(name, role, code, error_type), exited or {name: code}, restarts, now)
+    return RestartPolicy(cluster, rules).decide(
+        TaskEvent(name, role, code, error_type), exited or {name: code}, restarts, now
+    )
 
 
 def test_never_fails_on_the_first_failure():
@@ -28,15 +38,21 @@ def test_mwms_failure_restarts_the_whole_gang():
 
 def test_mwms_done_when_every_worker_exited_zero():
     assert decide(MWMS, ON_FAILURE, "worker-0", 0, exited={"worker-0": 0}).action is Action.CONTINUE
-    assert decide(MWMS, ON_FAILURE, "worker-1", 0, exited={"worker-0": 0, "worker-1": 0}).action is Action.DONE
+    assert (
+        decide(MWMS, ON_FAILURE, "worker-1", 0, exited={"worker-0": 0, "worker-1": 0}).action
+        is Action.DONE
+    )
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("worker-1", ("worker-1",)),
-    ("ps-0", ("ps-0", "chief-0")),
-    ("chief-0", ("chief-0",)),
-    ("evaluator-0", ("evaluator-0",)),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("worker-1", ("worker-1",)),
+        ("ps-0", ("ps-0", "chief-0")),
+        ("chief-0", ("chief-0",)),
+        ("evaluator-0", ("evaluator-0",)),
+    ],
+)
 def test_pss_restart_sets(name, expected):
     d = decide(PSS, ON_FAILURE, name, 1)
     assert d.action is Action.RESTART and d.tasks == expected
@@ -54,11 +70,15 @@ def test_non_retryable_exit_codes_and_errors():
     assert d.action is Action.FAIL and "not retried" in d.reason
     d = decide(MWMS, ON_FAILURE, "worker-0", 1, error_type="ModuleNotFoundError")
     assert d.action is Action.FAIL and "ModuleNotFoundError" in d.reason
-    assert decide(MWMS, ON_FAILURE, "worker-0", 1, error_type="RuntimeError").action is Action.RESTART
+    assert (
+        decide(MWMS, ON_FAILURE, "worker-0", 1, error_type="RuntimeError").action is Action.RESTART
+    )
 
 
 def test_budget_is_honored_and_backoff_grows():
-    delays = [decide(MWMS, ON_FAILURE, "worker-0", 1, restarts=[90.0] * n).delay_s for n in range(3)]
+    delays = [
+        decide(MWMS, ON_FAILURE, "worker-0", 1, restarts=[90.0] * n).delay_s for n in range(3)
+    ]
     assert delays == [1, 2, 3]  # doubles, capped at max_s
     d = decide(MWMS, ON_FAILURE, "worker-0", 1, restarts=[90.0, 91.0, 92.0])
     assert d.action is Action.FAIL and "restart budget exhausted (3 of 3" in d.reason
@@ -83,7 +103,9 @@ def test_hang_counts_as_failure():
 
 def test_backoff_stays_at_its_cap_after_thousands_of_restarts():
     # 2 ** 1024 does not fit a float: the delay must stay max_s, not raise OverflowError.
-    rules = RestartRules(policy="on-failure", max_restarts=5000, initial_backoff_s=1.0, max_backoff_s=30.0)
+    rules = RestartRules(
+        policy="on-failure", max_restarts=5000, initial_backoff_s=1.0, max_backoff_s=30.0
+    )
     d = decide(MWMS, rules, "worker-1", 1, restarts=[99.0] * 2000)
     assert d.action is Action.RESTART and d.delay_s == 30
 
@@ -94,10 +116,14 @@ def test_the_same_traceback_twice_is_a_crash_loop():
     policy = RestartPolicy(MWMS, ON_FAILURE)
     first = TaskEvent("worker-0", "worker", 1, "ValueError", fingerprint="ValueError\nbad N")
     assert policy.decide(first, {"worker-0": 1}, History(), 100.0).action is Action.RESTART
-    again = policy.decide(first, {"worker-0": 1}, History((99.0,), last_fingerprint="ValueError\nbad N"), 100.0)
+    again = policy.decide(
+        first, {"worker-0": 1}, History((99.0,), last_fingerprint="ValueError\nbad N"), 100.0
+    )
     assert again.action is Action.FAIL and again.crash_loop and again.cause == "worker-0"
     other = TaskEvent("worker-0", "worker", 1, "KeyError", fingerprint="KeyError\nx")
-    d = policy.decide(other, {"worker-0": 1}, History((99.0,), last_fingerprint="ValueError\nbad N"), 100.0)
+    d = policy.decide(
+        other, {"worker-0": 1}, History((99.0,), last_fingerprint="ValueError\nbad N"), 100.0
+    )
     assert d.action is Action.RESTART
 
 
@@ -113,13 +139,17 @@ def test_a_survivor_that_lost_its_peer_is_never_the_cause():
     d = policy.decide(survivor, {"worker-0": 1}, History(), 100.0)
     assert d.action is Action.FAIL and d.cause is None
     # Another follow-on error is not a cause either.
-    d = policy.decide(survivor, {"worker-1": 1, "worker-0": 1}, History(peer_lost=frozenset({"worker-1"})), 100.0)
+    d = policy.decide(
+        survivor, {"worker-1": 1, "worker-0": 1}, History(peer_lost=frozenset({"worker-1"})), 100.0
+    )
     assert d.cause is None
 
 
 def test_a_task_named_lost_by_the_survivors_error_is_the_cause():
     from distlaunch.launcher.policy import History
 
-    survivor = TaskEvent("worker-0", "worker", 1, "UnavailableError", peer_lost=True, lost_peers=("worker-1",))
+    survivor = TaskEvent(
+        "worker-0", "worker", 1, "UnavailableError", peer_lost=True, lost_peers=("worker-1",)
+    )
     d = RestartPolicy(MWMS, RestartRules()).decide(survivor, {"worker-0": 1}, History(), 100.0)
     assert d.action is Action.FAIL and d.cause == "worker-1"

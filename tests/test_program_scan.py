@@ -41,9 +41,7 @@ def test_scan_finds_who_serves() -> None:
     assert program_scan.scan("import distlaunch.worker as dw\n").imports_distlaunch
     assert program_scan.scan("from distlaunch import worker\n").imports_distlaunch
     assert (
-        program_scan.scan(
-            "import tensorflow as tf\ntf.distribute.Server(c).join()\n"
-        ).server_line
+        program_scan.scan("import tensorflow as tf\ntf.distribute.Server(c).join()\n").server_line
         == 2
     )
     facts = program_scan.scan(TF_KERAS)
@@ -88,19 +86,11 @@ def test_auto_runs_tf_keras_programs_with_tf_keras(tmp: Path) -> None:
         (TF_KERAS, {"program": {"keras": "keras3"}}, 'set by "keras" in the spec'),
     ],
 )
-def test_auto_keeps_keras3_otherwise(
-    tmp: Path, source: str, fields: dict, why: str
-) -> None:
+def test_auto_keeps_keras3_otherwise(tmp: Path, source: str, fields: dict, why: str) -> None:
     loaded = _loaded(tmp, source, **fields)
     choice = program_scan.choose(loaded)
-    assert (
-        choice.keras == "keras3"
-        and not choice.keras_auto
-        and why in choice.keras_reason
-    )
-    plan = make_plan(
-        loaded, {("worker", 0): 1, ("worker", 1): 2}, "r", tmp / "runs" / "r"
-    )
+    assert choice.keras == "keras3" and not choice.keras_auto and why in choice.keras_reason
+    plan = make_plan(loaded, {("worker", 0): 1, ("worker", 1): 2}, "r", tmp / "runs" / "r")
     assert all(
         "TF_USE_LEGACY_KERAS" not in t.env and t.env["DISTLAUNCH_KERAS"] == "keras3"
         for t in plan.tasks
@@ -109,9 +99,7 @@ def test_auto_keeps_keras3_otherwise(
 
 def test_spec_default_is_auto_and_tf_keras_stays(tmp: Path) -> None:
     assert _loaded(tmp, TF_KERAS).spec.program.keras == "auto"
-    choice = program_scan.choose(
-        _loaded(tmp, "import keras\n", program={"keras": "tf_keras"})
-    )
+    choice = program_scan.choose(_loaded(tmp, "import keras\n", program={"keras": "tf_keras"}))
     assert choice.keras == "tf_keras" and not choice.keras_auto
 
 
@@ -153,9 +141,7 @@ def test_module_source_is_found_without_importing_its_packages(tmp: Path) -> Non
     assert "pkg_never_imported" not in sys.modules
     assert program_scan.module_file("pkg_never_imported.absent", tmp) is None
     (package / "__main__.py").write_text("")
-    assert (
-        program_scan.module_file("pkg_never_imported", tmp) == package / "__main__.py"
-    )
+    assert program_scan.module_file("pkg_never_imported", tmp) == package / "__main__.py"
     loaded = load_spec(write_spec(tmp, program={"module": "pkg_never_imported.train"}))
     assert program_scan.choose(loaded).keras == "tf_keras"
     missing = load_spec(write_spec(tmp, program={"module": "no_such_module_here"}))
@@ -168,16 +154,7 @@ def test_plan_shows_the_choice_and_why(tmp: Path) -> None:
     spec = write_spec(tmp, program={"script": "job.py"}, **PSS)
     result = distlaunch("plan", str(spec), cwd=tmp)
     assert result.returncode == 0, result.stderr
-    assert (
-        "keras: tf_keras (auto: " in result.stdout
-        and "job.py:2 uses tf.keras" in result.stdout
-    )
-    assert (
-        "roles: ps and worker tasks run `python -m distlaunch.worker.serve`"
-        in result.stdout
-    )
+    assert "keras: tf_keras (auto: " in result.stdout and "job.py:2 uses tf.keras" in result.stdout
+    assert "roles: ps and worker tasks run `python -m distlaunch.worker.serve`" in result.stdout
     data = json.loads(distlaunch("plan", "--json", str(spec), cwd=tmp).stdout)
-    assert (
-        data["program"]["keras"] == "tf_keras"
-        and data["program"]["serve_ps_workers"] is True
-    )
+    assert data["program"]["keras"] == "tf_keras" and data["program"]["serve_ps_workers"] is True

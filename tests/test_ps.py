@@ -26,12 +26,23 @@ SERVERS = ("worker-0", "worker-1", "ps-0")
 
 
 def _ps_spec(
-    folder: Path, module: str, args: list[str], name: str = "spec.json", keras: str = contract.KERAS3, **fields
+    folder: Path,
+    module: str,
+    args: list[str],
+    name: str = "spec.json",
+    keras: str = contract.KERAS3,
+    **fields,
 ) -> Path:
     """Write a PSS spec: chief, 2 workers, 1 ps (unless ``fields`` say otherwise) running ``module args``."""
     return write_spec(
-        folder, name, **{"strategy": contract.PSS, "tasks": PS_TASKS,
-                         "program": {"module": module, "args": args, "keras": keras}, **fields},
+        folder,
+        name,
+        **{
+            "strategy": contract.PSS,
+            "tasks": PS_TASKS,
+            "program": {"module": module, "args": args, "keras": keras},
+            **fields,
+        },
     )
 
 
@@ -65,7 +76,9 @@ def test_context_of_a_hand_run_with_ps_tasks_is_pss(monkeypatch: pytest.MonkeyPa
     for name in (contract.STRATEGY, contract.ROLE, contract.INDEX):
         monkeypatch.delenv(name, raising=False)
     cluster = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "ps": ["h:4"]}
-    monkeypatch.setenv(contract.TF_CONFIG, json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}))
+    monkeypatch.setenv(
+        contract.TF_CONFIG, json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}})
+    )
     ctx = runtime.context()
     assert (ctx.strategy, ctx.role, ctx.is_chief, ctx.num_workers) == (contract.PSS, "ps", False, 2)
 
@@ -105,13 +118,20 @@ class FirstRun:
 def keras3_run(tmp_path_factory: pytest.TempPathFactory) -> FirstRun:
     """cnn_mnist with the Keras 3 custom loop: 2 epochs of 10 steps, checkpoints every 5."""
     folder = tmp_path_factory.mktemp("ps")
-    run_id = f"ps-keras3-{uuid.uuid4().hex[:8]}"  # unique: processes_of_run looks it up machine-wide
+    run_id = (
+        f"ps-keras3-{uuid.uuid4().hex[:8]}"  # unique: processes_of_run looks it up machine-wide
+    )
     spec = _ps_spec(folder, CNN, [*_epochs(2), "--checkpoint-every", "5"])
     result = distlaunch("up", "--run-id", run_id, str(spec), cwd=folder)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = folder / "runs" / run_id
     return FirstRun(
-        folder, run_dir, result.stdout, run_record(run_dir), _metrics(run_dir, "chief-0"), _last_saved_step(run_dir)
+        folder,
+        run_dir,
+        result.stdout,
+        run_record(run_dir),
+        _metrics(run_dir, "chief-0"),
+        _last_saved_step(run_dir),
     )
 
 
@@ -147,7 +167,9 @@ def test_a_second_up_resumes_the_chief_at_its_last_saved_step(keras3_run: FirstR
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming run {run_id} (attempt 1)" in result.stderr
-    resumed = re.findall(r"^chief-0 +\| distlaunch: resumed from (\S+) at step (\d+)$", result.stdout, re.M)
+    resumed = re.findall(
+        r"^chief-0 +\| distlaunch: resumed from (\S+) at step (\d+)$", result.stdout, re.M
+    )
     saved = run.last_saved_step
     assert resumed == [(str(contract.checkpoint_dir(run.run_dir) / f"ckpt-{saved}"), str(saved))]
     assert "epoch 1/3" not in result.stdout and "epoch 2/3" not in result.stdout
@@ -182,12 +204,17 @@ def test_evaluator_evaluates_the_final_checkpoint_then_exits_by_itself(tmp: Path
     run_dir = only_run_dir(tmp / "runs")
     evaluations = _metrics(run_dir, "evaluator-0")
     final = evaluations[-1]
-    assert final["step"] == 20 and final["checkpoint"] == str(contract.checkpoint_dir(run_dir) / "ckpt-20")
+    assert final["step"] == 20 and final["checkpoint"] == str(
+        contract.checkpoint_dir(run_dir) / "ckpt-20"
+    )
     assert {"loss", "accuracy", "top5_accuracy"} <= set(final)
     assert [e["step"] for e in evaluations] == sorted({e["step"] for e in evaluations})
     assert re.search(r"^evaluator-0 +\| eval step 20 loss \S+ accuracy ", result.stdout, re.M)
     assert list((contract.tensorboard_dir(run_dir) / "eval").glob("events.out.tfevents.*"))
     record = run_record(run_dir)
     # It stopped by itself after the final checkpoint, within the launcher's drain time.
-    assert (record["tasks"]["evaluator-0"]["state"], record["tasks"]["evaluator-0"]["exit_code"]) == ("succeeded", 0)
+    assert (
+        record["tasks"]["evaluator-0"]["state"],
+        record["tasks"]["evaluator-0"]["exit_code"],
+    ) == ("succeeded", 0)
     _assert_servers_stopped_by_sigterm(record)

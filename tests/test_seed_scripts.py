@@ -83,9 +83,7 @@ def test_slide4_with_keras3_fails_and_says_why_in_a_short_summary(tmp: Path) -> 
     assert "Keras 3 model.fit cannot run under MultiWorkerMirroredStrategy" in text
     assert "keras-team/keras#20585" in text
     assert '"keras": "tf_keras"' in text and "dw.fit" in text  # both fixes
-    assert (
-        "PerReplica'>) to a Tensor" in text
-    )  # the message's last line, not the tensor dump
+    assert "PerReplica'>) to a Tensor" in text  # the message's last line, not the tensor dump
     assert all(len(line) <= 200 for line in summary if "hint:" not in line)
 
 
@@ -133,9 +131,7 @@ def test_slide8_custom_loop_on_mwms_same_loss_on_both_workers(tmp: Path) -> None
 def test_slide9_checkpointing_saves_and_loads(tmp: Path) -> None:
     # A one-machine program (MirroredStrategy, fixed paths in its cwd): one task, so that no two
     # processes write the same checkpoint files.
-    result = _up(
-        tmp, PROGRAMS / "slide9_checkpointing.py", tasks={"worker": {"count": 1}}
-    )
+    result = _up(tmp, PROGRAMS / "slide9_checkpointing.py", tasks={"worker": {"count": 1}})
     assert result.returncode == 0, result.stderr
     assert "Model saved and loaded successfully" in _lines(result, "worker-0")
     assert len(list((tmp / "training_checkpoints").glob("ckpt-*.index"))) == 5
@@ -146,10 +142,7 @@ def test_keras_guide_mnist_restores_or_creates(tmp: Path) -> None:
     program = _guide_program(tmp)
     result = _up(tmp, program, tasks={"worker": {"count": 1}})
     assert result.returncode == 0, result.stderr
-    assert (
-        "imports Keras 3" not in result.stderr
-        and "running with tf_keras" not in result.stderr
-    )
+    assert "imports Keras 3" not in result.stderr and "running with tf_keras" not in result.stderr
     out = _lines(result, "worker-0")
     assert "Creating a new model" in out
     assert any(line.startswith("Restoring from ./ckpt/ckpt-1.keras") for line in out)
@@ -193,7 +186,5 @@ def _guide_program(tmp: Path) -> Path:
     assert source.count(call) == 1
     copy = tmp / program.name
     copy.write_text(source.replace(call, loader))
-    print(
-        f"no {GENUINE_MNIST}: the Keras guide reads a generated {data} instead of calling {call}"
-    )
+    print(f"no {GENUINE_MNIST}: the Keras guide reads a generated {data} instead of calling {call}")
     return copy

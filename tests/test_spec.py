@@ -46,31 +46,131 @@ BAD = [
     ("bad JSON", '{"name": "t",', "$", "invalid JSON at line 1"),
     ("not an object", "[1, 2]", "$", "expected a JSON object"),
     ("unknown key", _with(colour="red"), "$.colour", "unknown key 'colour'"),
-    ("unknown nested key", _with(program__scirpt="x.py"), "$.program.scirpt", "unknown key 'scirpt'"),
-    ("unknown task key", _with(tasks__worker=[{"prot": 1}]), "$.tasks.worker[0].prot", "unknown key 'prot'"),
-    ("wrong type", _with(tasks__worker={"count": "2"}), "$.tasks.worker.count", "expected an integer >= 1"),
+    (
+        "unknown nested key",
+        _with(program__scirpt="x.py"),
+        "$.program.scirpt",
+        "unknown key 'scirpt'",
+    ),
+    (
+        "unknown task key",
+        _with(tasks__worker=[{"prot": 1}]),
+        "$.tasks.worker[0].prot",
+        "unknown key 'prot'",
+    ),
+    (
+        "wrong type",
+        _with(tasks__worker={"count": "2"}),
+        "$.tasks.worker.count",
+        "expected an integer >= 1",
+    ),
     ("wrong type in list", _with(program__args=[1]), "$.program.args[0]", "valid string"),
-    ("bad strategy", _with(strategy="mirrored"), "$.strategy", "'multi_worker_mirrored' or 'parameter_server'"),
+    (
+        "bad strategy",
+        _with(strategy="mirrored"),
+        "$.strategy",
+        "'multi_worker_mirrored' or 'parameter_server'",
+    ),
     ("missing name", _with(name=_DELETE), "$.name", "required key is missing"),
-    ("duplicate ports", _with(tasks__worker=[{"port": 5000}, {"port": 5000}]), "$.tasks.worker[1].port", "port 5000 is already used"),
-    ("fixed port for many", _with(tasks__worker={"count": 2, "port": 5000}), "$.tasks.worker.port", "a fixed port needs one task"),
-    ("port out of range", _with(tasks__worker=[{"port": 70000}]), "$.tasks.worker[0].port", '"auto" or a port number'),
-    ("missing script", _with(program__script="nope.py"), "$.program.script", "expected an existing script file"),
-    ("script and module", _with(program__module="m"), "$.program", 'exactly one of "script" or "module"'),
-    ("unknown role", _with(tasks={"master": {"count": 1}}), "$.tasks.master", "unknown key 'master'; expected one of: chief, worker, ps, evaluator"),
-    ("zero workers", _with(tasks__worker={"count": 0}), "$.tasks.worker.count", "expected an integer >= 1, got 0"),
+    (
+        "duplicate ports",
+        _with(tasks__worker=[{"port": 5000}, {"port": 5000}]),
+        "$.tasks.worker[1].port",
+        "port 5000 is already used",
+    ),
+    (
+        "fixed port for many",
+        _with(tasks__worker={"count": 2, "port": 5000}),
+        "$.tasks.worker.port",
+        "a fixed port needs one task",
+    ),
+    (
+        "port out of range",
+        _with(tasks__worker=[{"port": 70000}]),
+        "$.tasks.worker[0].port",
+        '"auto" or a port number',
+    ),
+    (
+        "missing script",
+        _with(program__script="nope.py"),
+        "$.program.script",
+        "expected an existing script file",
+    ),
+    (
+        "script and module",
+        _with(program__module="m"),
+        "$.program",
+        'exactly one of "script" or "module"',
+    ),
+    (
+        "unknown role",
+        _with(tasks={"master": {"count": 1}}),
+        "$.tasks.master",
+        "unknown key 'master'; expected one of: chief, worker, ps, evaluator",
+    ),
+    (
+        "zero workers",
+        _with(tasks__worker={"count": 0}),
+        "$.tasks.worker.count",
+        "expected an integer >= 1, got 0",
+    ),
     ("no tasks", _with(tasks={}), "$.tasks", "expected at least one worker"),
-    ("ps under MWMS", _with(tasks={"worker": {"count": 1}, "ps": {"count": 1}}), "$.tasks.ps", "need strategy parameter_server"),
-    ("PS without ps", _with(strategy="parameter_server", tasks={"chief": {}, "worker": {"count": 2}}), "$.tasks.ps", "needs at least one ps"),
-    ("PS without chief", _with(strategy="parameter_server", tasks={"ps": {}, "worker": {"count": 2}}), "$.tasks.chief", "needs a chief"),
-    ("two evaluators", _with(tasks={"worker": {"count": 1}, "evaluator": {"count": 2}}), "$.tasks.evaluator", "expected one evaluator task, got 2"),
-    ("evaluator listed twice", '{"name": "t", "strategy": "multi_worker_mirrored", "program": {"script": "task.py"}, '
-     '"tasks": {"worker": {"count": 1}, "evaluator": {}, "evaluator": {}}}', "$.tasks.evaluator", "appears twice"),
-    ("gpu overlap", _with(tasks__worker=[{"gpus": [0, 1]}, {"gpus": [1]}]), "$.tasks.worker[1].gpus", "never share a GPU"),
+    (
+        "ps under MWMS",
+        _with(tasks={"worker": {"count": 1}, "ps": {"count": 1}}),
+        "$.tasks.ps",
+        "need strategy parameter_server",
+    ),
+    (
+        "PS without ps",
+        _with(strategy="parameter_server", tasks={"chief": {}, "worker": {"count": 2}}),
+        "$.tasks.ps",
+        "needs at least one ps",
+    ),
+    (
+        "PS without chief",
+        _with(strategy="parameter_server", tasks={"ps": {}, "worker": {"count": 2}}),
+        "$.tasks.chief",
+        "needs a chief",
+    ),
+    (
+        "two evaluators",
+        _with(tasks={"worker": {"count": 1}, "evaluator": {"count": 2}}),
+        "$.tasks.evaluator",
+        "expected one evaluator task, got 2",
+    ),
+    (
+        "evaluator listed twice",
+        '{"name": "t", "strategy": "multi_worker_mirrored", "program": {"script": "task.py"}, '
+        '"tasks": {"worker": {"count": 1}, "evaluator": {}, "evaluator": {}}}',
+        "$.tasks.evaluator",
+        "appears twice",
+    ),
+    (
+        "gpu overlap",
+        _with(tasks__worker=[{"gpus": [0, 1]}, {"gpus": [1]}]),
+        "$.tasks.worker[1].gpus",
+        "never share a GPU",
+    ),
     ("bad gpus", _with(tasks__worker=[{"gpus": "all"}]), "$.tasks.worker[0].gpus", "GPU count"),
-    ("negative timeout", _with(timeouts={"startup_s": -1}), "$.timeouts.startup_s", "greater than 0"),
-    ("reserved env", _with(program__env={"TF_CONFIG": "{}"}), "$.program.env.TF_CONFIG", "set by distlaunch"),
-    ("unknown host", _with(tasks__worker=[{"host": "node7"}]), "$.tasks.worker[0].host", "unknown host 'node7'; expected one of: localhost"),
+    (
+        "negative timeout",
+        _with(timeouts={"startup_s": -1}),
+        "$.timeouts.startup_s",
+        "greater than 0",
+    ),
+    (
+        "reserved env",
+        _with(program__env={"TF_CONFIG": "{}"}),
+        "$.program.env.TF_CONFIG",
+        "set by distlaunch",
+    ),
+    (
+        "unknown host",
+        _with(tasks__worker=[{"host": "node7"}]),
+        "$.tasks.worker[0].host",
+        "unknown host 'node7'; expected one of: localhost",
+    ),
 ]
 
 
@@ -114,7 +214,9 @@ def test_missing_file(tmp):
 def test_relative_paths_resolve_against_the_spec_folder(tmp):
     (tmp / "sub").mkdir()
     (tmp / "sub" / "task.py").write_text("")
-    spec = write_spec(tmp / "sub", program={"script": "task.py", "workdir": "."}, shared_dir="../out")
+    spec = write_spec(
+        tmp / "sub", program={"script": "task.py", "workdir": "."}, shared_dir="../out"
+    )
     loaded = load_spec(spec)
     assert loaded.script == (tmp / "sub" / "task.py").resolve()
     assert loaded.workdir == (tmp / "sub").resolve()

@@ -89,7 +89,9 @@ def _marked(marker: str) -> list[psutil.Process]:
 
 
 def _helper(request: dict, **kw) -> subprocess.Popen:
-    proc = subprocess.Popen(HELPER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    proc = subprocess.Popen(
+        HELPER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw
+    )
     proc.stdin.write(json.dumps(request).encode() + b"\n")
     proc.stdin.flush()
     return proc
@@ -107,7 +109,12 @@ def _outcome(proc: subprocess.Popen) -> tuple[bytes, bytes]:
 def _sleeper_request(tmp: Path, marker: str, *flags: str, **extra) -> dict:
     script = tmp / "sleeper.py"
     script.write_text(SLEEPER)
-    return {"argv": [sys.executable, str(script), *flags], "env": {"MARK": marker}, "grace_s": 1, **extra}
+    return {
+        "argv": [sys.executable, str(script), *flags],
+        "env": {"MARK": marker},
+        "grace_s": 1,
+        **extra,
+    }
 
 
 def _await_up(proc: subprocess.Popen) -> None:
@@ -116,8 +123,11 @@ def _await_up(proc: subprocess.Popen) -> None:
 
 
 def test_helper_runs_the_request_and_relays_the_exit_code(tmp: Path) -> None:
-    request = {"argv": ["sh", "-c", 'echo "$A|$0|$(pwd)"; echo to-stderr >&2; exit 7', "zero"],
-               "env": {"A": "x y"}, "cwd": str(tmp)}
+    request = {
+        "argv": ["sh", "-c", 'echo "$A|$0|$(pwd)"; echo to-stderr >&2; exit 7', "zero"],
+        "env": {"A": "x y"},
+        "cwd": str(tmp),
+    }
     proc = _helper(request)
     out, err = _outcome(proc)
     assert proc.returncode == 7
@@ -187,11 +197,14 @@ def test_helper_relays_sigterm_to_the_task(tmp: Path) -> None:
     assert _marked(marker) == []
 
 
-@pytest.mark.parametrize(("request_", "code", "says"), [
-    ({"argv": []}, 125, b"bad request"),
-    ({"argv": ["/nonexistent/program"]}, 127, b"cannot start the task"),
-    ({"argv": ["true"], "cwd": "/nonexistent/dir"}, 127, b"cannot start the task"),
-])
+@pytest.mark.parametrize(
+    ("request_", "code", "says"),
+    [
+        ({"argv": []}, 125, b"bad request"),
+        ({"argv": ["/nonexistent/program"]}, 127, b"cannot start the task"),
+        ({"argv": ["true"], "cwd": "/nonexistent/dir"}, 127, b"cannot start the task"),
+    ],
+)
 def test_helper_refuses_what_it_cannot_start(request_: dict, code: int, says: bytes) -> None:
     proc = _helper(request_)
     _, err = _outcome(proc)
@@ -200,9 +213,11 @@ def test_helper_refuses_what_it_cannot_start(request_: dict, code: int, says: by
 
 
 def test_helper_imports_neither_launcher_nor_tensorflow() -> None:
-    code = ("import sys, distlaunch.worker.remote; "
-            "bad = [m for m in sys.modules if m.startswith(('distlaunch.launcher', 'tensorflow'))]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, distlaunch.worker.remote; "
+        "bad = [m for m in sys.modules if m.startswith(('distlaunch.launcher', 'tensorflow'))]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -211,15 +226,23 @@ def test_helper_imports_neither_launcher_nor_tensorflow() -> None:
 
 def test_remote_python_is_quoted_data() -> None:
     assert ssh.remote_python("python3") == "python3"
-    assert ssh.remote_python("/opt/my env/bin/python; rm -rf ~") == "'/opt/my env/bin/python; rm -rf ~'"
+    assert (
+        ssh.remote_python("/opt/my env/bin/python; rm -rf ~")
+        == "'/opt/my env/bin/python; rm -rf ~'"
+    )
     assert ssh.remote_python("~/venv/bin/python") == '"$HOME"/venv/bin/python'
 
 
 def test_ssh_argv_keeps_the_launcher_in_control() -> None:
-    host = Host.model_validate({
-        "address": "10.0.0.5", "user": "alice", "port": 2200, "identity_file": "/keys/id",
-        "ssh_options": ["ServerAliveInterval=30", "ProxyJump=bastion"],
-    })
+    host = Host.model_validate(
+        {
+            "address": "10.0.0.5",
+            "user": "alice",
+            "port": 2200,
+            "identity_file": "/keys/id",
+            "ssh_options": ["ServerAliveInterval=30", "ProxyJump=bastion"],
+        }
+    )
     with ssh.Session({"node1": host}) as session:
         argv = session.argv("node1", "exec python3 -m x", slot=1)
         options = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
@@ -227,19 +250,31 @@ def test_ssh_argv_keeps_the_launcher_in_control() -> None:
         control_dir = Path(control_path).parent
         assert (control_dir.stat().st_mode & 0o777) == 0o700
     assert argv[-3:] == ["--", "10.0.0.5", "exec python3 -m x"]
-    assert {"BatchMode=yes", "StrictHostKeyChecking=yes", "ControlMaster=auto", "IdentitiesOnly=yes"} <= set(options)
+    assert {
+        "BatchMode=yes",
+        "StrictHostKeyChecking=yes",
+        "ControlMaster=auto",
+        "IdentitiesOnly=yes",
+    } <= set(options)
     assert control_path.endswith("/0-1-%C")
     # The spec's options come first: ssh keeps the first value, so they win over defaults.
-    assert options.index("ServerAliveInterval=30") < options.index(f"ServerAliveInterval={ssh.ALIVE_INTERVAL_S}")
-    assert ["-l", "alice"] == argv[argv.index("-l"):argv.index("-l") + 2]
+    assert options.index("ServerAliveInterval=30") < options.index(
+        f"ServerAliveInterval={ssh.ALIVE_INTERVAL_S}"
+    )
+    assert ["-l", "alice"] == argv[argv.index("-l") : argv.index("-l") + 2]
     assert not control_dir.exists()
 
 
 def _ssh_spec(folder: Path, hosts: dict, tasks: dict, **fields) -> Path:
     (folder / "task.py").write_text("print('hi')\n")
     spec = {
-        "name": "s", "strategy": "multi_worker_mirrored", "program": {"script": "task.py"},
-        "hosts": hosts, "tasks": tasks, "shared_dir": "runs", "timeouts": {"grace_s": 2, "startup_s": 120},
+        "name": "s",
+        "strategy": "multi_worker_mirrored",
+        "program": {"script": "task.py"},
+        "hosts": hosts,
+        "tasks": tasks,
+        "shared_dir": "runs",
+        "timeouts": {"grace_s": 2, "startup_s": 120},
         **fields,
     }
     path = folder / "spec.json"
@@ -247,23 +282,63 @@ def _ssh_spec(folder: Path, hosts: dict, tasks: dict, **fields) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("hosts", "tasks", "where", "says"), [
-    ({}, {"worker": [{"host": "node7"}]}, "$.tasks.worker[0].host", "unknown host 'node7'"),
-    ({"node1": {}}, {"worker": [{"host": "node1"}, {"host": "localhost"}]}, "$.tasks.worker[1].host", "cannot reach"),
-    ({"node1": {}, "me": {"transport": "local"}}, {"worker": [{"host": "node1"}, {"host": "me"}]},
-     "$.tasks.worker[1].host", "set $.hosts.me.address"),
-    ({"node1": {"ssh_options": ["ControlPath=/tmp/x"]}}, {"worker": {"host": "node1"}},
-     "$.hosts.node1.ssh_options[0]", "set by distlaunch"),
-    ({"node1": {"ssh_options": ["-oProxyCommand=x"]}}, {"worker": {"host": "node1"}},
-     "$.hosts.node1.ssh_options[0]", "Key=Value"),
-    ({"me": {"transport": "local", "identity_file": "k"}}, {"worker": {"host": "me"}},
-     "$.hosts.me.identity_file", "only hosts with"),
-    ({"node1": {"address": "-oProxyCommand=x"}}, {"worker": {"host": "node1"}}, "$.hosts.node1.address", "pattern"),
-    ({"node1": {"identity_file": "missing_key"}}, {"worker": {"host": "node1"}},
-     "$.hosts.node1.identity_file", "existing key file"),
-    ({"localhost": {}}, {"worker": {"host": "localhost"}}, "$.hosts.localhost", "expected a host name"),
-])
-def test_bad_host_specs_are_one_line_with_path(tmp: Path, hosts: dict, tasks: dict, where: str, says: str) -> None:
+@pytest.mark.parametrize(
+    ("hosts", "tasks", "where", "says"),
+    [
+        ({}, {"worker": [{"host": "node7"}]}, "$.tasks.worker[0].host", "unknown host 'node7'"),
+        (
+            {"node1": {}},
+            {"worker": [{"host": "node1"}, {"host": "localhost"}]},
+            "$.tasks.worker[1].host",
+            "cannot reach",
+        ),
+        (
+            {"node1": {}, "me": {"transport": "local"}},
+            {"worker": [{"host": "node1"}, {"host": "me"}]},
+            "$.tasks.worker[1].host",
+            "set $.hosts.me.address",
+        ),
+        (
+            {"node1": {"ssh_options": ["ControlPath=/tmp/x"]}},
+            {"worker": {"host": "node1"}},
+            "$.hosts.node1.ssh_options[0]",
+            "set by distlaunch",
+        ),
+        (
+            {"node1": {"ssh_options": ["-oProxyCommand=x"]}},
+            {"worker": {"host": "node1"}},
+            "$.hosts.node1.ssh_options[0]",
+            "Key=Value",
+        ),
+        (
+            {"me": {"transport": "local", "identity_file": "k"}},
+            {"worker": {"host": "me"}},
+            "$.hosts.me.identity_file",
+            "only hosts with",
+        ),
+        (
+            {"node1": {"address": "-oProxyCommand=x"}},
+            {"worker": {"host": "node1"}},
+            "$.hosts.node1.address",
+            "pattern",
+        ),
+        (
+            {"node1": {"identity_file": "missing_key"}},
+            {"worker": {"host": "node1"}},
+            "$.hosts.node1.identity_file",
+            "existing key file",
+        ),
+        (
+            {"localhost": {}},
+            {"worker": {"host": "localhost"}},
+            "$.hosts.localhost",
+            "expected a host name",
+        ),
+    ],
+)
+def test_bad_host_specs_are_one_line_with_path(
+    tmp: Path, hosts: dict, tasks: dict, where: str, says: str
+) -> None:
     result = distlaunch("validate", str(_ssh_spec(tmp, hosts, tasks)))
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -271,9 +346,13 @@ def test_bad_host_specs_are_one_line_with_path(tmp: Path, hosts: dict, tasks: di
 
 
 def test_plan_names_every_host_address_and_runs_the_host_python(tmp: Path) -> None:
-    hosts = {"node1": {"address": "10.1.0.1", "python": "/venv/bin/python", "workdir": "~/job"},
-             "here": {"transport": "local", "address": "10.1.0.9"}}
-    path = _ssh_spec(tmp, hosts, {"worker": [{"host": "node1", "port": 4000}, {"host": "here", "port": 4001}]})
+    hosts = {
+        "node1": {"address": "10.1.0.1", "python": "/venv/bin/python", "workdir": "~/job"},
+        "here": {"transport": "local", "address": "10.1.0.9"},
+    }
+    path = _ssh_spec(
+        tmp, hosts, {"worker": [{"host": "node1", "port": 4000}, {"host": "here", "port": 4001}]}
+    )
     data = json.loads(distlaunch("plan", "--json", str(path)).stdout)
     remote, local = data["tasks"]
     assert remote["tf_config"]["cluster"] == {"worker": ["10.1.0.1:4000", "10.1.0.9:4001"]}
@@ -302,7 +381,14 @@ def lab():
         yield made
 
 
-def _spec(folder: Path, lab: sshhosts.HostLab, program: dict, tasks: dict, hosts: dict | None = None, **fields) -> Path:
+def _spec(
+    folder: Path,
+    lab: sshhosts.HostLab,
+    program: dict,
+    tasks: dict,
+    hosts: dict | None = None,
+    **fields,
+) -> Path:
     spec = {
         "name": "ssh",
         "strategy": "multi_worker_mirrored",
@@ -329,7 +415,10 @@ def _nothing_left(lab: sshhosts.HostLab, run_id: str) -> bool:
         return False
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("DISTLAUNCH_RUN_ID") == run_id and proc.status() != psutil.STATUS_ZOMBIE:
+            if (
+                proc.environ().get("DISTLAUNCH_RUN_ID") == run_id
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 return False
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -337,12 +426,17 @@ def _nothing_left(lab: sshhosts.HostLab, run_id: str) -> bool:
 
 
 def _handshakes(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> int:
-    return (lab.dir / f"sshd-{host.name}.log").read_text(errors="replace").count("Accepted publickey")
+    return (
+        (lab.dir / f"sshd-{host.name}.log").read_text(errors="replace").count("Accepted publickey")
+    )
 
 
 @pytest.mark.integration
 def test_mwms_job_across_two_hosts(lab: sshhosts.HostLab, tmp: Path) -> None:
-    program = {"module": "distlaunch.worker.examples.mnist_mlp", "args": ["--epochs", "1", "--steps-per-epoch", "5"]}
+    program = {
+        "module": "distlaunch.worker.examples.mnist_mlp",
+        "args": ["--epochs", "1", "--steps-per-epoch", "5"],
+    }
     tasks = {"worker": [{"host": "node1"}, {"host": "node2"}]}
     result = distlaunch("up", str(_spec(tmp, lab, program, tasks)), cwd=tmp)
     assert result.returncode == 0, result.stderr + result.stdout
@@ -352,7 +446,11 @@ def test_mwms_job_across_two_hosts(lab: sshhosts.HostLab, tmp: Path) -> None:
     assert [a.split(":")[0] for a in cluster] == [h.address for h in lab.hosts]
     losses = sorted(line for line in result.stdout.splitlines() if "final loss" in line)
     # Each line is prefixed with its task and host.
-    assert len(losses) == 2 and losses[0].startswith("worker-0@node1 ") and losses[1].startswith("worker-1@node2 ")
+    assert (
+        len(losses) == 2
+        and losses[0].startswith("worker-0@node1 ")
+        and losses[1].startswith("worker-1@node2 ")
+    )
     assert losses[0].split("final loss")[1] == losses[1].split("final loss")[1]
     assert _nothing_left(lab, record["run_id"])
 
@@ -364,12 +462,19 @@ def test_ps_job_across_two_hosts(lab: sshhosts.HostLab, tmp: Path) -> None:
     path = _spec(tmp, lab, _script(tmp, PS_JOB), tasks, strategy="parameter_server")
     result = distlaunch("up", str(path), cwd=tmp)
     assert result.returncode == 0, result.stderr + result.stdout
-    assert any(line.startswith(f"chief-0@{node1} ") and line.endswith("| total 8.0") for line in result.stdout.splitlines())
-    assert _nothing_left(lab, json.loads((only_run_dir(tmp / "runs") / "run.json").read_text())["run_id"])
+    assert any(
+        line.startswith(f"chief-0@{node1} ") and line.endswith("| total 8.0")
+        for line in result.stdout.splitlines()
+    )
+    assert _nothing_left(
+        lab, json.loads((only_run_dir(tmp / "runs") / "run.json").read_text())["run_id"]
+    )
 
 
 @pytest.mark.integration
-def test_tasks_on_one_host_share_few_connections_which_are_closed_after(lab: sshhosts.HostLab, tmp: Path) -> None:
+def test_tasks_on_one_host_share_few_connections_which_are_closed_after(
+    lab: sshhosts.HostLab, tmp: Path
+) -> None:
     node1 = lab.hosts[0]
     before = _handshakes(lab, node1)
     # One more task than a connection carries (sshd allows 10 sessions per connection).
@@ -379,15 +484,22 @@ def test_tasks_on_one_host_share_few_connections_which_are_closed_after(lab: ssh
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(f"@{node1.name} | hi") == count
     assert _handshakes(lab, node1) - before == 2
-    nothing = distlaunch("collect", only_run_dir(tmp / "runs").name, "--shared-dir", str(tmp / "runs"))
+    nothing = distlaunch(
+        "collect", only_run_dir(tmp / "runs").name, "--shared-dir", str(tmp / "runs")
+    )
     assert nothing.returncode == 2 and "share the run dir" in nothing.stderr
-    masters = [p for p in psutil.process_iter(["name", "cmdline"])
-               if p.info["name"] == "ssh" and any("distlaunch-ssh-" in a for a in p.info["cmdline"] or [])]
+    masters = [
+        p
+        for p in psutil.process_iter(["name", "cmdline"])
+        if p.info["name"] == "ssh" and any("distlaunch-ssh-" in a for a in p.info["cmdline"] or [])
+    ]
     assert masters == []
 
 
 @pytest.mark.integration
-def test_spec_values_reach_the_remote_task_as_data(lab: sshhosts.HostLab, tmp: Path, capsys: pytest.CaptureFixture) -> None:
+def test_spec_values_reach_the_remote_task_as_data(
+    lab: sshhosts.HostLab, tmp: Path, capsys: pytest.CaptureFixture
+) -> None:
     """The injection suite of test_injection.py, through ssh and the remote login shell."""
     from test_injection import NAME_PAYLOADS, PATH_PAYLOADS, PAYLOADS, chain
 
@@ -402,18 +514,28 @@ def test_spec_values_reach_the_remote_task_as_data(lab: sshhosts.HostLab, tmp: P
     spec = _spec(tmp, lab, program, {"worker": [{"host": "node1"}, {"host": "node2"}]}, hosts)
     result = distlaunch("up", str(spec), cwd=tmp)
     assert result.returncode == 0, result.stderr
-    got = [json.loads(line.split("GOT ", 1)[1]) for line in result.stdout.splitlines() if "GOT " in line]
+    got = [
+        json.loads(line.split("GOT ", 1)[1])
+        for line in result.stdout.splitlines()
+        if "GOT " in line
+    ]
     assert len(got) == 2
     for one in got:
         assert one["argv"] == payloads
         assert {k: one["env"].get(k) for k in env} == env
         assert one["cwd"] == str(workdir)
     assert not canary.exists(), "a payload was run by a shell"
-    fields = {"program.args": len(payloads), "program.env values": len(payloads),
-              "program.env names": len(NAME_PAYLOADS), "hosts.*.workdir": len(PATH_PAYLOADS)}
+    fields = {
+        "program.args": len(payloads),
+        "program.env values": len(payloads),
+        "program.env names": len(NAME_PAYLOADS),
+        "hosts.*.workdir": len(PATH_PAYLOADS),
+    }
     with capsys.disabled():
-        print(f"\ninjection (ssh): {len(fields)} fields x up to {len(payloads)} payloads = {sum(fields.values())} "
-              "values passed through ssh and the remote shell: all arrived unchanged, none ran")
+        print(
+            f"\ninjection (ssh): {len(fields)} fields x up to {len(payloads)} payloads = {sum(fields.values())} "
+            "values passed through ssh and the remote shell: all arrived unchanged, none ran"
+        )
 
 
 # Holds its TF_CONFIG port like a TensorFlow server. Attempt 0: worker 1 fails, worker 0 would
@@ -444,22 +566,34 @@ if attempt == 0:
 def test_a_gang_restart_reaches_the_remote_tasks(lab: sshhosts.HostLab, tmp: Path) -> None:
     tasks = {"worker": [{"host": "node1"}, {"host": "node2"}]}
     restart = {"policy": "on-failure", "max_restarts": 1, "backoff": {"initial_s": 0.5}}
-    result = distlaunch("up", str(_spec(tmp, lab, _script(tmp, FLAKY), tasks, restart=restart)), cwd=tmp)
+    result = distlaunch(
+        "up", str(_spec(tmp, lab, _script(tmp, FLAKY), tasks, restart=restart)), cwd=tmp
+    )
     assert result.returncode == 0, result.stderr + result.stdout
-    assert sorted(line.split()[0] for line in result.stdout.splitlines() if "attempt 1" in line) == [
-        "worker-0@node1", "worker-1@node2"]
+    assert sorted(
+        line.split()[0] for line in result.stdout.splitlines() if "attempt 1" in line
+    ) == ["worker-0@node1", "worker-1@node2"]
     assert _nothing_left(lab, only_run_dir(tmp / "runs").name)
 
 
 @pytest.mark.integration
 def test_a_cluster_can_mix_this_machine_and_ssh_hosts(lab: sshhosts.HostLab, tmp: Path) -> None:
-    where = ("import json, os\n"
-             "print('NET', os.stat('/proc/self/ns/net').st_ino, json.loads(os.environ['TF_CONFIG'])['cluster'], flush=True)\n")
-    hosts = {"here": {"transport": "local", "address": lab.launcher_address}, "node1": lab.host_entry(lab.hosts[0])}
+    where = (
+        "import json, os\n"
+        "print('NET', os.stat('/proc/self/ns/net').st_ino, json.loads(os.environ['TF_CONFIG'])['cluster'], flush=True)\n"
+    )
+    hosts = {
+        "here": {"transport": "local", "address": lab.launcher_address},
+        "node1": lab.host_entry(lab.hosts[0]),
+    }
     tasks = {"worker": [{"host": "here"}, {"host": "node1"}]}
     result = distlaunch("up", str(_spec(tmp, lab, _script(tmp, where), tasks, hosts)), cwd=tmp)
     assert result.returncode == 0, result.stderr
-    seen = {line.split()[0]: line.split("NET ", 1)[1] for line in result.stdout.splitlines() if "NET " in line}
+    seen = {
+        line.split()[0]: line.split("NET ", 1)[1]
+        for line in result.stdout.splitlines()
+        if "NET " in line
+    }
     here, there = seen["worker-0@here"], seen["worker-1@node1"]
     assert here.split()[0] == str(os.stat("/proc/self/ns/net").st_ino)
     assert there.split()[0] == str(os.stat(f"/run/netns/{lab.hosts[0].netns}").st_ino)
@@ -470,21 +604,40 @@ def test_a_cluster_can_mix_this_machine_and_ssh_hosts(lab: sshhosts.HostLab, tmp
 def test_preflight_reports_every_bad_host_in_one_go(lab: sshhosts.HostLab, tmp: Path) -> None:
     node1, node2 = lab.hosts
     canary = tmp / "canary"
-    busy = lab.run_in(node1, [sys.executable, "-c", "import socket,sys,time; s=socket.socket(); "
-                      "s.bind(('0.0.0.0',0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(600)"],
-                      stdout=subprocess.PIPE)
+    busy = lab.run_in(
+        node1,
+        [
+            sys.executable,
+            "-c",
+            "import socket,sys,time; s=socket.socket(); "
+            "s.bind(('0.0.0.0',0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+    )
     try:
         port = int(busy.stdout.readline())
         hosts = {
             "gone": lab.host_entry(node1, address=lab.unused_address, connect_timeout_s=3),
             "badkey": lab.host_entry(node1, identity_file=str(lab.wrong_identity)),
-            "strange": lab.host_entry(node2, ssh_options=["UserKnownHostsFile=/dev/null", "GlobalKnownHostsFile=/dev/null"]),
+            "strange": lab.host_entry(
+                node2,
+                ssh_options=["UserKnownHostsFile=/dev/null", "GlobalKnownHostsFile=/dev/null"],
+            ),
             "nopython": lab.host_entry(node2, python=f"/nonexistent/python3; touch {canary}"),
             "busy": lab.host_entry(node1),
         }
-        tasks = {"worker": [{"host": "gone"}, {"host": "badkey"}, {"host": "strange"}, {"host": "nopython"},
-                            {"host": "busy", "port": port}]}
-        result = distlaunch("up", str(_spec(tmp, lab, _script(tmp, "print('hi')\n"), tasks, hosts)), cwd=tmp)
+        tasks = {
+            "worker": [
+                {"host": "gone"},
+                {"host": "badkey"},
+                {"host": "strange"},
+                {"host": "nopython"},
+                {"host": "busy", "port": port},
+            ]
+        }
+        result = distlaunch(
+            "up", str(_spec(tmp, lab, _script(tmp, "print('hi')\n"), tasks, hosts)), cwd=tmp
+        )
     finally:
         busy.kill()
         busy.wait()
@@ -506,10 +659,18 @@ def test_accept_new_is_an_explicit_opt_in(lab: sshhosts.HostLab, tmp: Path) -> N
     known = tmp / "known_hosts"
     known.write_text("")
     options = [f"UserKnownHostsFile={known}", "GlobalKnownHostsFile=/dev/null"]
-    hosts = {"node1": lab.host_entry(lab.hosts[0], ssh_options=options, host_key_checking="accept-new")}
-    result = distlaunch("up", str(_spec(tmp, lab, _script(tmp, "print('hi')\n"), {"worker": {"host": "node1"}}, hosts)), cwd=tmp)
+    hosts = {
+        "node1": lab.host_entry(lab.hosts[0], ssh_options=options, host_key_checking="accept-new")
+    }
+    result = distlaunch(
+        "up",
+        str(_spec(tmp, lab, _script(tmp, "print('hi')\n"), {"worker": {"host": "node1"}}, hosts)),
+        cwd=tmp,
+    )
     assert result.returncode == 0, result.stderr
-    found = subprocess.run(["ssh-keygen", "-F", lab.hosts[0].address, "-f", str(known)], capture_output=True)
+    found = subprocess.run(
+        ["ssh-keygen", "-F", lab.hosts[0].address, "-f", str(known)], capture_output=True
+    )
     assert found.returncode == 0  # the host's key was recorded on first use
 
 
@@ -519,18 +680,34 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
     """SIGKILL of the launcher, SIGTERM (an orderly stop), or the SSH connection dying under it."""
     tasks = {"worker": [{"host": "node1"}, {"host": "node2"}, {"host": "node2"}]}
     path = _spec(tmp, lab, {**_script(tmp, SLEEPER), "args": ["--ignore-term", "--fork"]}, tasks)
-    launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(path)], cwd=tmp,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "distlaunch.launcher", "up", str(path)],
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
         logs = run_dir / "logs" / "attempt-0"
-        wait_for(lambda: all("up " in (logs / f"worker-{i}.log").read_text() for i in range(3))
-                  if all((logs / f"worker-{i}.log").exists() for i in range(3)) else False, "every task up")
+        wait_for(
+            lambda: (
+                all("up " in (logs / f"worker-{i}.log").read_text() for i in range(3))
+                if all((logs / f"worker-{i}.log").exists() for i in range(3))
+                else False
+            ),
+            "every task up",
+        )
         assert all(lab.processes(host) for host in lab.hosts)
         # The run's control dir is in its task clients' command lines, and in its masters' (every
         # task's session rides on one).
         clients = [p.cmdline() for p in psutil.Process(launcher.pid).children()]
-        control = {Path(a.split("=", 1)[1]).parent for c in clients for a in c if a.startswith("ControlPath=")}
+        control = {
+            Path(a.split("=", 1)[1]).parent
+            for c in clients
+            for a in c
+            if a.startswith("ControlPath=")
+        }
         assert len(control) == 1
         control_dir = control.pop()
         if how == "sigkill":
@@ -538,8 +715,13 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
         elif how == "sigterm":
             launcher.terminate()
         else:
-            masters = [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "ssh"
-                       and "[mux]" in " ".join(p.info["cmdline"] or []) and str(control_dir) in " ".join(p.info["cmdline"])]
+            masters = [
+                p
+                for p in psutil.process_iter(["name", "cmdline"])
+                if p.info["name"] == "ssh"
+                and "[mux]" in " ".join(p.info["cmdline"] or [])
+                and str(control_dir) in " ".join(p.info["cmdline"])
+            ]
             assert len(masters) == 2
             for master in masters:
                 master.kill()
@@ -554,7 +736,9 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
     elif how == "connection":
         assert launcher.returncode == 1, err
         assert "failed: worker-" in err
-    wait_for(lambda: _nothing_left(lab, run_id), "every process of the run to be gone from every host")
+    wait_for(
+        lambda: _nothing_left(lab, run_id), "every process of the run to be gone from every host"
+    )
     if how == "sigkill":
         # Nobody was left to close the masters: they end ControlPersist seconds after their last
         # session; only the empty control dir would stay behind.
@@ -564,10 +748,14 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
 
 
 @pytest.mark.integration
-def test_hosts_that_share_nothing_keep_their_files_until_collected(lab: sshhosts.HostLab, tmp: Path) -> None:
-    writer = ("import os, pathlib\n"
-              "d = pathlib.Path(os.environ['DISTLAUNCH_CHECKPOINT_DIR'])\n"
-              "(d / ('from-' + os.environ['DISTLAUNCH_ROLE'] + os.environ['DISTLAUNCH_INDEX'])).write_text('w')\n")
+def test_hosts_that_share_nothing_keep_their_files_until_collected(
+    lab: sshhosts.HostLab, tmp: Path
+) -> None:
+    writer = (
+        "import os, pathlib\n"
+        "d = pathlib.Path(os.environ['DISTLAUNCH_CHECKPOINT_DIR'])\n"
+        "(d / ('from-' + os.environ['DISTLAUNCH_ROLE'] + os.environ['DISTLAUNCH_INDEX'])).write_text('w')\n"
+    )
     shared = lab.private_dir / tmp.name  # each host has its own disk at this path
     tasks = {"worker": [{"host": "node1"}, {"host": "node2"}]}
     path = _spec(tmp, lab, _script(tmp, writer), tasks, shared_dir=str(shared))
@@ -595,12 +783,21 @@ def test_stacks_of_a_running_run_on_two_hosts(lab: sshhosts.HostLab, tmp: Path) 
 
     tasks = {"worker": [{"host": "node1"}, {"host": "node2"}]}
     spec = _spec(tmp, lab, _script(tmp, MWMS_STEPS), tasks)
-    launcher = subprocess.Popen([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
         log = run_dir / "logs" / "attempt-0" / "worker-1.log"
-        wait_for(lambda: log.exists() and "stops inside step" in log.read_text(), "worker-1 to stop", launcher=launcher)
+        wait_for(
+            lambda: log.exists() and "stops inside step" in log.read_text(),
+            "worker-1 to stop",
+            launcher=launcher,
+        )
         shown = distlaunch("stacks", run_dir.name, "--full", cwd=tmp)
         print(shown.stdout, shown.stderr)
         assert shown.returncode == 0

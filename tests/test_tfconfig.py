@@ -22,7 +22,9 @@ def test_workers_only():
 def test_chief_and_workers():
     addresses = {"chief": ["h:0"], "worker": W}
     assert tfconfig.tf_config(addresses, "chief", 0) == {
-        "cluster": {"chief": ["h:0"], "worker": W}, "task": {"type": "chief", "index": 0}}
+        "cluster": {"chief": ["h:0"], "worker": W},
+        "task": {"type": "chief", "index": 0},
+    }
     assert tfconfig.tf_config(addresses, "worker", 0)["cluster"] == {"chief": ["h:0"], "worker": W}
 
 
@@ -37,7 +39,9 @@ def test_parameter_server_cluster():
 def test_evaluator_gets_its_own_cluster_and_training_never_sees_it():
     addresses = {"chief": ["h:0"], "worker": W, "ps": ["h:9"], "evaluator": ["h:7"]}
     assert tfconfig.tf_config(addresses, "evaluator", 0) == {
-        "cluster": {"evaluator": ["h:7"]}, "task": {"type": "evaluator", "index": 0}}
+        "cluster": {"evaluator": ["h:7"]},
+        "task": {"type": "evaluator", "index": 0},
+    }
     for role in ("chief", "worker", "ps"):
         assert "evaluator" not in tfconfig.tf_config(addresses, role, 0)["cluster"]
 
@@ -56,12 +60,23 @@ def _plan(tmp, **fields):
 
 
 def test_plan_env_names_every_file_and_uses_loopback(tmp):
-    plan = _plan(tmp, tasks={"worker": {"count": 2, "host": "localhost"}}, program={"script": "task.py", "args": ["--x", "a b"], "env": {"API_TOKEN": "s3cret", "FOO": "bar"}})
+    plan = _plan(
+        tmp,
+        tasks={"worker": {"count": 2, "host": "localhost"}},
+        program={
+            "script": "task.py",
+            "args": ["--x", "a b"],
+            "env": {"API_TOKEN": "s3cret", "FOO": "bar"},
+        },
+    )
     w1 = plan.task("worker:1")
     # The program starts through the bootstrap (it records import errors), then runs as written.
     assert w1.argv[1].endswith("bootstrap.py")
     assert w1.argv[2:] == (str((tmp / "task.py").resolve()), "--x", "a b")
-    assert json.loads(w1.env["TF_CONFIG"]) == {"cluster": {"worker": ["127.0.0.1:20000", "127.0.0.1:20001"]}, "task": {"type": "worker", "index": 1}}
+    assert json.loads(w1.env["TF_CONFIG"]) == {
+        "cluster": {"worker": ["127.0.0.1:20000", "127.0.0.1:20001"]},
+        "task": {"type": "worker", "index": 1},
+    }
     assert w1.env["DISTLAUNCH_ATTEMPT"] == "2"
     assert w1.env["DISTLAUNCH_ERROR_FILE"].endswith("errors/attempt-2/worker-1.json")
     assert w1.log_file.endswith("logs/attempt-2/worker-1.log")
@@ -80,7 +95,12 @@ def test_gpus_never_shared_on_a_host(tmp):
 
 
 def test_pss_env(tmp):
-    plan = _plan(tmp, strategy="parameter_server", tasks={"chief": {}, "worker": {"count": 2}, "ps": {}}, program={"script": "task.py", "keras": "tf_keras"})
+    plan = _plan(
+        tmp,
+        strategy="parameter_server",
+        tasks={"chief": {}, "worker": {"count": 2}, "ps": {}},
+        program={"script": "task.py", "keras": "tf_keras"},
+    )
     for task in plan.tasks:
         assert task.env["GRPC_FAIL_FAST"] == "use_caller"
         assert task.env["TF_USE_LEGACY_KERAS"] == "1"
@@ -88,14 +108,21 @@ def test_pss_env(tmp):
 
 def test_tfconfig_command(tmp):
     (tmp / "task.py").write_text("")
-    spec = write_spec(tmp, strategy="parameter_server", tasks={"chief": {}, "worker": {"count": 2}, "ps": {}, "evaluator": {}})
+    spec = write_spec(
+        tmp,
+        strategy="parameter_server",
+        tasks={"chief": {}, "worker": {"count": 2}, "ps": {}, "evaluator": {}},
+    )
     result = distlaunch("tfconfig", str(spec), "worker:1")
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)
     assert config["task"] == {"type": "worker", "index": 1}
     assert set(config["cluster"]) == {"chief", "worker", "ps"}
     result = distlaunch("tfconfig", str(spec), "worker:5")
-    assert result.returncode == 2 and "expected one of: chief:0, worker:0, worker:1, ps:0, evaluator:0" in result.stderr
+    assert (
+        result.returncode == 2
+        and "expected one of: chief:0, worker:0, worker:1, ps:0, evaluator:0" in result.stderr
+    )
 
 
 def test_plan_json_is_a_dry_run(tmp):

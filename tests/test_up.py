@@ -44,7 +44,9 @@ def _final_losses(run_dir: Path, attempt: int = 0) -> list[str]:
 
 
 def test_two_workers_train_to_completion(tmp):
-    spec = write_spec(tmp, program={**EXAMPLE, "args": ["--epochs", "2", "--steps-per-epoch", "10"]})
+    spec = write_spec(
+        tmp, program={**EXAMPLE, "args": ["--epochs", "2", "--steps-per-epoch", "10"]}
+    )
     result = distlaunch("up", str(spec), cwd=tmp)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp / "runs")
@@ -56,7 +58,10 @@ def test_two_workers_train_to_completion(tmp):
     record = run_record(run_dir)
     assert record["state"] == "succeeded" and record["exit_code"] == 0
     assert {t["exit_code"] for t in record["tasks"].values()} == {0}
-    assert all(t["state"] == "succeeded" and t["pid"] > 0 and t["port"] > 0 for t in record["tasks"].values())
+    assert all(
+        t["state"] == "succeeded" and t["pid"] > 0 and t["port"] > 0
+        for t in record["tasks"].values()
+    )
     assert record["plan"]["tasks"][0]["tf_config"]["cluster"]["worker"][0].startswith("127.0.0.1:")
     assert (run_dir / "checkpoints" / "checkpoint").is_file()
     metrics = json.loads((run_dir / "metrics" / "worker-0.json").read_text())
@@ -73,7 +78,9 @@ def test_a_failing_task_stops_the_others_and_is_named(tmp):
     run_dir = only_run_dir(tmp / "runs")
     record = run_record(run_dir)
     headline = [line for line in result.stderr.splitlines() if " failed: " in line]
-    assert headline == [f"distlaunch: run {record['run_id']} failed: worker-1 exit code 1 after {headline[0].split(' after ')[1]}"]
+    assert headline == [
+        f"distlaunch: run {record['run_id']} failed: worker-1 exit code 1 after {headline[0].split(' after ')[1]}"
+    ]
     assert "RuntimeError: worker one gives up" in headline[0]
     assert "Traceback" in result.stderr  # the evidence under the headline
     assert record["state"] == "failed" and record["failure"]["task"] == "worker-1"
@@ -84,7 +91,10 @@ def test_a_failing_task_stops_the_others_and_is_named(tmp):
 def _start_up(tmp: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "distlaunch.launcher", "up", *args],
-        cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -102,7 +112,13 @@ def _running_run(tmp: Path) -> Path:
 
 
 def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
-    spec = write_spec(tmp, program={**EXAMPLE, "args": ["--epochs", "8", "--steps-per-epoch", "25", "--checkpoint-every", "5"]})
+    spec = write_spec(
+        tmp,
+        program={
+            **EXAMPLE,
+            "args": ["--epochs", "8", "--steps-per-epoch", "25", "--checkpoint-every", "5"],
+        },
+    )
     launcher = _start_up(tmp, str(spec))
     try:
         run_dir = _running_run(tmp)
@@ -128,7 +144,9 @@ def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
 
 
 def test_killing_the_launcher_leaves_no_task_behind(tmp):
-    spec = write_spec(tmp, program={**EXAMPLE, "args": ["--epochs", "1000", "--steps-per-epoch", "1000"]})
+    spec = write_spec(
+        tmp, program={**EXAMPLE, "args": ["--epochs", "1000", "--steps-per-epoch", "1000"]}
+    )
     launcher = _start_up(tmp, str(spec))
     try:
         run_dir = _running_run(tmp)
@@ -138,5 +156,7 @@ def test_killing_the_launcher_leaves_no_task_behind(tmp):
     finally:
         launcher.kill()
     run_id = run_dir.name
-    wait_for(lambda: not processes_of_run(run_id), "the tasks to die with their launcher", limit_s=30)
+    wait_for(
+        lambda: not processes_of_run(run_id), "the tasks to die with their launcher", limit_s=30
+    )
     assert pids and not processes_of_run(run_id)

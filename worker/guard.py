@@ -111,9 +111,7 @@ def parse(line: bytes | None) -> Request:
 
 
 def _is_port(value: Any) -> bool:
-    return (
-        isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
-    )
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
 
 
 def nft_ruleset(table: str, ports: tuple[int, ...], allowed: list[str]) -> str:
@@ -156,9 +154,7 @@ def resolve(request: Request) -> list[str]:
             infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
         except OSError:
             continue  # a peer this host cannot resolve cannot be dialled by its tasks either
-        found.update(
-            str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in infos
-        )
+        found.update(str(ipaddress.ip_address(info[4][0].split("%")[0])) for info in infos)
     client = os.environ.get("SSH_CONNECTION", "").split()
     if request.allow_client and client:
         found.add(str(ipaddress.ip_address(client[0])))
@@ -167,9 +163,7 @@ def resolve(request: Request) -> list[str]:
 
 def program(name: str) -> str | None:
     """A firewall program, looked up on PATH and in the sbin folders."""
-    return shutil.which(
-        name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])
-    )
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN]))
 
 
 def chain_name(run_id: str) -> str:
@@ -183,9 +177,7 @@ def iptables_scripts(
     """The `iptables-restore --noflush` scripts (IP ``version`` 4 or 6) that add and remove the run's
     chain: INPUT jumps to it for the task ports, it returns for loopback and ``allowed`` and drops
     the rest. Pure, like `nft_ruleset`; each script is applied atomically."""
-    addresses = sorted(
-        {str(a) for a in map(ipaddress.ip_address, allowed) if a.version == version}
-    )
+    addresses = sorted({str(a) for a in map(ipaddress.ip_address, allowed) if a.version == version})
     # multiport takes at most 15 ports per rule.
     jumps = [
         f"-p tcp -m multiport --dports {','.join(str(p) for p in ports[i : i + 15])} -j {chain}"
@@ -230,9 +222,7 @@ def install(request: Request, allowed: list[str]) -> Installed:
     nft = program("nft")
     if nft is not None:
         _check(
-            _apply(
-                (nft, "-f", "-"), nft_ruleset(request.table, request.ports, allowed)
-            ),
+            _apply((nft, "-f", "-"), nft_ruleset(request.table, request.ports, allowed)),
             "nft",
         )
         return Installed(
@@ -333,10 +323,7 @@ def hold(request: Request, stopped: list[int], wake_r: int) -> str:
                 if not os.read(sys.stdin.fileno(), 65536):
                     return "the launcher's connection closed"
                 last_heard = time.monotonic()
-        if (
-            request.heartbeat_s is not None
-            and time.monotonic() - last_heard > request.heartbeat_s
-        ):
+        if request.heartbeat_s is not None and time.monotonic() - last_heard > request.heartbeat_s:
             return f"no word from the launcher for {request.heartbeat_s:g} s"
     return f"this guard got {signal.Signals(stopped[0]).name}"
 

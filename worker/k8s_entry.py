@@ -24,9 +24,7 @@ from pathlib import Path
 
 from . import contract
 
-USAGE = (
-    "usage: python -m distlaunch.worker.k8s_entry [--umask OCTAL] -- PROGRAM [ARGS...]"
-)
+USAGE = "usage: python -m distlaunch.worker.k8s_entry [--umask OCTAL] -- PROGRAM [ARGS...]"
 
 
 class EntryError(Exception):
@@ -45,9 +43,7 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
             f"{contract.CLUSTER} (JSON) in the environment"
         ) from None
     if not isinstance(cluster, dict) or not (0 <= index < len(cluster.get(role) or [])):
-        raise EntryError(
-            f"no task {role}:{index} in {contract.CLUSTER} {json.dumps(cluster)}"
-        )
+        raise EntryError(f"no task {role}:{index} in {contract.CLUSTER} {json.dumps(cluster)}")
     env = {
         contract.TF_CONFIG: json.dumps(
             {"cluster": cluster, "task": {"type": role, "index": index}},
@@ -58,15 +54,9 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
     run_dir = environ.get(contract.RUN_DIR)
     if run_dir:
         attempt = int(environ.get(contract.ATTEMPT) or 0)
-        env[contract.ERROR_FILE] = str(
-            contract.error_path(Path(run_dir), attempt, role, index)
-        )
-        env[contract.STATUS_FILE] = str(
-            contract.status_path(Path(run_dir), role, index)
-        )
-        env[contract.METRICS_FILE] = str(
-            contract.metrics_path(Path(run_dir), role, index)
-        )
+        env[contract.ERROR_FILE] = str(contract.error_path(Path(run_dir), attempt, role, index))
+        env[contract.STATUS_FILE] = str(contract.status_path(Path(run_dir), role, index))
+        env[contract.METRICS_FILE] = str(contract.metrics_path(Path(run_dir), role, index))
     return env
 
 
@@ -77,9 +67,7 @@ def _parse(argv: list[str]) -> tuple[int | None, list[str]]:
         try:
             umask = int(argv[1], 8)
         except ValueError:
-            raise EntryError(
-                f"--umask: expected an octal number, got {argv[1]!r}"
-            ) from None
+            raise EntryError(f"--umask: expected an octal number, got {argv[1]!r}") from None
         argv = argv[2:]
     if argv[:1] != ["--"] or len(argv) < 2:
         raise EntryError(USAGE)
@@ -104,9 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     checkpoints = contract.env_path(contract.CHECKPOINT_DIR)
     if checkpoints is not None:
         checkpoints.mkdir(parents=True, exist_ok=True)
-    name = contract.task_name(
-        os.environ.get(contract.ROLE, ""), int(env[contract.INDEX])
-    )
+    name = contract.task_name(os.environ.get(contract.ROLE, ""), int(env[contract.INDEX]))
     print(
         f"distlaunch: {name}: TF_CONFIG {env[contract.TF_CONFIG]}",
         file=sys.stderr,

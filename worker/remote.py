@@ -86,7 +86,11 @@ def main() -> int:
         child = _start(request)
     except OSError as exc:
         _say(f"cannot start the task: {exc}")
-        return EXIT_NOT_FOUND if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else EXIT_NOT_EXECUTABLE
+        return (
+            EXIT_NOT_FOUND
+            if isinstance(exc, (FileNotFoundError, NotADirectoryError))
+            else EXIT_NOT_EXECUTABLE
+        )
     return watch.run(child)
 
 
@@ -99,7 +103,10 @@ def _parse(line: bytes | None) -> dict[str, Any]:
     argv, env, cwd = request.get("argv"), request.get("env", {}), request.get("cwd")
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         raise ValueError("argv must be a non-empty list of strings")
-    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+    if not (
+        isinstance(env, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
         raise ValueError("env must map strings to strings")
     if cwd is not None and not isinstance(cwd, str):
         raise ValueError("cwd must be a string or null")
@@ -354,7 +361,9 @@ def _stacks(query: dict[str, Any]) -> int:
 def env_value(env: set[bytes], name: bytes) -> str:
     """The value of variable ``name`` in a set of ``NAME=value`` entries ("" when absent)."""
     prefix = name + b"="
-    return next((e[len(prefix):].decode(errors="replace") for e in env if e.startswith(prefix)), "")
+    return next(
+        (e[len(prefix) :].decode(errors="replace") for e in env if e.startswith(prefix)), ""
+    )
 
 
 def _say(message: str) -> None:

@@ -42,7 +42,9 @@ def collect(run_dir: Path) -> list[Collected]:
     if not kept:
         raise UsageError(f"run {record.run_id} has no tasks on SSH hosts; nothing to collect")
     if kept.get("shared_dir_is_shared", True):
-        raise UsageError(f"run {record.run_id}: its SSH hosts share the run dir; everything is already in {run_dir}")
+        raise UsageError(
+            f"run {record.run_id}: its SSH hosts share the run dir; everything is already in {run_dir}"
+        )
     remote_dir = record.plan.get("run_dir") or str(run_dir)
     out, problems = [], []
     with ssh.Session(ssh.hosts_from_record(kept)) as session:
@@ -52,7 +54,9 @@ def collect(run_dir: Path) -> list[Collected]:
             except _CopyFailed as exc:
                 problems.append(f"{session.target(name)}: {exc}")
     if problems:
-        raise HostError(f"collect failed on {len(problems)} of {len(session.hosts)} SSH hosts:", problems)
+        raise HostError(
+            f"collect failed on {len(problems)} of {len(session.hosts)} SSH hosts:", problems
+        )
     return out
 
 
@@ -65,7 +69,9 @@ def _copy(session: ssh.Session, name: str, remote_dir: str, into: Path) -> Colle
     argv = session.argv(name, f"exec tar -C {shlex.quote(remote_dir)} -cf - .")
     files = size = 0
     broken: tarfile.TarError | None = None
-    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+    with subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as archive:
@@ -80,5 +86,7 @@ def _copy(session: ssh.Session, name: str, remote_dir: str, into: Path) -> Colle
         message = ssh.last_message(proc.stderr.read().decode(errors="replace"))
         code = proc.wait()
     if broken is not None or code != 0:
-        raise _CopyFailed(message or f"no usable archive from the host ({broken or f'exit code {code}'})")
+        raise _CopyFailed(
+            message or f"no usable archive from the host ({broken or f'exit code {code}'})"
+        )
     return Collected(name, files, size, into)

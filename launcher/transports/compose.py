@@ -72,7 +72,9 @@ class ComposeHandle(procs.TaskProcess):
 class ComposeTransport:
     """Starts and stops tasks as containers of one compose project (see the module docstring)."""
 
-    def __init__(self, project: str, file: Path, log: Path, service_env: Mapping[str, Mapping[str, str]]) -> None:
+    def __init__(
+        self, project: str, file: Path, log: Path, service_env: Mapping[str, Mapping[str, str]]
+    ) -> None:
         self.project = project
         self.file = file
         self.log = log
@@ -95,7 +97,9 @@ class ComposeTransport:
         # line, and no compose interpolation of it.
         changed = {k: v for k, v in task.env.items() if self.service_env[task.name].get(k) != v}
         flags = [arg for key in changed for arg in ("-e", key)]
-        argv = self.compose("run", "--rm", "--no-deps", "--use-aliases", "-T", "--name", name, *flags, task.name)
+        argv = self.compose(
+            "run", "--rm", "--no-deps", "--use-aliases", "-T", "--name", name, *flags, task.name
+        )
         rundir.create_file(task.log_file)
         proc = procs.spawn(argv, changed, str(self.file.parent), task.log_file)
         return ComposeHandle(task, proc, name)
@@ -105,7 +109,9 @@ class ComposeTransport:
         if not handles:
             return
         # `docker stop` stops them side by side; one not created yet is refused, and `down` removes it.
-        docker("stop", "--time", str(math.ceil(grace_s)), *(h.container for h in handles), check=False)
+        docker(
+            "stop", "--time", str(math.ceil(grace_s)), *(h.container for h in handles), check=False
+        )
         deadline = time.monotonic() + CLIENT_EXIT_S
         for handle in handles:
             try:
@@ -121,9 +127,22 @@ class ComposeTransport:
 
     def down(self, grace_s: float) -> None:
         """Remove every container, network and volume of the project, then check that none is left."""
-        run(self.compose("down", "--volumes", "--remove-orphans", "--timeout", str(math.ceil(grace_s))), check=False, log=self.log)
+        run(
+            self.compose(
+                "down", "--volumes", "--remove-orphans", "--timeout", str(math.ceil(grace_s))
+            ),
+            check=False,
+            log=self.log,
+        )
         # Whatever `down` missed (a container created after it looked) goes by the project's label.
-        left = docker("ps", "--all", "--quiet", "--filter", f"label={PROJECT_LABEL}={self.project}", check=False).split()
+        left = docker(
+            "ps",
+            "--all",
+            "--quiet",
+            "--filter",
+            f"label={PROJECT_LABEL}={self.project}",
+            check=False,
+        ).split()
         if left:
             docker("rm", "--force", "--volumes", *left, check=False, log=self.log)
 
@@ -133,7 +152,9 @@ class ComposeTransport:
 
 
 @contextmanager
-def open_transport(loaded: LoadedSpec, plan: Plan, image: ImageRequest, console: Console) -> Iterator[ComposeTransport]:
+def open_transport(
+    loaded: LoadedSpec, plan: Plan, image: ImageRequest, console: Console
+) -> Iterator[ComposeTransport]:
     """Build or reuse the image, write the compose file and create the network; on the way out,
     whatever happened (success, failure, Ctrl-C), remove the project."""
     compose_command()  # fail now, not after a build of minutes, when there is no compose
@@ -166,7 +187,6 @@ def open_transport(loaded: LoadedSpec, plan: Plan, image: ImageRequest, console:
             signal.signal(signal.SIGINT, previous)
 
 
-
 class ComposeLaunch:
     """One `up` of the compose backend: plan the containers, then open the project."""
 
@@ -193,6 +213,7 @@ def open_launch(
 ) -> Iterator[ComposeLaunch]:
     """The compose backend for one `up`, its tasks in containers of ``image``."""
     yield ComposeLaunch(loaded, console, image or ImageRequest())
+
 
 def write_compose_file(path: Path, data: dict) -> None:
     """Write a compose file (JSON, which compose reads as YAML) readable by its owner only:

@@ -29,7 +29,8 @@ SERVICE_PORT = 2222
 # The project's one network; `internal` keeps it from any route to the outside.
 NETWORK = "cluster"
 ISOLATION = Isolation(
-    "compose", "every task runs in its own container on an internal compose network; no port is published"
+    "compose",
+    "every task runs in its own container on an internal compose network; no port is published",
 )
 
 
@@ -64,13 +65,22 @@ def compose_file(loaded: LoadedSpec, plan: Plan, image: str, user: str) -> dict[
     the host, which should belong to whoever ran the launcher, as with the local backend.
     """
     volumes = [
-        {"type": "bind", "source": _literal(str(path)), "target": _literal(str(path)), "read_only": read_only}
+        {
+            "type": "bind",
+            "source": _literal(str(path)),
+            "target": _literal(str(path)),
+            "read_only": read_only,
+        }
         for path, read_only in mounts(loaded)
     ]
     # A container does not inherit the launcher's umask: the image's python sets it, then execs
     # the task's argv (as data). Not `sh -c 'umask ...; exec "$@"'`: a shell drops environment
     # entries whose names are not shell identifiers, and a spec's env names are the user's.
-    entrypoint = ["python", "-c", f"import os, sys; os.umask(0o{rundir.PRIVATE_UMASK:03o}); os.execvp(sys.argv[1], sys.argv[1:])"]
+    entrypoint = [
+        "python",
+        "-c",
+        f"import os, sys; os.umask(0o{rundir.PRIVATE_UMASK:03o}); os.execvp(sys.argv[1], sys.argv[1:])",
+    ]
     private = loaded.spec.permissions == "private"
     services = {
         task.name: {
@@ -128,12 +138,14 @@ def _check_fits(loaded: LoadedSpec) -> None:
         for index, entry in enumerate(entries):
             if loaded.ssh_host(entry.host) is not None:
                 raise SpecError(
-                    str(loaded.file), task_json_path(loaded.raw, role, index, "host"),
+                    str(loaded.file),
+                    task_json_path(loaded.raw, role, index, "host"),
                     "the compose backend runs every task on this machine's Docker engine; expected a local host",
                 )
             if entry.gpus:
                 raise SpecError(
-                    str(loaded.file), task_json_path(loaded.raw, role, index, "gpus"),
+                    str(loaded.file),
+                    task_json_path(loaded.raw, role, index, "gpus"),
                     "the compose backend gives containers no GPU yet; remove gpus or use the local backend",
                 )
 

@@ -39,18 +39,30 @@ def run(argv: Sequence[str], check: bool = True, log: Path | None = None) -> str
     """Run a docker or compose command line (see `docker`)."""
     try:
         if log is None:
-            done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            done = subprocess.run(
+                list(argv), stdin=subprocess.DEVNULL, capture_output=True, text=True
+            )
         else:
             with open(log, "a", encoding="utf-8") as f:
                 f.write(f"$ {' '.join(argv)}\n")
                 f.flush()
-                done = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, text=True)
+                done = subprocess.run(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
     except FileNotFoundError:
-        raise DockerError(f"{argv[0]} is not installed (the compose backend needs Docker and docker-compose)") from None
+        raise DockerError(
+            f"{argv[0]} is not installed (the compose backend needs Docker and docker-compose)"
+        ) from None
     if check and done.returncode != 0:
         err = done.stderr if log is None else log.read_text(encoding="utf-8", errors="replace")
         where = f" (log: {log})" if log is not None else ""
-        raise DockerError(f"`{' '.join(argv[:4])} ...` failed with exit code {done.returncode}{where}:\n{_tail(err)}")
+        raise DockerError(
+            f"`{' '.join(argv[:4])} ...` failed with exit code {done.returncode}{where}:\n{_tail(err)}"
+        )
     return done.stdout or ""
 
 
@@ -67,7 +79,12 @@ def compose_command() -> tuple[str, ...]:
     Both take the same subcommands and flags the launcher uses (-p, -f, up, run, down, config).
     """
     engine_version()
-    if subprocess.run(["docker", "compose", "version"], stdin=subprocess.DEVNULL, capture_output=True).returncode == 0:
+    if (
+        subprocess.run(
+            ["docker", "compose", "version"], stdin=subprocess.DEVNULL, capture_output=True
+        ).returncode
+        == 0
+    ):
         return ("docker", "compose")
     if shutil.which("docker-compose") is not None:
         return ("docker-compose",)

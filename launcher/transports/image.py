@@ -97,7 +97,10 @@ def inputs_hash(files: dict[str, Path], base_id: str, ca_bundle: Path | None) ->
 
 
 def ensure_image(
-    request: ImageRequest, log: Path, ca_bundle: Path | None = None, announce: Callable[[str], None] | None = None
+    request: ImageRequest,
+    log: Path,
+    ca_bundle: Path | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> Image:
     """Return the image under ``request.tag``, building it first when its inputs changed.
 
@@ -107,10 +110,15 @@ def ensure_image(
     root = source_root()
     files = context_files(root)
     # A base that is not here yet (the default, before its first pull) is hashed by name.
-    base_id = docker("image", "inspect", "--format", "{{.Id}}", request.base, check=False).strip() or request.base
+    base_id = (
+        docker("image", "inspect", "--format", "{{.Id}}", request.base, check=False).strip()
+        or request.base
+    )
     wanted = inputs_hash(files, base_id, ca_bundle)
-    label = "{{index .Config.Labels \"" + INPUTS_LABEL + "\"}}"
-    current = docker("image", "inspect", "--format", f"{{{{.Id}}}} {label}", request.tag, check=False).split()
+    label = '{{index .Config.Labels "' + INPUTS_LABEL + '"}}'
+    current = docker(
+        "image", "inspect", "--format", f"{{{{.Id}}}} {label}", request.tag, check=False
+    ).split()
     if len(current) == 2 and current[1] == wanted:
         return Image(request.tag, current[0], built=False)
     if announce is not None:
@@ -124,11 +132,16 @@ def ensure_image(
             # The build's RUN steps use the host's network: pip then works also with an engine
             # that sets up no NAT for its bridge (dockerd --iptables=false), and the image is the
             # same either way.
-            "--network", "host",
-            "--file", str(Path(context) / "docker" / "Dockerfile"),
-            "--build-arg", f"BASE_IMAGE={request.base}",
-            "--label", f"{INPUTS_LABEL}={wanted}",
-            "--tag", request.tag,
+            "--network",
+            "host",
+            "--file",
+            str(Path(context) / "docker" / "Dockerfile"),
+            "--build-arg",
+            f"BASE_IMAGE={request.base}",
+            "--label",
+            f"{INPUTS_LABEL}={wanted}",
+            "--tag",
+            request.tag,
             context,
             log=log,
         )

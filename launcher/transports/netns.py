@@ -69,7 +69,9 @@ def probe() -> Capabilities:
     """
     missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
     if missing:
-        return Capabilities(False, False, f"{', '.join(missing)} not found (util-linux and iproute2 provide them)")
+        return Capabilities(
+            False, False, f"{', '.join(missing)} not found (util-linux and iproute2 provide them)"
+        )
     lo_up = [shutil.which("ip") or "ip", "link", "set", "lo", "up"]
     netns_ok, netns_err = _try(_holder_argv(NETNS, lo_up))
     if netns_ok:
@@ -77,12 +79,16 @@ def probe() -> Capabilities:
     userns_ok, userns_err = _try(_holder_argv(USERNS, lo_up))
     if userns_ok:
         return Capabilities(False, True, "")
-    return Capabilities(False, False, f"unshare --net: {netns_err}; unshare --user --net: {userns_err}")
+    return Capabilities(
+        False, False, f"unshare --net: {netns_err}; unshare --user --net: {userns_err}"
+    )
 
 
 def _try(argv: list[str]) -> tuple[bool, str]:
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S)
+        done = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
     last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
@@ -232,4 +238,6 @@ def _read_until_ready(proc: subprocess.Popen) -> str | None:
     proc.stdout.close()
     if seen == b"ready\n":
         return None
-    return seen.decode(errors="replace").strip() or (f"timed out after {READY_TIMEOUT_S:g} s" if proc.poll() is None else "")
+    return seen.decode(errors="replace").strip() or (
+        f"timed out after {READY_TIMEOUT_S:g} s" if proc.poll() is None else ""
+    )

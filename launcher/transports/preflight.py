@@ -31,8 +31,11 @@ PROBE_TIMEOUT_S = 60.0
 # ssh's own failures (exit 255) and what they mean for the user; the first match wins.
 _SSH_FAILURES = (
     ("Permission denied", "authentication failed ({line}); check user and identity_file"),
-    ("Host key verification failed", "host key verification failed: the host's key is not in known_hosts or has "
-     'changed; add it (ssh-keyscan) or, for a new host, set "host_key_checking": "accept-new"'),
+    (
+        "Host key verification failed",
+        "host key verification failed: the host's key is not in known_hosts or has "
+        'changed; add it (ssh-keyscan) or, for a new host, set "host_key_checking": "accept-new"',
+    ),
     ("Could not resolve hostname", "unreachable: {line}"),
     ("No route to host", "unreachable: {line}"),
     ("Connection timed out", "unreachable: {line}"),
@@ -52,7 +55,11 @@ class HostReport:
 
     def summary(self) -> str:
         """One line on what the host runs, e.g. ``python 3.11.7, tensorflow 2.21.0, distlaunch 0.1.0``."""
-        return ", ".join(f"{key} {self.facts[key]}" for key in ("python", "tensorflow", "distlaunch") if key in self.facts)
+        return ", ".join(
+            f"{key} {self.facts[key]}"
+            for key in ("python", "tensorflow", "distlaunch")
+            if key in self.facts
+        )
 
 
 def check(loaded: LoadedSpec, session: Session, umask: int | None) -> list[HostReport]:
@@ -66,16 +73,24 @@ def check(loaded: LoadedSpec, session: Session, umask: int | None) -> list[HostR
     token_file, token = probe_token(loaded)
     try:
         with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-            reports = list(pool.map(
-                lambda name: _probe(loaded, session, name, requests[name], token_file, token, umask), sorted(requests)
-            ))
+            reports = list(
+                pool.map(
+                    lambda name: _probe(
+                        loaded, session, name, requests[name], token_file, token, umask
+                    ),
+                    sorted(requests),
+                )
+            )
     finally:
         if token_file is not None:
             token_file.unlink(missing_ok=True)
     problems = [f"{session.target(r.name)}: {line}" for r in reports for line in r.problems]
     if problems:
         failed = sum(1 for r in reports if r.problems)
-        raise HostError(f"preflight failed on {failed} of {len(reports)} SSH hosts; nothing was started:", problems)
+        raise HostError(
+            f"preflight failed on {failed} of {len(reports)} SSH hosts; nothing was started:",
+            problems,
+        )
     return reports
 
 
@@ -95,8 +110,15 @@ def probe_token(loaded: LoadedSpec) -> tuple[Path | None, str]:
     return path, token
 
 
-def _probe(loaded: LoadedSpec, session: Session, name: str, wanted: ports.HostPorts,
-           token_file: Path | None, token: str, umask: int | None) -> HostReport:
+def _probe(
+    loaded: LoadedSpec,
+    session: Session,
+    name: str,
+    wanted: ports.HostPorts,
+    token_file: Path | None,
+    token: str,
+    umask: int | None,
+) -> HostReport:
     host = session.hosts[name]
     request = {
         "fixed_ports": list(wanted.fixed.values()),
@@ -112,19 +134,30 @@ def _probe(loaded: LoadedSpec, session: Session, name: str, wanted: ports.HostPo
     source = resources.files("distlaunch.launcher.transports").joinpath("ssh_probe.py").read_bytes()
     command = f"exec {remote_python(host.python)} - {shlex.quote(json.dumps(request))}"
     try:
-        done = session.run(name, command, stdin=source, timeout=host.connect_timeout_s + PROBE_TIMEOUT_S)
+        done = session.run(
+            name, command, stdin=source, timeout=host.connect_timeout_s + PROBE_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
-        return HostReport(name, (f"no answer within {host.connect_timeout_s + PROBE_TIMEOUT_S:g} s",))
+        return HostReport(
+            name, (f"no answer within {host.connect_timeout_s + PROBE_TIMEOUT_S:g} s",)
+        )
     stderr = done.stderr.decode(errors="replace")
     if done.returncode == 255:
         return HostReport(name, (_ssh_failure(stderr),))
     if done.returncode in (126, 127):
         why = "not found" if done.returncode == 127 else "not executable"
-        return HostReport(name, (f"python {host.python!r} {why} on the host ($.hosts.{name}.python)",))
+        return HostReport(
+            name, (f"python {host.python!r} {why} on the host ($.hosts.{name}.python)",)
+        )
     try:
         answer = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
     except (IndexError, ValueError):
-        return HostReport(name, (f"the probe failed (exit code {done.returncode}): {last_message(stderr) or 'no message'}",))
+        return HostReport(
+            name,
+            (
+                f"the probe failed (exit code {done.returncode}): {last_message(stderr) or 'no message'}",
+            ),
+        )
     problems = list(answer["problems"])
     facts = answer["facts"]
     if "protocol" in facts and facts["protocol"] != remote.PROTOCOL:

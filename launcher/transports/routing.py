@@ -158,7 +158,9 @@ class HostsLaunch:
         # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
         env = {contract.RUN_ID: plan.run_id}
         rules = firewall.plan_rules(plan)
-        return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, guard_argv, env)
+        return firewall.protect(
+            self.loaded.spec.network.protect, plan.run_id, rules, guard_argv, env
+        )
 
 
 @contextmanager

@@ -85,14 +85,20 @@ def hosts_from_record(data: Mapping) -> dict[str, Host]:
 
 def last_message(stderr: str) -> str:
     """The line of ssh's (or the remote command's) stderr that says what went wrong; "" if none."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
+    lines = [
+        line.strip()
+        for line in stderr.splitlines()
+        if line.strip() and not line.startswith("Warning:")
+    ]
     return lines[-1] if lines else ""
 
 
 def helper_request(task: TaskPlan, umask: int | None, grace_s: float) -> dict:
     """The JSON request the remote helper (`distlaunch.worker.remote`) reads: the task as data."""
     folders = {str(Path(task.env[name]).parent) for name in _TASK_FILES if name in task.env}
-    folders |= {task.env[name] for name in (contract.RUN_DIR, contract.CHECKPOINT_DIR) if name in task.env}
+    folders |= {
+        task.env[name] for name in (contract.RUN_DIR, contract.CHECKPOINT_DIR) if name in task.env
+    }
     return {
         "argv": list(task.argv),
         "env": dict(task.env),
@@ -125,9 +131,23 @@ class Session:
 
         ``slot`` picks the master connection: slot k carries tasks k*MUX_SESSIONS onwards.
         """
-        return ["ssh", "-T", *self._options(name, slot), "--", self.hosts[name].address_of(name), remote_command]
+        return [
+            "ssh",
+            "-T",
+            *self._options(name, slot),
+            "--",
+            self.hosts[name].address_of(name),
+            remote_command,
+        ]
 
-    def run(self, name: str, remote_command: str, stdin: bytes = b"", timeout: float | None = None, slot: int = 0) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        name: str,
+        remote_command: str,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        slot: int = 0,
+    ) -> subprocess.CompletedProcess:
         """Run ``remote_command`` on host ``name`` and wait; output is captured as bytes.
 
         The first call for a host (and slot) opens its master connection, which stays for the run.
@@ -150,7 +170,9 @@ class Session:
                 # Without a master (the host was never reached) this fails at once, harmlessly.
                 subprocess.run(
                     ["ssh", *self._options(name, slot), "-O", "exit", "--", host.address_of(name)],
-                    stdin=subprocess.DEVNULL, capture_output=True, timeout=host.connect_timeout_s + 10,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=host.connect_timeout_s + 10,
                 )
             except subprocess.TimeoutExpired:
                 pass  # a master that hangs goes away by itself ControlPersist after its last session
@@ -184,16 +206,24 @@ class Session:
         if host.port:
             opts += ["-p", str(host.port)]
         opts += [
-            "-o", "BatchMode=yes",
-            "-o", f"ConnectTimeout={host.connect_timeout_s}",
-            "-o", f"StrictHostKeyChecking={host.host_key_checking}",
-            "-o", "ControlMaster=auto",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={host.connect_timeout_s}",
+            "-o",
+            f"StrictHostKeyChecking={host.host_key_checking}",
+            "-o",
+            "ControlMaster=auto",
             # Per host name, not only per user@address:port (%C): two names for one machine may
             # differ in key or options, and must not ride on each other's connection.
-            "-o", f"ControlPath={self._control_dir}/{sorted(self.hosts).index(name)}-{slot}-%C",
-            "-o", f"ControlPersist={CONTROL_PERSIST_S}",
-            "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
-            "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
+            "-o",
+            f"ControlPath={self._control_dir}/{sorted(self.hosts).index(name)}-{slot}-%C",
+            "-o",
+            f"ControlPersist={CONTROL_PERSIST_S}",
+            "-o",
+            f"ServerAliveInterval={ALIVE_INTERVAL_S}",
+            "-o",
+            f"ServerAliveCountMax={ALIVE_COUNT}",
         ]
         return opts
 
@@ -220,7 +250,9 @@ class SshHandle(procs.TaskProcess):
         opened and closed at once is harmless to a gRPC server.
         """
         try:
-            with socket.create_connection((self.task.host, self.task.port), timeout=JOIN_CONNECT_TIMEOUT_S):
+            with socket.create_connection(
+                (self.task.host, self.task.port), timeout=JOIN_CONNECT_TIMEOUT_S
+            ):
                 return True
         except OSError:
             return False
@@ -275,12 +307,18 @@ class SshTransport:
             except subprocess.TimeoutExpired:
                 pass  # the task's own ssh then reports what is wrong
         rundir.create_file(task.log_file)
-        command = f"exec {remote_python(self.session.hosts[task.host_name].python)} -m {HELPER_MODULE}"
+        command = (
+            f"exec {remote_python(self.session.hosts[task.host_name].python)} -m {HELPER_MODULE}"
+        )
         # The client gets the launcher's environment (agent socket, ssh config) plus the run id that
         # `distlaunch down` looks for; the task's own environment travels in the request.
         env = {contract.RUN_ID: task.env.get(contract.RUN_ID, "")}
         proc = procs.spawn(
-            self.session.argv(task.host_name, command, slot), env, os.getcwd(), task.log_file, stdin=subprocess.PIPE
+            self.session.argv(task.host_name, command, slot),
+            env,
+            os.getcwd(),
+            task.log_file,
+            stdin=subprocess.PIPE,
         )
         handle = SshHandle(task, proc)
         # The request fits in the pipe's buffer, so this write does not wait for the connection.

@@ -38,7 +38,9 @@ def main():
         problems.append(f"workdir {request['workdir']!r} is not a directory here")
     script = request.get("script")
     if script and not os.path.isfile(script):
-        problems.append(f"script {script!r} does not exist here (a script must be at the same path on every host)")
+        problems.append(
+            f"script {script!r} does not exist here (a script must be at the same path on every host)"
+        )
     ports = check_ports(request.get("fixed_ports", []), request.get("auto_ports", 0), problems)
     print(json.dumps({"problems": problems, "ports": ports, "facts": facts}))
 
@@ -47,8 +49,10 @@ def check_distlaunch(problems, facts):
     try:
         from distlaunch.worker import remote
     except Exception as exc:  # noqa: BLE001 - any failure to import means the same thing here
-        problems.append(f"{sys.executable} cannot import distlaunch.worker.remote ({type(exc).__name__}: {exc}); "
-                        "install distlaunch in this interpreter or set the host's python")
+        problems.append(
+            f"{sys.executable} cannot import distlaunch.worker.remote ({type(exc).__name__}: {exc}); "
+            "install distlaunch in this interpreter or set the host's python"
+        )
         return
     facts["protocol"] = remote.PROTOCOL
     try:
@@ -81,8 +85,10 @@ def check_shared_dir(request, problems):
         except OSError:
             seen = None
         if seen != request["token"]:
-            problems.append(f"shared dir {path!r} is not shared with the launcher (its probe file is not there); "
-                            'mount it at the same path on every host, or set "shared_dir_is_shared": false')
+            problems.append(
+                f"shared dir {path!r} is not shared with the launcher (its probe file is not there); "
+                'mount it at the same path on every host, or set "shared_dir_is_shared": false'
+            )
             return
     else:
         try:
@@ -105,7 +111,7 @@ def check_ports(fixed, auto, problems):
         for port in fixed:
             sockets = bind_all(port)
             if sockets is None:
-                problems.append(f"port {port} is in use here; expected a free port or \"auto\"")
+                problems.append(f'port {port} is in use here; expected a free port or "auto"')
             else:
                 held += sockets
         picked = []

@@ -99,7 +99,9 @@ def build_model(k: ModuleType) -> Any:
     return model
 
 
-def train_keras3(model: Any, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace) -> float:
+def train_keras3(
+    model: Any, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace
+) -> float:
     """Train with Keras 3 and distlaunch.worker.fit; return the last epoch's loss."""
     metrics = dw.fit(
         model,
@@ -112,7 +114,9 @@ def train_keras3(model: Any, images: np.ndarray, labels: np.ndarray, args: argpa
     return metrics[-1]["loss"] if metrics else float("nan")
 
 
-def train_tf_keras(model: Any, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace) -> float:
+def train_tf_keras(
+    model: Any, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace
+) -> float:
     """Train with tf_keras model.fit and distlaunch.worker.keras_callbacks; return the last loss."""
     import tensorflow as tf
 
