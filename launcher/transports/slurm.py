@@ -55,8 +55,8 @@ from distlaunch.launcher.transports.routing import EXPOSURE_NOTE, HostConsole
 from distlaunch.launcher.transports.ssh import (
     HEARTBEAT_S,
     HELPER_MODULE,
-    STOP_MARGIN_S,
     SshHandle,
+    ask_to_stop,
     helper_request,
 )
 from distlaunch.worker import contract, remote
@@ -473,14 +473,7 @@ class StepTransport:
 
     def stop(self, handles: Sequence[StepHandle], grace_s: float) -> None:
         """Ask every step's helper to stop its task (TERM, grace, KILL on the node), wait, then kill."""
-        for handle in handles:
-            handle.send(b"stop\n")
-        deadline = time.monotonic() + grace_s + STOP_MARGIN_S
-        for handle in handles:
-            try:
-                handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        ask_to_stop(handles, grace_s)
         self.kill(handles)
 
     def kill(self, handles: Sequence[StepHandle]) -> None:

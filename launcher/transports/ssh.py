@@ -281,6 +281,19 @@ class SshHandle(procs.TaskProcess):
         super().close()
 
 
+def ask_to_stop(handles: Sequence[SshHandle], grace_s: float) -> None:
+    """Ask every task's remote helper to stop it (SIGTERM, ``grace_s``, SIGKILL where it runs) and
+    wait that long plus a margin for the local processes to end; the caller kills what is left."""
+    for handle in handles:
+        handle.send(b"stop\n")
+    deadline = time.monotonic() + grace_s + STOP_MARGIN_S
+    for handle in handles:
+        try:
+            handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+
+
 class SshTransport:
     """Starts tasks on SSH hosts through `session` and stops them (remotely: TERM, grace, KILL)."""
 
@@ -339,14 +352,7 @@ class SshTransport:
     def stop(self, handles: Sequence[SshHandle], grace_s: float) -> None:
         """Ask every helper to stop its task (SIGTERM, grace, SIGKILL on the host), wait, then
         kill the local clients still running: their EOF makes the helpers kill at once."""
-        for handle in handles:
-            handle.send(b"stop\n")
-        deadline = time.monotonic() + grace_s + STOP_MARGIN_S
-        for handle in handles:
-            try:
-                handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        ask_to_stop(handles, grace_s)
         self.kill(handles)
 
     def kill(self, handles: Sequence[SshHandle]) -> None:
