@@ -219,12 +219,14 @@ def _start_dockerd(folder: Path) -> subprocess.Popen:
             "the Docker engine is not running, and dockerd is not installed or we are not root to start it"
         )
     log = folder / "dockerd.log"
-    # --iptables=false: leave the host's firewall alone (Docker's FORWARD policy DROP would cut the
-    # bridged network namespaces of other tests). Compose's internal network needs no rule, and
-    # image builds use the host's network (see image.py).
+    # Docker's own defaults, as users run it: its iptables rules are what lets containers on one
+    # compose network reach each other where forwarded bridge traffic is filtered (FORWARD policy
+    # DROP with br_netfilter, left by any earlier dockerd); with --iptables=false the workers hung
+    # there. The SSH and Slurm test labs keep their bridges in namespaces of their own, out of
+    # reach of those rules.
     with open(log, "w") as out:
         daemon = subprocess.Popen(
-            ["dockerd", "--iptables=false"],
+            ["dockerd"],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
