@@ -257,6 +257,8 @@ time.sleep(600)
 def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
     lab: SlurmLab, tmp: Path
 ) -> None:
+    from distlaunch.worker import remote
+
     (tmp / "server.py").write_text(SERVER)
     spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
     with _allocation(lab, tmp, "--nodes=2") as env:
@@ -276,6 +278,14 @@ def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
         )
         assert len(lab.steps()) == 2
         assert all(len(lab.processes(node)) >= 3 for node in lab.nodes)  # helper, task, its child
+        # Each step's helper runs by the path the node's preflight found, without site-packages.
+        helpers = [
+            p.cmdline()[1:]
+            for node in lab.nodes
+            for p in lab.processes(node)
+            if p.cmdline()[-1] == remote.__file__
+        ]
+        assert helpers == [["-I", "-S", remote.__file__]] * 2
         launcher.kill()
         launcher.wait()
         wait_for(
@@ -565,7 +575,7 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
     )
     gpu, cpu = plan.tasks
     assert "CUDA_VISIBLE_DEVICES" not in gpu.env and cpu.env["CUDA_VISIBLE_DEVICES"] == ""
-    assert "--gpus-per-task=2" in slurm.srun_argv("7", "a", "n", "python", gpus=len(gpu.gpus))
+    assert "--gpus-per-task=2" in slurm.srun_argv("7", "a", "n", gpus=len(gpu.gpus))
     assert gpu.tf_config["cluster"]["worker"] == ["a:1111", "b:2222"]
     indices = _spec(tmp, {"script": "task.py"}, {"worker": [{"gpus": [0]}, {}]})
     result = subprocess.run(
@@ -576,6 +586,16 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
         f"distlaunch: error: {indices}: $.tasks.worker[0].gpus: expected a GPU count under Slurm "
         "(it picks the devices), got the list [0]"
     )
+
+
+def test_the_helper_runs_by_path_without_site_packages_or_else_as_a_module() -> None:
+    from distlaunch.launcher.transports import slurm
+
+    path = "/opt/venv/lib/python3.11/site-packages/distlaunch/worker/remote.py"
+    assert slurm.helper_argv("py", path) == ["py", "-I", "-S", path]
+    module = ["py", "-m", "distlaunch.worker.remote"]
+    assert slurm.helper_argv("py", None) == module
+    assert slurm.helper_argv("py", "/opt/distlaunch.zip/distlaunch/worker/remote.pyc") == module
 
 
 def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_named_node(

@@ -55,6 +55,8 @@ def check_distlaunch(problems, facts):
         )
         return
     facts["protocol"] = remote.PROTOCOL
+    # Where this interpreter finds the helper: a Slurm step runs it by path (see slurm.py).
+    facts["helper"] = remote.__file__
     try:
         facts["distlaunch"] = importlib.metadata.version("distlaunch")
     except importlib.metadata.PackageNotFoundError:
