@@ -28,7 +28,9 @@ group is stopped the way a local task's would be:
 
 The helper exits with the task's exit code, or 128+N when the task died of signal N (SSH cannot
 carry a signal death). It imports neither launcher code nor TensorFlow: it must start fast and
-work with nothing but the standard library (Linux >= 5.3 for pidfd).
+work with nothing but the standard library (Linux >= 5.3 for pidfd). A Slurm job step runs this
+file by path as ``PYTHON -I -S .../remote.py``, without site-packages: an import of anything
+outside the standard library (distlaunch's own modules included) would break it there.
 """
 
 from __future__ import annotations
