@@ -329,7 +329,10 @@ def test_down_cancels_the_steps_a_killed_launcher_and_its_sruns_left(
         assert len(steps) == 2
         result = lab.run(_launcher("down", str(run_dir)), cwd=tmp, env=env)
         assert result.returncode == 0, result.stderr
-        assert f"cancelled Slurm {' '.join(sorted(steps))}" in result.stdout
+        # A step whose srun was killed may still end by itself before `down` looks (its
+        # slurmstepd loses the I/O peer; seen under load): down cancels those left, no others.
+        cancelled = re.search(r"cancelled Slurm ([\d. ]+)", result.stdout)
+        assert cancelled and set(cancelled.group(1).split()) <= set(steps), result.stdout
         wait_for(
             lambda: _nothing_left(lab, run_dir.name),
             "no step or process left",
