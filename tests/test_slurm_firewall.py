@@ -3,15 +3,16 @@
 On the Slurm test cluster of tests/slurmcluster.py, the outsider (a namespace on the nodes' bridge
 that is no part of the cluster) cannot connect to a task port while the nodes and the launcher
 can; no rule of the run is left on any node after `kill -9` of the launcher; a node where the
-tasks' user lacks CAP_NET_ADMIN is named open (`auto`) or refuses the run (`required`). The
-orderly end and `distlaunch down` are checked in tests/test_slurm.py's runs, which are protected
-by default.
+tasks' user lacks CAP_NET_ADMIN is named open (`auto`) or refuses the run (`required`); `down`
+removes what a SIGKILLed guard left. The orderly end and `distlaunch down` of whole runs are
+checked in tests/test_slurm.py's runs, which are protected by default.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,43 @@ def test_a_node_without_cap_net_admin_is_named_open_or_refused(lab: SlurmLab, tm
     assert len(list((tmp / "runs").glob("*/run.json"))) == 1  # the auto run's only
     assert _tables(lab) == _none_left(lab)
     wait_for(lambda: not lab.steps(), "no step left")
+
+
+def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -> None:
+    """A cancelled step is SIGKILLed (Slurm 22.05): `down`'s sweep takes away what its guard left."""
+    from distlaunch.launcher import firewall
+    from distlaunch.launcher.transports import slurm
+
+    node = lab.nodes[0]
+    with _allocation(lab, tmp, "--nodes=2") as env:
+        job = env["SLURM_JOB_ID"]
+        name = slurm.guard_step_name("left", node.name)
+        argv = slurm.srun_argv(job, node.name, name, sys.executable, overlap=True)
+        guard = subprocess.Popen(
+            lab.command([*argv, "-m", firewall.GUARD_MODULE]),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        guard.stdin.write(json.dumps({"run_id": "left", "ports": [4000], "allow": []}).encode())
+        guard.stdin.write(b"\n")
+        guard.stdin.flush()
+        assert json.loads(guard.stdout.readline())["protected"]
+        for proc in lab.processes(node):
+            if firewall.GUARD_MODULE in proc.cmdline():
+                proc.kill()
+        guard.wait(timeout=60)
+        guard.stdin.close()
+        guard.stdout.close()
+        assert _rules_left(node.netns) and not lab.steps()
+        code = (
+            "import json, sys; from distlaunch.launcher.transports import slurm; "
+            "slurm.cancel_steps('left', *map(json.loads, sys.argv[1:]))"
+        )
+        network = {"hosts": {node.name: {"protected": True}}}
+        done = lab.run(
+            [sys.executable, "-c", code, json.dumps({"job_id": job}), json.dumps(network)],
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        assert _tables(lab) == _none_left(lab)
