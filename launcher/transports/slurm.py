@@ -79,9 +79,8 @@ GUARD_STEP = "guard"
 SUBMITTED_ENV = "DISTLAUNCH_SLURM_JOB"
 ISOLATION = Isolation(
     HOST,
+    # The ports are shut by the nodes' firewall (network.protect), not by the isolation.
     "tasks run as Slurm job steps on the allocation's nodes, on the nodes' network",
-    'keep "network": {"protect": "auto"}: a per-run firewall on each node admits only the run\'s '
-    "nodes and the launcher",
 )
 
 
