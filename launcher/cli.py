@@ -170,7 +170,7 @@ def plan(
     loaded = load_spec(spec, _options(overrides, only_hosts, exclude_hosts))
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
     data = the_plan.to_json()
-    rules = firewall.plan_rules(the_plan)
+    rules = firewall.run_rules(the_plan)
     data["network"] = firewall.plan_json(loaded.spec.network.protect, the_plan.run_id, rules)
     if as_json:
         click.echo(json.dumps(data, indent=2))
@@ -183,13 +183,18 @@ def plan(
     if data["program"]["serve_reason"]:
         click.echo(f"roles: {data['program']['serve_reason']}")
     if data["network"]["hosts"]:
-        click.echo("firewall of the SSH hosts (added before any task starts, removed at the end):")
+        click.echo(
+            "firewall of the SSH hosts and Slurm nodes (added before any task starts, removed at "
+            "the end):"
+        )
         for rule in rules.values():
             click.echo(f"  {rule.describe(the_plan.run_id)}")
     elif rules:
-        click.echo('firewall: off ("network": {"protect": "off"}): SSH task ports stay open')
+        click.echo('firewall: off ("network": {"protect": "off"}): remote task ports stay open')
     else:
-        click.echo("firewall: none needed (no task on an SSH host; local tasks: see isolation)")
+        click.echo(
+            "firewall: none needed (no task on an SSH host or Slurm node; local tasks: see isolation)"
+        )
     # Every value a spec controls is printed shell-quoted: one line per item, copy-pasteable.
     for task in data["tasks"]:
         over = f" (SSH host {task['host_name']})" if task.get("transport") == "ssh" else ""

@@ -9,9 +9,12 @@ The host owns its rules, not the launcher: a guard (`distlaunch.worker.guard`) p
 one nftables table named after the run (an iptables chain where nft is missing) and deletes it
 when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
 however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
-that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` starts the guards through any remote transport: it only needs
-the command line of a local process whose stdin and stdout reach ``python -m
-distlaunch.worker.guard`` on the host (``ssh HOST 'exec PYTHON -m ...'``; ``srun -w NODE ...``).
+that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` starts the guards
+through any remote transport: it only needs the command line of a local process whose stdin and
+stdout reach ``python -m distlaunch.worker.guard`` on the host (``ssh HOST 'exec PYTHON -m ...'``
+for SSH hosts; a job step, ``srun --nodelist=NODE --overlap ... PYTHON -m ...``, on Slurm nodes).
+Over SSH the guard admits the launcher by the address its session comes from (SSH_CONNECTION);
+a job step has no such thing, so `run_rules` names the launcher's own addresses.
 
 Changing a host's firewall needs root or CAP_NET_ADMIN there. Where a guard cannot, the spec's
 ``network.protect`` decides: ``auto`` goes on and says which ports stay open, ``required`` stops
@@ -20,9 +23,11 @@ before any task starts (HostError, exit 2), ``off`` starts no guard.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import selectors
+import socket
 import subprocess
 import threading
 import time
@@ -52,6 +57,7 @@ class HostRules:
     host: str  # the host's name in the spec
     ports: tuple[int, ...]
     allow: tuple[str, ...]  # addresses (or names the host resolves) of every host of the run
+    ssh_client: bool = True  # also admit the address the guard's SSH session comes from
 
     def request(self, run_id: str) -> dict:
         """The JSON request the guard reads on its stdin."""
@@ -59,22 +65,27 @@ class HostRules:
             "run_id": run_id,
             "ports": list(self.ports),
             "allow": list(self.allow),
-            "allow_client": True,
+            "allow_client": self.ssh_client,
             "heartbeat_s": HEARTBEAT_TIMEOUT_S,
         }
 
     def describe(self, run_id: str) -> str:
         """The rules in one line, as `plan` prints them."""
         ports = ", ".join(str(p) for p in self.ports)
+        client = ", the launcher's SSH address" if self.ssh_client else ""
         return (
             f"{self.host}: nftables table inet {guard.table_name(run_id)}: tcp ports {ports} admit "
-            f"{', '.join(self.allow)}, the launcher's SSH address and loopback; drop all others "
+            f"{', '.join(self.allow)}{client} and loopback; drop all others "
             f"(iptables chain {guard.chain_name(run_id)} where nft is missing)"
         )
 
 
+# The transports whose hosts get a guard; "local" tasks run on this machine (see isolation).
+REMOTE = ("ssh", "slurm")
+
+
 def plan_rules(
-    plan: Plan, remote: Collection[str] = ("ssh",), also_allow: Collection[str] = ()
+    plan: Plan, remote: Collection[str] = REMOTE, also_allow: Collection[str] = ()
 ) -> dict[str, HostRules]:
     """The rules of every host whose tasks run over a ``remote`` transport (pure).
 
@@ -84,10 +95,47 @@ def plan_rules(
     """
     allow = tuple(sorted({t.host for t in plan.tasks} | set(also_allow)))
     ports: dict[str, set[int]] = {}
+    over_ssh: dict[str, bool] = {}
     for task in plan.tasks:
         if task.transport in remote:
             ports.setdefault(task.host_name, set()).add(task.port)
-    return {host: HostRules(host, tuple(sorted(p)), allow) for host, p in sorted(ports.items())}
+            over_ssh[task.host_name] = task.transport == "ssh"
+    return {
+        host: HostRules(host, tuple(sorted(p)), allow, over_ssh[host])
+        for host, p in sorted(ports.items())
+    }
+
+
+def run_rules(plan: Plan) -> dict[str, HostRules]:
+    """`plan_rules` of a run, with the launcher's addresses admitted on hosts not reached by SSH.
+
+    The launcher connects to every task port (the join check); a Slurm node's guard cannot tell
+    where the launcher is, so the launcher names the address it connects from to each such host.
+    """
+    others = sorted({t.host for t in plan.tasks if t.transport in REMOTE and t.transport != "ssh"})
+    return plan_rules(plan, also_allow=launcher_addresses(others))
+
+
+def launcher_addresses(hosts: Collection[str]) -> list[str]:
+    """The source addresses this machine's connections to ``hosts`` leave from (no packet sent:
+    a UDP socket's connect only asks the kernel's routing). Loopback is left out (always admitted);
+    a host that does not resolve or route is skipped: the launcher cannot reach its tasks either."""
+    found: set[str] = set()
+    for host in hosts:
+        try:
+            infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+        except OSError:
+            continue
+        for family, kind, proto, _, address in infos:
+            try:
+                with socket.socket(family, kind, proto) as probe:
+                    probe.connect(address)
+                    source = ipaddress.ip_address(probe.getsockname()[0].split("%")[0])
+            except (OSError, ValueError):
+                continue
+            if not source.is_loopback:
+                found.add(str(source))
+    return sorted(found)
 
 
 def plan_json(mode: str, run_id: str, rules: Mapping[str, HostRules]) -> dict:
@@ -171,7 +219,7 @@ class Protection:
             lines.append(
                 f"note: ports {', '.join(str(p) for p in host.ports)} stay open to anyone who reaches "
                 f"{host.host}: {host.why}. "
-                'Give the login root or CAP_NET_ADMIN there, or set "network": {"protect": "required"} '
+                'Give the user the tasks run as root or CAP_NET_ADMIN there, or set "network": {"protect": "required"} '
                 "to refuse such runs (README: Security)"
             )
         return lines

@@ -493,7 +493,9 @@ class Spec(_Model):
         "`distlaunch up --backend` overrides it.",
     )
 
-    network: Network = Field(default_factory=Network, description="The SSH hosts' firewall.")
+    network: Network = Field(
+        default_factory=Network, description="The firewall of SSH hosts and Slurm nodes."
+    )
     slurm: SlurmOptions = Field(
         default_factory=SlurmOptions,
         description="Placement on Slurm nodes (the other backends ignore it).",

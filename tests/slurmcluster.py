@@ -6,6 +6,10 @@ Layout (N is picked at random so parallel sessions do not collide)::
     slurmctld, srun, salloc, launcher
     dlslN-r 10.79.N.1  <-- veth -->  dlslN-rs --+                   +-- dlslN-n1 10.79.N.11 (slurmd)
                                                 +-- bridge dlslN-br +-- dlslN-n2 10.79.N.12 (slurmd)
+                                                                    +-- dlslN-o  10.79.N.4 (outsider)
+
+The outsider is a machine on the same network that is no part of the cluster: firewall tests check
+that it cannot reach a run's task ports.
 
 As in tests/sshhosts.py, the bridge lives in a namespace of its own, so the root namespace's
 firewall (Docker sets FORWARD to DROP) never sees node-to-node traffic and nothing of the
@@ -34,6 +38,7 @@ import random
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -105,6 +110,7 @@ class SlurmLab:
             Node(f"{self.prefix}-n{i}", f"{self.prefix}-n{i}", str(addresses[10 + i]))
             for i in range(1, nodes + 1)
         )
+        self.outsider = Node("outsider", f"{self.prefix}-o", str(addresses[3]))
         # A tmpfs in each slurmd's mount namespace: a folder the nodes do not share with anyone.
         self.private_dir = self.dir / "nodelocal"
         self.conf = self.dir / "slurm.conf"
@@ -168,6 +174,12 @@ class SlurmLab:
         out = self.run(["squeue", "--steps", "--noheader", "--format=%i"]).stdout
         return [s for s in out.split() if not s.endswith((".batch", ".extern"))]
 
+    def step_names(self) -> dict[str, str]:
+        """The job steps squeue lists (JOB.STEP -> step name), batch and extern steps left out."""
+        out = self.run(["squeue", "--steps", "--noheader", "--format=%i %j"]).stdout
+        pairs = [line.split() for line in out.splitlines() if len(line.split()) == 2]
+        return {i: name for i, name in pairs if not i.endswith((".batch", ".extern"))}
+
     def processes(self, node: Node) -> list[psutil.Process]:
         """Every live process in ``node``'s namespace other than the Slurm daemons themselves."""
         found = []
@@ -188,6 +200,13 @@ class SlurmLab:
             text=True,
             timeout=60,
         )
+
+    def connects(self, node: Node, address: str, port: int) -> bool:
+        """Whether a TCP connection from inside ``node``'s namespace (or the outsider's) to
+        ``address:port`` is accepted within a second (a dropped SYN counts as no)."""
+        probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)"
+        done = self.run_in(node, [sys.executable, "-c", probe, address, str(port)])
+        return done.returncode == 0
 
     def log(self, name: str) -> str:
         """A daemon's log file (``slurmctld``, ``slurmd-NODE``, ``munged``), for failure messages."""
@@ -244,9 +263,10 @@ class SlurmLab:
         _ip("-n", sw, "link", "set", root_peer, "master", br, "up")
         _ip("addr", "add", f"{self.controller_address}/{bits}", "dev", root)
         _ip("link", "set", root, "up")
-        for i, node in enumerate(self.nodes, start=1):
+        legs = [(node, f"{self.prefix}-n{i}") for i, node in enumerate(self.nodes, start=1)]
+        for node, leg_name in [*legs, (self.outsider, f"{self.prefix}-o")]:
             self._netns_add(node.netns)
-            leg, peer = f"{self.prefix}-n{i}v", f"{self.prefix}-n{i}s"
+            leg, peer = f"{leg_name}v", f"{leg_name}s"
             _ip(
                 "-n",
                 node.netns,

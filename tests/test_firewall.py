@@ -271,6 +271,32 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
     assert _rules_left(netns_name) == []
 
 
+@pytest.mark.parametrize("backend", ["nftables", "iptables"])
+def test_remove_takes_away_what_a_sigkilled_guard_left(netns_name: str, backend: str) -> None:
+    """`down` runs ``guard --remove RUN_ID`` on a Slurm run's nodes, where a cancelled step
+    SIGKILLs its guard."""
+    argv = ["ip", "netns", "exec", netns_name, sys.executable, "-m", "distlaunch.worker.guard"]
+    if backend == "iptables":
+        argv = _hiding_nft(argv)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    request = {"run_id": "left", "ports": [4000, 4001], "allow": ["10.9.9.9"]}
+    proc.stdin.write(json.dumps(request).encode() + b"\n")
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["how"] == backend
+    proc.kill()
+    proc.wait()
+    proc.stdin.close()
+    proc.stdout.close()
+    assert _rules_left(netns_name)  # what a SIGKILLed guard leaves
+    done = subprocess.run([*argv, "--remove", "left"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    removed = json.loads(done.stdout)["removed"]
+    assert len(removed) == (1 if backend == "nftables" else 2), removed
+    assert _rules_left(netns_name) == []
+    again = subprocess.run([*argv, "--remove", "left"], capture_output=True, text=True, check=False)
+    assert json.loads(again.stdout) == {"removed": []}
+
+
 # ---- real hosts -------------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from conftest import (
     wait_for_run_dir,
 )
 from slurmcluster import SlurmLab, unavailable_reason
+from test_firewall import _rules_left
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,16 @@ def _launcher(*args: str) -> list[str]:
     return [sys.executable, "-m", "distlaunch.launcher", *args]
 
 
+def _task_steps(lab: SlurmLab) -> list[str]:
+    """The job steps of tasks (JOB.STEP): every step but the runs' firewall guards."""
+    return [i for i, name in lab.step_names().items() if ".guard." not in name]
+
+
+def _no_rules(lab: SlurmLab) -> bool:
+    """No nftables table or iptables chain of any run in any node's namespace."""
+    return not any(_rules_left(node.netns) for node in lab.nodes)
+
+
 def _nothing_left(lab: SlurmLab, run_id: str) -> bool:
     """No job step and no process (but the Slurm daemons) on any node; no local srun of the run."""
     if lab.steps() or any(lab.processes(node) for node in lab.nodes):
@@ -102,6 +113,9 @@ def test_mwms_across_two_nodes_inside_salloc(lab: SlurmLab, tmp: Path) -> None:
     )
     assert losses[0].split("final loss")[1] == losses[1].split("final loss")[1]
     assert list((run_dir / "checkpoints").iterdir())
+    # Protected by default: each node's guard held its table for the run, and took it away.
+    assert all(h["protected"] for h in record["network"]["hosts"].values())
+    assert _no_rules(lab)
     wait_for(
         lambda: _nothing_left(lab, record["run_id"]),
         "no step or process left",
@@ -276,7 +290,7 @@ def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
             "both tasks to join",
             launcher=launcher,
         )
-        assert len(lab.steps()) == 2
+        assert len(_task_steps(lab)) == 2 and len(lab.steps()) == 4  # and a guard per node
         assert all(len(lab.processes(node)) >= 3 for node in lab.nodes)  # helper, task, its child
         # Each step's helper runs by the path the node's preflight found, without site-packages.
         helpers = [
@@ -293,6 +307,7 @@ def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
             "no step or process left",
             limit_s=60,
         )
+        assert _no_rules(lab)
         assert lab.jobs() == [env["SLURM_JOB_ID"]]  # the allocation itself lives on
 
 
@@ -326,13 +341,16 @@ def test_down_cancels_the_steps_a_killed_launcher_and_its_sruns_left(
         launcher.kill()
         launcher.wait()
         steps = lab.steps()
-        assert len(steps) == 2
+        assert len(_task_steps(lab)) == 2 and len(steps) == 4  # the tasks' and the guards'
+        assert all(_rules_left(node.netns) for node in lab.nodes)
         result = lab.run(_launcher("down", str(run_dir)), cwd=tmp, env=env)
         assert result.returncode == 0, result.stderr
         # A step whose srun was killed may still end by itself before `down` looks (its
         # slurmstepd loses the I/O peer; seen under load): down cancels those left, no others.
         cancelled = re.search(r"cancelled Slurm ([\d. ]+)", result.stdout)
         assert cancelled and set(cancelled.group(1).split()) <= set(steps), result.stdout
+        # The guards were asked with SIGTERM (a cancelled step is SIGKILLed): their rules are gone.
+        assert _no_rules(lab)
         wait_for(
             lambda: _nothing_left(lab, run_dir.name),
             "no step or process left",
@@ -538,7 +556,7 @@ def test_status_logs_restart_and_down_work_on_a_slurm_run(lab: SlurmLab, tmp: Pa
         ], status.stdout
         logs = lab.run(_launcher("logs", str(run_dir)), cwd=tmp, env=env)
         assert "worker-0 | serving" in logs.stdout and "worker-1 | serving" in logs.stdout
-        first_steps = set(lab.steps())
+        first_steps = set(_task_steps(lab))
         restart = lab.run(_launcher("restart", str(run_dir), "worker-1"), cwd=tmp, env=env)
         assert restart.returncode == 0, restart.stderr
         # An MWMS task restarts the gang: both old steps are killed, both tasks come back as new steps
@@ -548,13 +566,14 @@ def test_status_logs_restart_and_down_work_on_a_slurm_run(lab: SlurmLab, tmp: Pa
             "both tasks to join again",
             launcher=launcher,
         )
-        steps = set(lab.steps())
+        steps = set(_task_steps(lab))
         assert len(steps) == 2 and not steps & first_steps
         down = lab.run(_launcher("down", str(run_dir)), cwd=tmp, env=env)
         assert down.returncode == 0 and "stopped its launcher" in down.stdout, (
             down.stdout + down.stderr
         )
         launcher.wait(timeout=60)
+        assert _no_rules(lab)
         wait_for(
             lambda: _nothing_left(lab, run_dir.name),
             "no step or process left",

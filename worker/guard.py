@@ -23,8 +23,10 @@ The rules are one nftables table per run (``inet distlaunch_<run id>``) with its
 nothing else of the host's firewall is read or changed, and deleting the table removes every rule
 of the run at once. Where nft is missing, iptables does the same with a chain of the run
 (``DL-<digest of the run id>``, IPv4 and IPv6) that INPUT jumps to for the task ports. A guard
-that is SIGKILLed cannot clean up: that is the one way to leave its rules behind
-(`nft delete table inet distlaunch_...` removes them by hand).
+that is SIGKILLed cannot clean up: that is the one way to leave its rules behind. ``python -m
+distlaunch.worker.guard --remove RUN_ID`` removes what a guard of that run left on the host (its
+table, or its chains and INPUT's jumps to them); `distlaunch down` runs it on a Slurm run's nodes,
+where a cancelled step or a killed srun SIGKILLs the guard.
 
 Request values are data: ports must be integers, addresses go through `ipaddress`, the run id is
 reduced to ``[A-Za-z0-9_]`` before it names the table. Imports only the standard library, never
@@ -275,6 +277,37 @@ def _check(done: subprocess.CompletedProcess, tool: str) -> None:
     raise Unprotected(f"{tool} refused the rules: {message}")
 
 
+def remove_leftovers(run_id: str) -> list[str]:
+    """Delete the rules a guard of ``run_id`` left on this host; return what was removed (e.g.
+    ``nftables table inet distlaunch_r``). Raise Unprotected when they cannot be removed."""
+    removed = []
+    nft = program("nft")
+    table = table_name(run_id)
+    if nft is not None and _apply((nft, "list", "table", "inet", table), "").returncode == 0:
+        _check(_apply((nft, "-f", "-"), f"delete table inet {table}\n"), "nft")
+        removed.append(f"nftables table inet {table}")
+    chain = chain_name(run_id)
+    for save, restore in (
+        ("iptables-save", "iptables-restore"),
+        ("ip6tables-save", "ip6tables-restore"),
+    ):
+        tools = program(save), program(restore)
+        if None in tools:
+            continue
+        listed = _apply((str(tools[0]), "-t", "filter"), "")
+        if f":{chain} " not in listed.stdout:
+            continue
+        jumps = [
+            "-D" + line[2:]
+            for line in listed.stdout.splitlines()
+            if line.startswith("-A INPUT ") and line.endswith(f" -j {chain}")
+        ]
+        script = "\n".join(["*filter", *jumps, f"-F {chain}", f"-X {chain}", "COMMIT", ""])
+        _check(_apply((str(tools[1]), "--noflush", "-w", "10"), script), restore)
+        removed.append(f"{save.removesuffix('-save')} chain {chain}")
+    return removed
+
+
 def listening(ports: tuple[int, ...]) -> bool:
     """Whether a TCP socket of this network namespace listens on any of ``ports``."""
     wanted = {f"{p:04X}" for p in ports}
@@ -329,7 +362,18 @@ def hold(request: Request, stopped: list[int], wake_r: int) -> str:
 
 
 def main() -> int:
-    """Protect the ports the request on stdin names until told to stop; 0 unless the request was bad."""
+    """Protect the ports the request on stdin names until told to stop; 0 unless the request was bad.
+
+    With ``--remove RUN_ID``: remove what a guard of that run left here; print
+    ``{"removed": [...]}`` (1 and a ``why`` when that fails).
+    """
+    if sys.argv[1:2] == ["--remove"] and len(sys.argv) == 3:
+        try:
+            _answer({"removed": remove_leftovers(sys.argv[2])})
+        except Unprotected as exc:
+            _answer({"removed": [], "why": str(exc)})
+            return 1
+        return 0
     try:
         request = parse(_first_line(sys.stdin.fileno()))
     except (ValueError, TypeError) as exc:

@@ -13,6 +13,7 @@ by someone else's process is never signalled.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,12 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
         # Steps run on other nodes, out of reach of the process sweep below: Slurm ends them.
         from distlaunch.launcher.transports.slurm import cancel_steps
 
-        cancelled = cancel_steps(record.run_id, record.extra["slurm"])
+        # The python the run's steps ran (its guards' too): a task's, as planned.
+        tasks = record.plan.get("tasks") or [{}]
+        python = (tasks[0].get("argv") or [sys.executable])[0]
+        cancelled = cancel_steps(
+            record.run_id, record.extra["slurm"], record.extra.get("network"), python
+        )
     leftovers = _processes_of(record, run_dir)
     _stop(leftovers, grace_s)
     if record.compose:

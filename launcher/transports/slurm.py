@@ -21,6 +21,13 @@ Why it is built this way:
   step running. So the launcher kills a task by closing its stdin, srun gets SIGTERM (not SIGKILL)
   when the launcher dies (PR_SET_PDEATHSIG), and the helper's heartbeat timeout covers an srun
   killed outright by someone else. `distlaunch down` cancels the run's steps by name.
+- The run's firewall (launcher/firewall.py) holds on each node as one more step, a guard that
+  lives as long as its srun's stdin stays open (``--overlap``: it takes no CPU from the tasks).
+  Measured here too: cancelling a step (`scancel STEP`, or SIGTERM to its srun) SIGKILLs its
+  processes at once, and a SIGKILLed guard cannot remove its rules. So a guard is only ever ended
+  by EOF (the launcher closes its srun's stdin, or dies: its srun, in a session of its own and
+  with no death signal, lives on to pass the EOF), by its heartbeat timeout, or by `down` with
+  SIGTERM sent to it directly (``scancel --signal=TERM``), after the task steps are cancelled.
 - Ports are picked on each node before the plan, by the SSH preflight's probe run as a step
   (``--overlap``: it needs no CPU of its own), which also checks the node's Python, TensorFlow,
   distlaunch and the shared dir. TF_CONFIG names nodes by hostname.
@@ -40,13 +47,13 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Self
 
-from distlaunch.launcher import ports, procs, rundir
+from distlaunch.launcher import firewall, ports, procs, rundir
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import HostError, Interrupted, UsageError
 from distlaunch.launcher.isolation import HOST, Isolation
@@ -54,7 +61,7 @@ from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LOCAL_HOSTS, Host, LoadedSpec, task_json_path
 from distlaunch.launcher.transports.base import Opened
 from distlaunch.launcher.transports.preflight import probe_token
-from distlaunch.launcher.transports.routing import EXPOSURE_NOTE, HostConsole
+from distlaunch.launcher.transports.routing import HostConsole
 from distlaunch.launcher.transports.ssh import (
     HEARTBEAT_S,
     HELPER_MODULE,
@@ -69,12 +76,14 @@ PROBE_TIMEOUT_S = 120.0
 KILL_WAIT_S = 5.0
 # Job steps of a run are named after it, so `down` finds them without the launcher.
 STEP_PREFIX = "distlaunch"
+# The step of a node's firewall guard is named distlaunch.<run id>.guard.<node>.
+GUARD_STEP = "guard"
 # Set by the batch script `distlaunch sbatch` writes, to the job id: this job exists for this run.
 SUBMITTED_ENV = "DISTLAUNCH_SLURM_JOB"
 ISOLATION = Isolation(
     HOST,
+    # The ports are shut by the nodes' firewall (network.protect), not by the isolation.
     "tasks run as Slurm job steps on the allocation's nodes, on the nodes' network",
-    "firewall the task ports so that only the cluster's nodes reach them",
 )
 
 
@@ -259,6 +268,11 @@ def python_of(loaded: LoadedSpec) -> str:
 def step_name(run_id: str, task: str) -> str:
     """The job step name of a task of a run: `down` and people find the run's steps by it."""
     return f"{STEP_PREFIX}.{run_id}.{task}"
+
+
+def guard_step_name(run_id: str, node: str) -> str:
+    """The job step name of the firewall guard of a run on ``node``."""
+    return step_name(run_id, f"{GUARD_STEP}.{node}")
 
 
 def helper_argv(python: str, helper: str | None) -> list[str]:
@@ -528,34 +542,75 @@ class StepTransport:
 # ---- cleanup without the launcher --------------------------------------------------------------
 
 
-def cancel_steps(run_id: str, info: Mapping) -> list[str]:
-    """Cancel every job step left of Slurm run ``run_id`` (found by name); with ``submitted``, its
-    whole job. ``info`` is the run's run.json ``slurm`` entry (`Allocation.to_json`).
+def cancel_steps(
+    run_id: str, info: Mapping, network: Mapping | None = None, python: str = sys.executable
+) -> list[str]:
+    """Cancel every job step left of Slurm run ``run_id`` (found by name) and remove any firewall
+    rule left on its nodes; with ``submitted``, cancel its whole job. ``info`` is the run's
+    run.json ``slurm`` entry (`Allocation.to_json`), ``network`` its ``network`` entry.
 
+    The tasks' steps are cancelled first; then the firewall guards get SIGTERM (a cancel would
+    SIGKILL them, leaving their rules), remove their rules once the task ports have closed and end
+    their steps. A guard SIGKILLed earlier (its srun was killed) left its rules: a step on each
+    protected node removes them (`guard.remove_leftovers`), while the job still runs.
     Returns what was cancelled (``JOB.STEP`` ids, or the job id).
     """
     job = info.get("job_id")
     if not job:
         return []
-    prefix = step_name(run_id, "")
+    steps = _steps_of(str(job), run_id)
+    guards = [i for i, name in steps.items() if name.startswith(guard_step_name(run_id, ""))]
+    tasks = [i for i in steps if i not in guards]
+    if tasks:
+        subprocess.run(["scancel", "--quiet", *tasks], capture_output=True, check=False)
+    if guards:
+        subprocess.run(
+            ["scancel", "--quiet", "--signal=TERM", *guards], capture_output=True, check=False
+        )
+        deadline = time.monotonic() + firewall.CLOSE_TIMEOUT_S
+        while set(guards) & set(_steps_of(str(job), run_id)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        late = sorted(set(guards) & set(_steps_of(str(job), run_id)))
+        if late:
+            subprocess.run(["scancel", "--quiet", *late], capture_output=True, check=False)
+    protected = [n for n, h in ((network or {}).get("hosts") or {}).items() if h.get("protected")]
+    if protected:
+        with ThreadPoolExecutor(max_workers=len(protected)) as pool:
+            list(pool.map(lambda node: _remove_rules(str(job), node, run_id, python), protected))
+    cancelled = sorted(steps)
+    if info.get("submitted"):
+        subprocess.run(["scancel", "--quiet", str(job)], capture_output=True, check=False)
+        cancelled.append(str(job))
+    return cancelled
+
+
+def _remove_rules(job: str, node: str, run_id: str, python: str) -> None:
+    """Remove what a guard of ``run_id`` left on ``node`` (nothing, mostly), as a job step."""
+    name = step_name(run_id, f"{GUARD_STEP}-sweep.{node}")
+    argv = [*srun_argv(job, node, name, overlap=True), python, "-m", firewall.GUARD_MODULE]
+    try:
+        subprocess.run(
+            [*argv, "--remove", run_id],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pass  # the node does not take a step now: nothing more can be done from here
+
+
+def _steps_of(job: str, run_id: str) -> dict[str, str]:
+    """The live steps of ``run_id`` in ``job``: ``JOB.STEP`` id -> step name."""
     listed = subprocess.run(
         ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"],
         capture_output=True,
         text=True,
         check=False,
     )
-    steps = [
-        line.split()[0]
-        for line in listed.stdout.splitlines()
-        if len(line.split()) == 2 and line.split()[1].startswith(prefix)
-    ]
-    cancelled = list(steps)
-    if steps:
-        subprocess.run(["scancel", "--quiet", *steps], capture_output=True, check=False)
-    if info.get("submitted"):
-        subprocess.run(["scancel", "--quiet", str(job)], capture_output=True, check=False)
-        cancelled.append(str(job))
-    return cancelled
+    prefix = step_name(run_id, "")
+    pairs = (line.split() for line in listed.stdout.splitlines())
+    return {p[0]: p[1] for p in pairs if len(p) == 2 and p[1].startswith(prefix)}
 
 
 def requeue(alloc: Allocation) -> None:
@@ -600,22 +655,25 @@ class SlurmLaunch:
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
-        """The job step transport. With ``requeue`` (a batch job of `distlaunch sbatch
-        --requeue`), a run interrupted by the pre-timeout signal requeues the job on the way out:
-        its next start resumes this run."""
+        """The nodes' firewall, then the job step transport: the guards hold before any task
+        starts and end after every task has stopped. With ``requeue`` (a batch job of
+        `distlaunch sbatch --requeue`), a run interrupted by the pre-timeout signal requeues the
+        job on the way out: its next start resumes this run."""
         python = python_of(self.loaded)
         grace_s = self.loaded.spec.timeouts.grace_s
         nodes = ", ".join(sorted(set(self.placement.values())))
-        listed = ", ".join(str(t.port) for t in plan.tasks)
-        notes = (
-            f"tasks run as steps of Slurm job {self.alloc.job_id} on {nodes}",
-            EXPOSURE_NOTE.format(ports=listed, reason=ISOLATION.reason, remedy=ISOLATION.remedy),
-        )
-        with StepTransport(
-            self.alloc, plan.run_id, python, grace_s, self.umask, self.helpers
-        ) as steps:
+        with (
+            self._protect(plan) as protection,
+            StepTransport(
+                self.alloc, plan.run_id, python, grace_s, self.umask, self.helpers
+            ) as steps,
+        ):
+            notes = (
+                f"tasks run as steps of Slurm job {self.alloc.job_id} on {nodes}",
+                *protection.notes(),
+            )
             try:
-                record = {"slurm": self.alloc.to_json()}
+                record = {"slurm": self.alloc.to_json(), "network": protection.to_json()}
                 yield Opened(steps, record, notes, HostConsole(self.console, plan))
             except Interrupted as exc:
                 if self.requeue and exc.signum == rundir.PRE_TIMEOUT_SIGNAL:
@@ -626,6 +684,29 @@ class SlurmLaunch:
                     )
                     requeue(self.alloc)
                 raise
+
+    def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
+        """The firewall of the run's nodes: one guard per node, each a job step of its own."""
+        job, python = self.alloc.job_id, python_of(self.loaded)
+
+        def guard_argv(node: str) -> list[str]:
+            name = guard_step_name(plan.run_id, node)
+            return [
+                *srun_argv(job, node, name, overlap=True),
+                python,
+                "-m",
+                firewall.GUARD_MODULE,
+            ]
+
+        # The run id lets `distlaunch down` find the guards' srun clients like the tasks'.
+        env = {contract.RUN_ID: plan.run_id}
+        return firewall.protect(
+            self.loaded.spec.network.protect,
+            plan.run_id,
+            firewall.run_rules(plan),
+            guard_argv,
+            env,
+        )
 
 
 @contextmanager
