@@ -115,13 +115,18 @@ class Standbys:
         return standby.proc, standby.tree_fd
 
     def poll(self) -> None:
-        """Note which standbys have finished their imports (for run.json)."""
-        for standby in self._standbys.values():
-            if not standby.ready:
-                try:
-                    standby.ready = standby.control.recv(1, socket.MSG_DONTWAIT) == bootstrap.READY
-                except BlockingIOError:
-                    pass
+        """Note which standbys have finished their imports (for run.json); drop dead ones."""
+        for name, standby in list(self._standbys.items()):
+            if standby.ready:
+                continue
+            try:
+                said = standby.control.recv(1, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            standby.ready = said == bootstrap.READY
+            if not said:  # EOF: it died during its imports; this task restarts cold
+                self._cold.add(name)
+                self._discard(self._standbys.pop(name))
 
     def record(self) -> dict:
         """run.json's ``standbys``: per task, the standby's pid (taskinit's keeper), the attempt
