@@ -9,6 +9,7 @@ depends on how fast anything is.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -26,6 +27,10 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
+from distlaunch.launcher import procs, rundir
+from distlaunch.launcher.plan import for_attempt, make_plan
+from distlaunch.launcher.spec import load_spec
+from distlaunch.launcher.standby import Standbys
 
 pytestmark = pytest.mark.integration
 
@@ -249,3 +254,30 @@ def test_plan_shows_whether_restarts_use_standbys(tmp: Path) -> None:
     assert shown == {"default": True, "off": False, "never": False}
     text = distlaunch("plan", str(tmp / "off.json"), cwd=tmp)
     assert "\nstandbys: off\n" in text.stdout
+
+
+def test_a_standby_taken_before_its_imports_are_done_still_runs_the_task(tmp: Path) -> None:
+    """A restart can come while the standby still imports TensorFlow: it gets go (and the
+    launcher closes its end) before it could say ready; it must still run the program."""
+    (tmp / "task.py").write_text("import sys\nprint('ran', sys.argv[1:], flush=True)\n")
+    loaded = load_spec(
+        write_spec(
+            tmp, program={"script": "task.py", "args": ["x"]}, tasks={"worker": {"count": 1}}
+        )
+    )
+    run_dir = tmp / "runs" / "r1"
+    rundir.make_dirs(run_dir, 0)
+    task = for_attempt(make_plan(loaded, {("worker", 0): 20000}, "r1", run_dir), 1).tasks[0]
+    standbys = Standbys()
+    try:
+        standbys.prepare([task])
+        rundir.make_dirs(run_dir, 1)
+        taken = standbys.take(task)  # at once: its imports take seconds
+        assert taken is not None
+        proc, tree = taken
+        assert proc.wait(timeout=240) == 0
+        assert procs.wait_tree(tree)
+        os.close(tree)
+    finally:
+        standbys.close()
+    assert "ran ['x']" in Path(task.log_file).read_text()

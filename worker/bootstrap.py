@@ -88,10 +88,16 @@ def wait_as_standby(fd: int) -> None:
         import tensorflow  # noqa: F401
 
         __import__(_TF_KERAS if os.environ.get(_KERAS) == _TF_KERAS else "keras")
-        os.write(fd, READY)
-        go = os.read(fd, 1)
     except BaseException:  # noqa: BLE001 - whatever it was, a cold start does it better
         os._exit(1)
+    try:
+        os.write(fd, READY)
+    except OSError:
+        pass  # the launcher said go before the imports were done, and closed its end
+    try:
+        go = os.read(fd, 1)  # a go sent before the launcher closed its end is still there
+    except OSError:
+        go = b""
     os.close(fd)
     if go != GO:
         os._exit(0)
