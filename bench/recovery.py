@@ -61,6 +61,16 @@ def main() -> None:
                     recovery, cold, sampled = measure(work, standby)
                     figures.setdefault((name, standby), []).append((recovery, cold))
                     memory += sampled
+    report(latencies, figures, memory)
+
+
+def report(
+    latencies: list[float],
+    figures: dict[tuple[str, bool], list[tuple[float, float]]],
+    memory: list[dict[str, float]],
+) -> None:
+    """Print the figures: detection latencies, (strategy, standby on) -> [(recovery s, cold
+    start s)] per round, and the standby memory samples (MB)."""
     p95 = statistics.quantiles(latencies, n=20)[-1]
     print(
         f"detection latency, kill -9 to decision ({len(latencies)} kills): p50 {statistics.median(latencies) * 1000:.1f} ms, "
@@ -80,6 +90,11 @@ def main() -> None:
                 f"{median([r for r, _ in rounds]):.2f} s vs {median([c for _, c in rounds]):.2f} s, "
                 f"medians of {len(rounds)}"
             )
+        # The standbys' imports may overlap a slow cold start and lengthen it: the same recovery
+        # over the cold start of the rounds without standbys.
+        warm = median([r for r, _ in figures[(name, True)]])
+        cold = median([c for _, c in figures[(name, False)]])
+        print(f"  warm recovery over the standbys-off rounds' cold start: {warm / cold:.2f}")
     if memory:
         print(
             f"standby memory ({len(memory)} standbys sampled): interpreter RSS "
