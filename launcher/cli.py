@@ -182,6 +182,12 @@ def plan(
     click.echo(f"keras: {data['program']['keras']} ({data['program']['keras_reason']})")
     if data["program"]["serve_reason"]:
         click.echo(f"roles: {data['program']['serve_reason']}")
+    click.echo(
+        "standbys: on (one warm interpreter per local task for restarts; "
+        '"restart": {"standby": false} turns them off)'
+        if data["standby"]
+        else "standbys: off"
+    )
     if data["network"]["hosts"]:
         click.echo(
             "firewall of the SSH hosts and Slurm nodes (added before any task starts, removed at "

@@ -73,6 +73,8 @@ class Plan:
     tasks: tuple[TaskPlan, ...] = field(default_factory=tuple)
     isolation: Isolation = HOST_NETWORK
     program: ProgramChoice = ProgramChoice(contract.KERAS3, "")
+    # Local tasks get warm standbys (launcher/standby.py): a restart policy, and not switched off.
+    standby: bool = False
 
     def task(self, name: str) -> TaskPlan:
         """Return the task called ``name`` (``worker-1`` or ``worker:1``); KeyError if none."""
@@ -91,6 +93,7 @@ class Plan:
             "attempt": self.attempt,
             "isolation": self.isolation.to_json(),
             "program": self.program.to_json(),
+            "standby": self.standby,
             "tasks": [
                 {
                     "name": t.name,
@@ -211,6 +214,7 @@ def make_plan(
                     transport="compose" if containers else "ssh" if remote else "local",
                 )
             )
+    restart = spec.restart
     return Plan(
         run_id=run_id,
         run_dir=str(run_dir),
@@ -219,6 +223,9 @@ def make_plan(
         tasks=tuple(tasks),
         isolation=isolation,
         program=program,
+        standby=restart.policy != "never"
+        and restart.standby
+        and any(t.transport == "local" for t in tasks),
     )
 
 

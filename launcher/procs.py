@@ -57,17 +57,19 @@ def spawn_contained(
     argv: Sequence[str],
     env: Mapping[str, str],
     cwd: str,
-    log_file: str,
+    log_file: str | int,
     namespaces: Mapping[str, int] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> tuple[subprocess.Popen, int]:
     """`spawn` ``argv`` in a PID namespace of its own, so that every process it starts dies with it.
 
     ``namespaces`` maps ``user`` and ``net`` to descriptors of namespaces to enter first. Returns
     the process (taskinit's keeper, alone in its process group) and a descriptor that reads EOF
-    once every process of the task is gone (see `wait_tree`).
+    once every process of the task is gone (see `wait_tree`). ``log_file`` may be an open
+    descriptor (a warm standby's unnamed log), and ``pass_fds`` reach ``argv`` under their numbers.
     """
     tree_r, tree_w = os.pipe2(os.O_CLOEXEC)
-    fds = [tree_w, *(namespaces or {}).values()]
+    fds = [tree_w, *(namespaces or {}).values(), *pass_fds]
     flags = ["--tree", str(tree_w)]
     flags += [a for kind, fd in (namespaces or {}).items() for a in (f"--{kind}", str(fd))]
     try:
@@ -83,12 +85,15 @@ def _start(
     argv: Sequence[str],
     env: Mapping[str, str],
     cwd: str,
-    log_file: str,
+    log_file: str | int,
     stdin: int,
     flags: list[str],
     pass_fds: Sequence[int],
 ) -> subprocess.Popen:
-    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if isinstance(log_file, int):
+        fd = os.dup(log_file)  # closed below like an opened one; the caller keeps its own
+    else:
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         # No preexec_fn: taskinit sets the parent-death signal itself, after exec.
         return subprocess.Popen(
@@ -205,6 +210,8 @@ class TaskProcess:
     """A `transports.base.TaskHandle` for a task that a local process stands for (the task itself,
     its ssh client or its `compose run`): the process (its pid is also its process group id) and
     a pidfd on it."""
+
+    warm = False  # a warm standby became this task (local tasks only; see launcher/standby.py)
 
     def __init__(self, task: TaskPlan, proc: subprocess.Popen, tree_fd: int | None = None) -> None:
         self.task = task

@@ -360,6 +360,11 @@ class Restart(_Model):
         description="Exit codes that mean the program is wrong and are never retried "
         "(so are Python's import and syntax errors, read from the task's error file).",
     )
+    standby: bool = Field(
+        True,
+        description="With a restart policy, keep one warm standby per local task (an interpreter "
+        "that has imported TensorFlow) so that a restart skips the import; costs its memory.",
+    )
 
 
 # Kubernetes names: a namespace is a DNS label, a PersistentVolumeClaim a DNS subdomain.

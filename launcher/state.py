@@ -129,7 +129,7 @@ class TaskRecord:
 
 
 # Optional fields that only some backends or commands set; left out of run.json while None.
-_OPTIONAL = ("netns_holder_pid", "ssh", "compose", "stopped_by")
+_OPTIONAL = ("netns_holder_pid", "ssh", "compose", "stopped_by", "standbys")
 
 
 @dataclass
@@ -155,6 +155,7 @@ class RunRecord:
     ssh: dict | None = None  # the SSH hosts as resolved, for `collect`
     compose: dict | None = None  # the compose project, for `down`
     stopped_by: str | None = None
+    standbys: dict | None = None  # the warm standbys now waiting (launcher/standby.py)
     version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)  # keys this version does not know, kept as they are
 

@@ -9,6 +9,11 @@ What an event means is not decided here: the RestartPolicy answers CONTINUE, DON
 FAIL, and the supervisor carries it out and logs the decision with its reason. Tasks are reached
 only through the `transports.base` interface, and every state change goes through the task's
 `state.TaskLedger`, which records it, logs it and saves run.json in one call.
+
+Warm standbys (launcher/standby.py) are tended here because only the loop knows when the cluster
+has settled and which attempt comes next: STANDBY_DELAY_S after the last task joined, with no
+restart pending, the standbys are made (or remade) for the next attempt; they go when training is
+done and at teardown.
 """
 
 from __future__ import annotations
@@ -40,7 +45,12 @@ from distlaunch.launcher.progress_view import live_line, task_progress
 from distlaunch.launcher.spec import Restart, Timeouts
 from distlaunch.launcher.state import RunBook, RunRecord, RunState, TaskLedger, TaskState
 from distlaunch.launcher.summary import Failure, evidence_of
-from distlaunch.launcher.transports.base import TaskHandle, Transport, exit_description
+from distlaunch.launcher.transports.base import (
+    StandbyPool,
+    TaskHandle,
+    Transport,
+    exit_description,
+)
 from distlaunch.launcher.watchdog import Sample, Watchdog
 from distlaunch.worker import contract
 
@@ -50,6 +60,9 @@ PUMP_INTERVAL_S = 0.05
 CHECK_INTERVAL_S = 0.25
 # How often the live progress line of a terminal is redrawn from the tasks' heartbeats.
 LIVE_INTERVAL_S = 1.0
+# How long the cluster must have been settled (every task joined) before standbys are made: their
+# imports would compete for the CPU with the tasks' own start (model build, restore, first step).
+STANDBY_DELAY_S = 5.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, rundir.PRE_TIMEOUT_SIGNAL)
 
 
@@ -93,6 +106,7 @@ class Supervisor:
         timeouts: Timeouts,
         transport: Transport,
         restart: Restart | None = None,
+        standbys: StandbyPool | None = None,
     ) -> None:
         self.plan = plan
         self.run_dir = Path(plan.run_dir)
@@ -119,6 +133,9 @@ class Supervisor:
         self.pending: list[tuple[float, tuple[str, ...]]] = []  # (due time, tasks) restarts
         self.drain_until: float | None = None
         self.run_started = 0.0
+        self.standbys = standbys
+        self.settled_since = 0.0  # time.monotonic() of the latest task start or join
+        self._standbys_for: int | None = None  # the attempt the standbys were last made for
         self._signals: list[int] = []
         self._sel = selectors.DefaultSelector()
 
@@ -191,6 +208,8 @@ class Supervisor:
             if result is None and now >= next_check:
                 next_check = now + CHECK_INTERVAL_S
                 result = self._check_deadlines(now)
+                if result is None:
+                    self._tend_standbys(now)
             if self.console.live and now >= next_live:
                 next_live = now + LIVE_INTERVAL_S
                 rows = task_progress(self.run_dir, self.record)
@@ -395,6 +414,9 @@ class Supervisor:
 
     def _done(self) -> RunResult | None:
         """Training succeeded: stop the servers; give a running evaluator time to finish."""
+        if self.standbys is not None:
+            self.standbys.close()  # nothing will restart now
+            self._record_standbys()
         alive = [t for t in self.tasks.values() if t.alive]
         evaluators = [t for t in alive if t.plan.role == "evaluator"]
         self._stop([t for t in alive if t not in evaluators], TaskState.STOPPED, "training is done")
@@ -448,7 +470,7 @@ class Supervisor:
         self.peer_lost.discard(plan.name)
         self.watchdog.reset(plan.name)
         self._programs.pop(plan.name, None)
-        task.started = time.monotonic()
+        task.started = self.settled_since = time.monotonic()
         prefix = self.console.prefix(plan.name, task.number, self.width)
         task.follower = LogFollower(plan.log_file, prefix, self.console)
         self._sel.register(handle.exit_fd, selectors.EVENT_READ, task)
@@ -464,7 +486,8 @@ class Supervisor:
             "joined_after_s": None,
         }
         event = "restarted" if restarts else "started"
-        task.ledger.change(TaskState.STARTING, event, started, pid=handle.pid)
+        warm = {"standby": True} if handle.warm else {}
+        task.ledger.change(TaskState.STARTING, event, started, pid=handle.pid, **warm)
 
     # ---- periodic checks ------------------------------------------------------------------
 
@@ -486,6 +509,7 @@ class Supervisor:
             assert task.handle is not None
             if task.ledger.state is TaskState.STARTING:
                 if task.handle.joined():
+                    self.settled_since = now
                     joined = {"joined_after_s": round(now - task.started, 3)}
                     task.ledger.change(TaskState.RUNNING, "joined", joined, port=task.plan.port)
                 elif now - task.started > self.timeouts.startup_s:
@@ -517,6 +541,32 @@ class Supervisor:
                 RunState.FAILED, self._failure(waiting, f"was waiting to restart when {limit}")
             )
         return None
+
+    def _tend_standbys(self, now: float) -> None:
+        """Once settled, have the standbys of the next attempt; keep run.json's list current."""
+        if self.standbys is None:
+            return
+        self.standbys.poll()
+        settled = (
+            not self.pending
+            and self.drain_until is None
+            and now - self.settled_since >= STANDBY_DELAY_S
+            and all(
+                t.ledger.state is TaskState.RUNNING
+                for t in self.tasks.values()
+                if t.alive and t.plan.role != "evaluator"
+            )
+        )
+        if settled and self._standbys_for != self.attempt + 1:
+            self._standbys_for = self.attempt + 1
+            self.standbys.prepare(for_attempt(self.plan, self.attempt + 1).tasks)
+        self._record_standbys()
+
+    def _record_standbys(self) -> None:
+        record = (self.standbys.record() if self.standbys is not None else {}) or None
+        if record != self.record.standbys:
+            self.record.standbys = record
+            self.book.save()
 
     def _sample(self, task: _Task) -> Sample:
         """What the watchdog needs of a task: log size, heartbeat, CPU time and RSS (psutil)."""
@@ -595,6 +645,9 @@ class Supervisor:
         """
         self.console.show_live(None)
         self.book.best_effort = True
+        if self.standbys is not None:
+            self.standbys.close()
+            self._record_standbys()
         alive = [t for t in self.tasks.values() if t.alive]
         if alive:
             self.book.set_state(RunState.STOPPING)

@@ -17,7 +17,9 @@ heartbeat), a child can deadlock between fork and exec.
    forks the namespace's init, which forks and execs the task. When the task exits, the init
    exits and the kernel kills every process left in the namespace, also those that called
    ``setsid``; when the keeper is killed (the launcher SIGKILLs it, or the launcher itself died),
-   the init gets SIGKILL as its parent-death signal and the kernel does the same. The keeper
+   the init gets KEEPER_GONE as its parent-death signal and SIGKILLs and reaps every process of
+   the namespace itself before it exits (left to the kernel, the init's descriptors would close
+   before the namespace is empty: a warm standby could then find the port still held). The keeper
    exits only after the init, so once the launcher has reaped the keeper, and the write end of
    the ``--tree`` pipe (held by the init alone) is closed, not one process of the task is left.
    A new mount namespace gets its own ``/proc``, so ``os.getpid()`` and ``/proc/<pid>`` agree.
@@ -55,6 +57,9 @@ FORWARDED = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+# The init's parent-death signal: not one the task could be sent (FORWARDED) and caught, so that
+# the init empties the namespace before it exits.
+KEEPER_GONE = signal.SIGRTMIN
 # Exit codes when the task's program cannot be started, as POSIX shells use them.
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
@@ -137,7 +142,8 @@ def _keeper(argv: list[str], tree_fd: int) -> None:
 
 def _init(argv: list[str], tree_fd: int, alive_r: int, status_w: int, mounts: bool) -> None:
     """PID 1 of the task's namespace: start the task, reap every orphan, exit when the task does."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.signal(KEEPER_GONE, _empty_namespace)
+    _libc.prctl(_PR_SET_PDEATHSIG, KEEPER_GONE, 0, 0, 0)
     if select.select([alive_r], [], [], 0)[0]:
         os._exit(1)  # EOF: the keeper is already gone
     os.setsid()  # out of the keeper's group: the launcher's killpg reaches the keeper alone
@@ -160,6 +166,22 @@ def _init(argv: list[str], tree_fd: int, alive_r: int, status_w: int, mounts: bo
             # Exiting is the point: the kernel now kills whatever the task left in the namespace
             # and the keeper's wait returns only after all of it is gone.
             os._exit(0)
+
+
+def _empty_namespace(_signum: int, _frame: object) -> None:
+    """The keeper is gone: SIGKILL every other process of the namespace and reap them all, then
+    exit; the ``--tree`` pipe then reads EOF only once nothing of the task is left."""
+    if os.getpid() != 1:
+        os._exit(1)  # not a namespace's init: kill(-1) would reach far more than the task
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)  # as PID 1: every process of its namespace but itself
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(1)
 
 
 def _subreaper(argv: list[str], tree_fd: int) -> None:

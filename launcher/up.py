@@ -116,7 +116,13 @@ def up(
                     console.say(note)
                 shown = opened.console or console
                 supervisor = Supervisor(
-                    plan, record, shown, loaded.spec.timeouts, opened.transport, loaded.spec.restart
+                    plan,
+                    record,
+                    shown,
+                    loaded.spec.timeouts,
+                    opened.transport,
+                    loaded.spec.restart,
+                    opened.standbys,
                 )
                 _supervise(supervisor, console)
 

@@ -342,3 +342,28 @@ def test_a_spawned_task_still_dies_with_its_parent(tmp: Path) -> None:
         "the tasks to die with their parent",
         limit_s=30,
     )
+
+
+def test_a_killed_task_is_wholly_gone_once_its_tree_reads_eof(tmp: Path) -> None:
+    """SIGKILL of the keeper (a restart, `kill -9`): the init empties the namespace itself before
+    it exits. Left to the kernel, the tree pipe read EOF while a big task was still dying, and a
+    warm standby restarted in its place found its port still held."""
+    port = 23000 + os.getpid() % 1000
+    program = (
+        "import socket, time\n"
+        "ballast = bytearray(600 * 2**20)\n"
+        "for i in range(0, len(ballast), 4096): ballast[i] = 1\n"
+        "s = socket.socket()\n"
+        f"s.bind(('127.0.0.1', {port}))\n"
+        "s.listen()\n"
+        "time.sleep(300)\n"
+    )
+    for _ in range(3):
+        keeper, tree = procs.spawn_contained(
+            [sys.executable, "-c", program], {}, str(tmp), str(tmp / "log")
+        )
+        wait_for(lambda: procs.listening(os.getpid(), port), "the task to listen")
+        procs.kill_groups([keeper])
+        assert procs.wait_tree(tree)
+        os.close(tree)
+        assert not procs.listening(os.getpid(), port)

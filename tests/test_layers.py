@@ -40,6 +40,7 @@ LAYER_OF = {
     "distlaunch.launcher.transports": "transports",
     "distlaunch.launcher.k8s": "transports",  # Kubernetes manifests, like compose_file
     "distlaunch.launcher.taskinit": "transports",  # the init a local task starts through
+    "distlaunch.launcher.standby": "transports",  # warm standbys of local tasks
     "distlaunch.launcher.firewall": "transports",  # the SSH hosts' per-run guards
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",

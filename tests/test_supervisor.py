@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import events, write_spec
-from distlaunch.launcher import rundir
+from distlaunch.launcher import rundir, supervisor
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RecordError
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
@@ -47,6 +47,8 @@ class Fate:
 
 class FakeHandle:
     """A TaskHandle whose exit fd is a pipe the fake writes to when the task "exits"."""
+
+    warm = False
 
     def __init__(self, task: TaskPlan, pid: int) -> None:
         self.task = task
@@ -136,13 +138,14 @@ def supervise(
     plan: Plan,
     transport: FakeTransport,
     restart: Restart = ON_FAILURE,
+    standbys: object = None,
     **timeouts: float,
 ) -> tuple[RunResult, dict]:
     """Run the real supervisor over the fake transport; return its result and run.json."""
     record = RunRecord(run_id=plan.run_id, attempt=plan.attempt)
     console = Console(io.BytesIO(), io.BytesIO(), color=False)
-    supervisor = Supervisor(plan, record, console, Timeouts(**timeouts), transport, restart)
-    result = supervisor.run()
+    loop = Supervisor(plan, record, console, Timeouts(**timeouts), transport, restart, standbys)
+    result = loop.run()
     # Teardown released every handle, also the last incarnations'.
     assert all(h.closed for h in transport.started)
     return result, json.loads((Path(plan.run_dir) / rundir.RUN_JSON).read_text())
@@ -318,3 +321,56 @@ def test_a_full_disk_stops_every_task_first_and_leaves_no_temp_file(
     assert all(h.closed for h in transport.started)
     assert not list(Path(plan.run_dir).glob(".*.tmp"))
     assert json.loads((Path(plan.run_dir) / rundir.RUN_JSON).read_text())["state"] == "running"
+
+
+@dataclass
+class FakeStandbys:
+    """A StandbyPool that records what the supervisor asks of it; ``on_prepare`` scripts events."""
+
+    on_prepare: Callable[[int], None]
+    prepared: list[list[tuple[str, str]]] = field(default_factory=list)
+    closed: int = 0
+    polls: int = 0
+
+    def prepare(self, tasks: Sequence[TaskPlan]) -> None:
+        self.prepared.append([(t.name, t.env[contract.ATTEMPT]) for t in tasks])
+        self.on_prepare(int(tasks[0].env[contract.ATTEMPT]))
+
+    def poll(self) -> None:
+        self.polls += 1
+
+    def record(self) -> dict:
+        return {} if self.closed else {"worker-0": {"pid": 1, "attempt": 0, "ready": True}}
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_standbys_are_made_for_the_next_attempt_once_settled_and_go_at_the_end(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Standbys for attempt 1 once both workers joined; a restart makes them stale, so after it
+    they are made for attempt 2; training done closes them. Each step is triggered by the last."""
+    monkeypatch.setattr(supervisor, "STANDBY_DELAY_S", 0.0)
+    transport = FakeTransport(fates({}))
+
+    def on_prepare(attempt: int) -> None:
+        live = [h for h in transport.started if h.status is None]
+        if attempt == 1:  # the first standbys exist: now a worker fails
+            next(h for h in live if h.task.name == "worker-1").exit(1)
+        else:  # the second ones exist: the gang finishes
+            for handle in live:
+                handle.exit(0)
+
+    pool = FakeStandbys(on_prepare)
+    plan = make_plan_for(tmp)
+    result, record = supervise(plan, transport, standbys=pool)
+    assert result.state is RunState.SUCCEEDED
+    assert pool.prepared == [
+        [("worker-0", "1"), ("worker-1", "1")],
+        [("worker-0", "2"), ("worker-1", "2")],
+    ]
+    assert pool.closed >= 1 and pool.polls > 0
+    assert "standbys" not in record  # none left to list
+    started = [h.task.env[contract.ATTEMPT] for h in transport.started]
+    assert started == ["0", "0", "1", "1"]

@@ -4,6 +4,13 @@ The launcher runs ``PYTHON .../distlaunch/worker/bootstrap.py SCRIPT ARGS...`` (
 any interpreter works, also one without distlaunch installed) or, where distlaunch is installed
 (SSH hosts, containers), ``PYTHON -m distlaunch.worker.bootstrap -m MODULE ARGS...``.
 
+A warm standby (launcher/standby.py) runs ``bootstrap.py --standby FD SCRIPT ARGS...`` with the
+env, cwd and output of the task's next attempt: it sets ``sys.argv`` and ``sys.path[0]`` as below,
+imports TensorFlow and the plan's Keras (so TensorFlow reads the same env at import as in a cold
+start), writes ``r`` (ready) on the socket FD and blocks on it. ``g`` (go) closes FD and goes on
+exactly as a cold start does from there; EOF (the launcher discards it) or a failed import ends it
+quietly, and its output, never linked into the run dir, vanishes with it.
+
 Before a line of the program runs, an excepthook is in place that writes an uncaught exception to
 DISTLAUNCH_ERROR_FILE. So an import or syntax error in the entry script or module is recorded too,
 also for scripts that never import ``distlaunch.worker``, and the launcher never retries it.
@@ -37,6 +44,9 @@ _ERROR_FILE, _ROLE, _INDEX, _ATTEMPT, _RUN_DIR = (
 )
 # contract.STACKS_SIGNAL_NAME and contract.stacks_signal_path's layout.
 _STACKS_SIGNAL = "SIGUSR2"
+_KERAS, _TF_KERAS = "DISTLAUNCH_KERAS", "tf_keras"  # contract.KERAS, contract.TF_KERAS
+STANDBY_FLAG = "--standby"
+READY, GO = b"r", b"g"
 _stack_file = None  # kept open for the life of the task: faulthandler writes to its fd
 # Frames of these files come before the program's own in a traceback and are left out of it.
 _OWN_FILES = {
@@ -47,22 +57,50 @@ _OWN_FILES = {
 
 
 def main(args: list[str]) -> None:
-    """Run ``SCRIPT ARGS...`` or ``-m MODULE ARGS...`` as ``python`` would, the hook installed."""
+    """Run ``SCRIPT ARGS...`` or ``-m MODULE ARGS...`` as ``python`` would, the hook installed;
+    after ``--standby FD``, only once the launcher says go (see the module docstring)."""
+    standby = None
+    if args[:1] == [STANDBY_FLAG] and len(args) > 1:
+        standby, args = int(args[1]), args[2:]
     if not args or args[:1] == ["-m"] and len(args) < 2:
-        sys.exit("usage: bootstrap.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
-    install_error_hook()
-    install_stack_dump()
+        sys.exit("usage: bootstrap.py [--standby FD] SCRIPT [ARGS...] | -m MODULE [ARGS...]")
     if args[0] == "-m":
-        sys.argv = [
-            args[1],
-            *args[2:],
-        ]  # argv[0] becomes the module's file, as with `python -m`
+        sys.argv = [args[1], *args[2:]]  # argv[0] becomes the module's file, as with `python -m`
         sys.path[0] = os.getcwd()
-        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(args)
         sys.path[0] = os.path.dirname(os.path.realpath(args[0]))
+    if standby is not None:
+        wait_as_standby(standby)
+    install_error_hook()
+    install_stack_dump()
+    if args[0] == "-m":
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
         runpy.run_path(args[0], run_name="__main__")
+
+
+def wait_as_standby(fd: int) -> None:
+    """Import TensorFlow and the plan's Keras, say ready on socket ``fd``, and return on go; exit
+    quietly on anything else (a failed import: the task then restarts cold, and fails there the
+    way the program would)."""
+    try:
+        import tensorflow  # noqa: F401
+
+        __import__(_TF_KERAS if os.environ.get(_KERAS) == _TF_KERAS else "keras")
+    except BaseException:  # noqa: BLE001 - whatever it was, a cold start does it better
+        os._exit(1)
+    try:
+        os.write(fd, READY)
+    except OSError:
+        pass  # the launcher said go before the imports were done, and closed its end
+    try:
+        go = os.read(fd, 1)  # a go sent before the launcher closed its end is still there
+    except OSError:
+        go = b""
+    os.close(fd)
+    if go != GO:
+        os._exit(0)
 
 
 def install_error_hook() -> None:

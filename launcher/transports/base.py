@@ -30,6 +30,7 @@ class TaskHandle(Protocol):
     """One started task as the supervisor watches it."""
 
     task: TaskPlan
+    warm: bool  # a warm standby became this task (launcher/standby.py): it skipped the imports
 
     @property
     def pid(self) -> int:
@@ -64,6 +65,23 @@ class Transport(Protocol):
         """Kill these tasks now (nothing of theirs is worth a grace period)."""
 
 
+class StandbyPool(Protocol):
+    """A transport's warm standbys (launcher/standby.py); the transport's `start` uses one made for
+    exactly the task plan it starts. The supervisor says when to make them, and for which plans."""
+
+    def prepare(self, tasks: Sequence[TaskPlan]) -> None:
+        """Have one standby for exactly each of ``tasks`` the transport runs; drop the others."""
+
+    def poll(self) -> None:
+        """Note which standbys are ready (for `record`)."""
+
+    def record(self) -> dict:
+        """run.json's ``standbys``: per task, the standby's pid, attempt and readiness."""
+
+    def close(self) -> None:
+        """Kill every standby; return once nothing of theirs is left."""
+
+
 @dataclass
 class Opened:
     """A backend opened for one run: its transport and what `up` records and says about it."""
@@ -72,6 +90,7 @@ class Opened:
     record: dict = field(default_factory=dict)  # extra run.json fields (the sandbox, SSH hosts...)
     notes: tuple[str, ...] = ()  # lines `up` prints before the tasks start
     console: Console | None = None  # a console that prefixes lines differently (task@host)
+    standbys: StandbyPool | None = None  # the local tasks' warm standbys: the supervisor tends them
 
 
 class Launch(Protocol):

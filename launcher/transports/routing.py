@@ -145,7 +145,10 @@ class HostsLaunch:
                         f"`distlaunch collect {plan.run_id}` copies them here"
                     )
             shown = HostConsole(self.console, plan) if self.reports else None
-            yield Opened(HostRouter(LocalTransport(sandbox), remote), record, tuple(notes), shown)
+            local = LocalTransport(sandbox, standby=plan.standby)
+            yield Opened(
+                HostRouter(local, remote), record, tuple(notes), shown, standbys=local.standbys
+            )
 
     def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
         """The firewall of the run's SSH hosts: one guard per host, over ssh."""

@@ -257,7 +257,8 @@ def slurm_plan(
         if task.gpus:
             del env["CUDA_VISIBLE_DEVICES"]
         tasks.append(dataclasses.replace(task, env=env, transport="slurm"))
-    return dataclasses.replace(plan, tasks=tuple(tasks))
+    # Warm standbys are local processes: a Slurm step starts fresh on its node.
+    return dataclasses.replace(plan, tasks=tuple(tasks), standby=False)
 
 
 def python_of(loaded: LoadedSpec) -> str:
