@@ -187,6 +187,7 @@ def plan(
         '"restart": {"standby": false} turns them off)'
         if data["standby"]
         else "standbys: off"
+        + ("" if data["program"]["uses_tensorflow"] else " (the program imports no TensorFlow)")
     )
     if data["network"]["hosts"]:
         click.echo(

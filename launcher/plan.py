@@ -73,7 +73,8 @@ class Plan:
     tasks: tuple[TaskPlan, ...] = field(default_factory=tuple)
     isolation: Isolation = HOST_NETWORK
     program: ProgramChoice = ProgramChoice(contract.KERAS3, "")
-    # Local tasks get warm standbys (launcher/standby.py): a restart policy, and not switched off.
+    # Local tasks get warm standbys (launcher/standby.py): a restart policy, not switched off, and
+    # a program that imports TensorFlow (or PSS servers that run it).
     standby: bool = False
 
     def task(self, name: str) -> TaskPlan:
@@ -225,6 +226,7 @@ def make_plan(
         program=program,
         standby=restart.policy != "never"
         and restart.standby
+        and (program.uses_tensorflow or program.serve_ps_workers)
         and any(t.transport == "local" for t in tasks),
     )
 

@@ -32,6 +32,8 @@ from distlaunch.worker import contract
 AUTO = "auto"
 # The module ps and worker tasks run when the program does not serve by itself.
 SERVE_MODULE = "distlaunch.worker.serve"
+# Imports that load TensorFlow (distlaunch.worker builds the strategy).
+_TF_MODULES = ("tensorflow", "keras", "tf_keras", "distlaunch")
 UPSTREAM = {
     contract.MWMS: ("MultiWorkerMirroredStrategy", "keras-team/keras#20585"),
     contract.PSS: ("ParameterServerStrategy", "keras-team/keras#18624"),
@@ -48,6 +50,8 @@ class Facts:
         False  # imports distlaunch.worker (dw.strategy() serves on ps/worker)
     )
     server_line: int | None = None  # creates a tf.distribute.Server itself
+    # imports TensorFlow, a Keras or distlaunch.worker: what a warm standby imports in advance
+    imports_tensorflow: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,9 @@ class ProgramChoice:
     keras_auto: bool = False  # auto picked tf_keras: `up` says so at start
     serve_ps_workers: bool = False  # PSS ps/worker tasks run SERVE_MODULE, not the program
     serve_reason: str = ""
+    # False only when the source shows no TensorFlow import: a warm standby would then spend an
+    # import (and its memory) the program never makes
+    uses_tensorflow: bool = True
 
     def start_note(self, strategy: str) -> str | None:
         """The one line `up` prints when auto switched the program to tf_keras, else None."""
@@ -76,6 +83,7 @@ class ProgramChoice:
             "keras_reason": self.keras_reason,
             "serve_ps_workers": self.serve_ps_workers,
             "serve_reason": self.serve_reason,
+            "uses_tensorflow": self.uses_tensorflow,
         }
 
 
@@ -92,7 +100,8 @@ def choose(loaded: LoadedSpec) -> ProgramChoice:
             where = f"{where} does not parse ({exc.__class__.__name__})"
     keras, reason, auto = _keras(program.keras, facts, where, loaded.spec.strategy)
     serve, serve_reason = _serving(facts, where, loaded.spec.strategy)
-    return ProgramChoice(keras, reason, auto, serve, serve_reason)
+    uses_tf = facts is None or facts.imports_tensorflow
+    return ProgramChoice(keras, reason, auto, serve, serve_reason, uses_tf)
 
 
 def program_source(loaded: LoadedSpec) -> tuple[str | None, str]:
@@ -160,6 +169,7 @@ def scan(source: str, filename: str = "<program>") -> Facts:
     keras3: list[int] = []
     server: list[int] = []
     imports_distlaunch = False
+    imports_tensorflow = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -170,6 +180,7 @@ def scan(source: str, filename: str = "<program>") -> Facts:
                 if _is_module(alias.name, "tensorflow.keras"):
                     tf_keras.append(node.lineno)
                 imports_distlaunch |= _is_module(alias.name, "distlaunch")
+                imports_tensorflow |= any(_is_module(alias.name, m) for m in _TF_MODULES)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names = {alias.name for alias in node.names}
             if _is_module(node.module, "keras"):
@@ -179,6 +190,7 @@ def scan(source: str, filename: str = "<program>") -> Facts:
             ):
                 tf_keras.append(node.lineno)
             imports_distlaunch |= _is_module(node.module, "distlaunch")
+            imports_tensorflow |= any(_is_module(node.module, m) for m in _TF_MODULES)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             if (
@@ -196,6 +208,7 @@ def scan(source: str, filename: str = "<program>") -> Facts:
         keras3_line=min(keras3, default=None),
         imports_distlaunch=imports_distlaunch,
         server_line=min(server, default=None),
+        imports_tensorflow=imports_tensorflow,
     )
 
 

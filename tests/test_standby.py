@@ -135,6 +135,7 @@ SEEN = {
 }
 print("SELF " + json.dumps(SEEN), flush=True)
 import socket
+import tensorflow  # a TensorFlow program: only those get standbys
 cfg = SEEN["tf_config"]
 port = int(cfg["cluster"]["worker"][0].rsplit(":", 1)[1])
 server = socket.socket()
@@ -198,10 +199,22 @@ def test_the_program_cannot_tell_it_was_started_through_a_standby(tmp: Path, kin
     assert not processes_of_run(run_record(run_dir)["run_id"])
 
 
+def test_a_program_without_tensorflow_gets_no_standby(tmp: Path) -> None:
+    (tmp / "task.py").write_text("print('no TensorFlow here')\n")
+    (tmp / "tf_task.py").write_text("from tensorflow import constant\n")
+    plans = {}
+    for script in ("task.py", "tf_task.py"):
+        spec = write_spec(tmp, program={"script": script}, restart=ON_FAILURE)
+        ports = {("worker", i): 20000 + i for i in range(2)}
+        plans[script] = make_plan(load_spec(spec), ports, "r1", tmp / "runs" / "r1")
+    # A standby imports TensorFlow in advance: a program that never does would only pay for it.
+    assert not plans["task.py"].standby and plans["tf_task.py"].standby
+
+
 def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path) -> None:
     (tmp / "task.py").write_text(
         WAIT_FOR_STANDBY
-        + "import socket, time\n"
+        + "import socket, time\nimport tensorflow  # a TensorFlow program: it gets a standby\n"
         + "s = socket.socket(); s.bind(('127.0.0.1', int(__import__('json').loads("
         + "__import__('os').environ['TF_CONFIG'])['cluster']['worker'][0].rsplit(':', 1)[1])))\n"
         + "s.listen()\nwait_for_standby(1)\nprint('standby ready', flush=True)\ntime.sleep(300)\n"
@@ -240,7 +253,7 @@ def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path) -> None:
 
 
 def test_plan_shows_whether_restarts_use_standbys(tmp: Path) -> None:
-    (tmp / "task.py").touch()
+    (tmp / "task.py").write_text("import tensorflow\n")
     shown = {}
     for name, restart in (
         ("default", ON_FAILURE),
