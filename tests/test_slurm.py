@@ -612,12 +612,21 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
 
 def test_the_helper_runs_by_path_without_site_packages_or_else_as_a_module() -> None:
     from distlaunch.launcher.transports import slurm
+    from distlaunch.worker import remote
 
     path = "/opt/venv/lib/python3.11/site-packages/distlaunch/worker/remote.py"
     assert slurm.helper_argv("py", path) == ["py", "-I", "-S", path]
     module = ["py", "-m", "distlaunch.worker.remote"]
     assert slurm.helper_argv("py", None) == module
     assert slurm.helper_argv("py", "/opt/distlaunch.zip/distlaunch/worker/remote.pyc") == module
+    # The firewall guard, standard library only too, runs by path from beside the helper.
+    guard = slurm.helper_argv("py", remote.__file__, "distlaunch.worker.guard")
+    assert guard == ["py", "-I", "-S", str(Path(remote.__file__).with_name("guard.py"))]
+    assert Path(guard[-1]).is_file()
+    assert slurm.helper_argv("py", None, "distlaunch.worker.guard")[1:] == [
+        "-m",
+        "distlaunch.worker.guard",
+    ]
 
 
 def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_named_node(
