@@ -121,6 +121,7 @@ class Supervisor:
         self.run_started = 0.0
         self._signals: list[int] = []
         self._sel = selectors.DefaultSelector()
+        self._next_check = self._next_live = 0.0  # when the loop checks deadlines, redraws
 
     @property
     def record(self) -> RunRecord:
@@ -158,7 +159,6 @@ class Supervisor:
         self._signals.append(signum)
 
     def _loop(self, wake_r: int) -> RunResult:
-        next_check = next_live = 0.0
         while True:
             more = False
             for task in self.tasks.values():
@@ -171,32 +171,40 @@ class Supervisor:
                     _drain(wake_r)
                     continue
                 ready.append(key)
-            # Exits seen together: a task's own failure is handled before its peers' follow-on
-            # errors, so that the root cause is the task that died, not a survivor.
-            ready.sort(key=lambda k: evidence.peer_lost(self._evidence(k.data.plan)))
-            for key in ready:
-                if self._sel.get_map().get(key.fd) is not key:
-                    # An earlier exit of this batch already dealt with this task (a gang restart
-                    # killed it): its exit is recorded, and its fd is no longer watched.
-                    continue
-                self._sel.unregister(key.fd)
-                result = self._on_exit(key.data)
-                if result is not None:
-                    return result
-            result = self._check_signals()
+            # One save of run.json for all that this turn changed: a save per event would write
+            # the whole record once per task (256 tasks joining: 256 saves of all 256 entries).
+            with self.book.batch():
+                result = self._turn(ready)
             if result is not None:
                 return result
-            now = time.monotonic()
-            result = self._start_due_restarts(now)
-            if result is None and now >= next_check:
-                next_check = now + CHECK_INTERVAL_S
-                result = self._check_deadlines(now)
-            if self.console.live and now >= next_live:
-                next_live = now + LIVE_INTERVAL_S
-                rows = task_progress(self.run_dir, self.record)
-                self.console.show_live(live_line(rows))
+
+    def _turn(self, ready: list[selectors.SelectorKey]) -> RunResult | None:
+        """Handle one turn of the loop: the exits seen, signals, due restarts and checks."""
+        # Exits seen together: a task's own failure is handled before its peers' follow-on
+        # errors, so that the root cause is the task that died, not a survivor.
+        ready.sort(key=lambda k: evidence.peer_lost(self._evidence(k.data.plan)))
+        for key in ready:
+            if self._sel.get_map().get(key.fd) is not key:
+                # An earlier exit of this batch already dealt with this task (a gang restart
+                # killed it): its exit is recorded, and its fd is no longer watched.
+                continue
+            self._sel.unregister(key.fd)
+            result = self._on_exit(key.data)
             if result is not None:
                 return result
+        result = self._check_signals()
+        if result is not None:
+            return result
+        now = time.monotonic()
+        result = self._start_due_restarts(now)
+        if result is None and now >= self._next_check:
+            self._next_check = now + CHECK_INTERVAL_S
+            result = self._check_deadlines(now)
+        if self.console.live and now >= self._next_live:
+            self._next_live = now + LIVE_INTERVAL_S
+            rows = task_progress(self.run_dir, self.record)
+            self.console.show_live(live_line(rows))
+        return result
 
     def _select_timeout(self) -> float:
         timeout = PUMP_INTERVAL_S
