@@ -173,19 +173,25 @@ def listening(pid: int, port: int) -> bool:
     without the task's help, that it got that far. Reading /proc/PID/net sees the task's own
     network namespace, which is right also when tasks run in a private one.
     """
-    wanted = f":{port:04X} "
+    return port in listening_ports(pid)
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports with a listening socket in the network namespace of process ``pid`` (see
+    `listening`): one read of the namespace's socket tables answers for all of its tasks."""
+    found = set()
     for name in ("tcp", "tcp6"):
         try:
             with open(f"/proc/{pid}/net/{name}", encoding="ascii") as f:
                 next(f, None)
                 for line in f:
-                    fields = line.split()
+                    fields = line.split(None, 4)
                     # fields[1] is local_address (hex ip:port), fields[3] the state; 0A is LISTEN.
-                    if len(fields) > 3 and fields[3] == "0A" and (fields[1] + " ").endswith(wanted):
-                        return True
+                    if len(fields) > 3 and fields[3] == "0A":
+                        found.add(int(fields[1].rsplit(":", 1)[1], 16))
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-    return False
+    return found
 
 
 def pid_alive(pid: object) -> bool:

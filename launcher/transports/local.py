@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from collections.abc import Sequence
 
 from distlaunch.launcher import procs, rundir
@@ -14,20 +16,51 @@ class LocalHandle(procs.TaskProcess):
     """One running local task: the task's own process."""
 
     def __init__(
-        self, task: TaskPlan, proc: subprocess.Popen, tree_fd: int, sandbox: Sandbox | None = None
+        self,
+        task: TaskPlan,
+        proc: subprocess.Popen,
+        tree_fd: int,
+        sandbox: Sandbox | None,
+        ports: ListeningPorts,
     ) -> None:
         super().__init__(task, proc, tree_fd)
         # Any process in the task's network namespace shows its sockets; the sandbox's holder is
         # in it from the start, while the task itself is only once taskinit has entered it.
         self.sandbox = sandbox
+        self._ports = ports
 
     def joined(self) -> bool:
         """Whether the task's TensorFlow server listens on its port."""
         if self.sandbox is None:
-            return procs.listening(self.proc.pid, self.task.port)
+            # Without a sandbox the task shares the launcher's network namespace.
+            return self.task.port in self._ports.of(os.getpid())
         if not self.sandbox.alive():  # its pid may be another process's by now
             raise SandboxLost(self.sandbox.dead_message())
-        return procs.listening(self.sandbox.pid, self.task.port)
+        return self.task.port in self._ports.of(self.sandbox.pid)
+
+
+class ListeningPorts:
+    """The listening ports of a network namespace, read once for all the tasks in it.
+
+    The supervisor asks each starting task in turn whether it has joined; every one of them
+    shares one namespace, whose socket table lists all of their servers. Reading that table
+    per task would cost the square of the task count per check (256 tasks: 65,536 lines); a
+    table read less than MAX_AGE_S ago answers instead. MAX_AGE_S is below the supervisor's
+    check interval, so each check pass reads a fresh table.
+    """
+
+    MAX_AGE_S = 0.1
+
+    def __init__(self) -> None:
+        self._tables: dict[int, tuple[float, set[int]]] = {}
+
+    def of(self, pid: int) -> set[int]:
+        """The ports listening in the network namespace of process ``pid``."""
+        now = time.monotonic()
+        read = self._tables.get(pid)
+        if read is None or now - read[0] > self.MAX_AGE_S:
+            read = self._tables[pid] = (now, procs.listening_ports(pid))
+        return read[1]
 
 
 class LocalTransport:
@@ -41,6 +74,7 @@ class LocalTransport:
     def __init__(self, sandbox: Sandbox | None = None) -> None:
         self.sandbox = sandbox
         self._last: dict[str, LocalHandle] = {}
+        self._ports = ListeningPorts()
 
     def start(self, task: TaskPlan) -> LocalHandle:
         """Start one task; its output goes to its log file."""
@@ -57,7 +91,7 @@ class LocalTransport:
         proc, tree_fd = procs.spawn_contained(
             task.argv, task.env, task.cwd, task.log_file, namespaces
         )
-        handle = LocalHandle(task, proc, tree_fd, self.sandbox)
+        handle = LocalHandle(task, proc, tree_fd, self.sandbox, self._ports)
         self._last[task.name] = handle
         return handle
 
