@@ -40,27 +40,36 @@ class LocalHandle(procs.TaskProcess):
 
 
 class ListeningPorts:
-    """The listening ports of a network namespace, read once for all the tasks in it.
+    """The listening ports of a network namespace, read once for all the tasks in it, and only
+    when they may have changed.
 
-    The supervisor asks each starting task in turn whether it has joined; every one of them
-    shares one namespace, whose socket table lists all of their servers. Reading that table
-    per task would cost the square of the task count per check (256 tasks: 65,536 lines); a
-    table read less than MAX_AGE_S ago answers instead. MAX_AGE_S is below the supervisor's
-    check interval, so each check pass reads a fresh table.
+    The supervisor asks each starting task in turn whether it has joined; they all share one
+    namespace, whose socket table lists every one of their servers, so a table read less than
+    MAX_AGE_S ago (below the supervisor's check interval) answers for all of them. Reading the
+    table costs tens of milliseconds however empty the namespace is (the kernel walks every
+    namespace's sockets), and a task that never listens (an evaluator, a plain script) is asked
+    for its whole life: the table is read again only when the namespace's count of TCP sockets
+    in use has changed (a new server counts), or MAX_STALE_S after the last read, in case a
+    server came up while another socket closed.
     """
 
     MAX_AGE_S = 0.1
+    MAX_STALE_S = 2.0
 
     def __init__(self) -> None:
-        self._tables: dict[int, tuple[float, set[int]]] = {}
+        # pid -> (when read, the TCP sockets in use then, the listening ports)
+        self._tables: dict[int, tuple[float, tuple[int, int] | None, set[int]]] = {}
 
     def of(self, pid: int) -> set[int]:
         """The ports listening in the network namespace of process ``pid``."""
         now = time.monotonic()
         read = self._tables.get(pid)
-        if read is None or now - read[0] > self.MAX_AGE_S:
-            read = self._tables[pid] = (now, procs.listening_ports(pid))
-        return read[1]
+        if read is not None and now - read[0] <= self.MAX_AGE_S:
+            return read[2]
+        in_use = procs.tcp_sockets_in_use(pid)
+        if read is None or in_use is None or in_use != read[1] or now - read[0] > self.MAX_STALE_S:
+            read = self._tables[pid] = (now, in_use, procs.listening_ports(pid))
+        return read[2]
 
 
 class LocalTransport:
