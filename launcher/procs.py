@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 TASKINIT = taskinit.__file__
 # How long the last processes of a killed task's PID namespace may take to be gone.
 TREE_TIMEOUT_S = 30.0
+# How often stop_groups looks for tasks that have exited, at most.
+STOP_POLL_S = 0.01
 # The soft limit on open files this process had before `raise_fd_limit`, which its tasks get
 # back (None: not raised).
 _tasks_nofile: int | None = None
@@ -172,12 +174,16 @@ def stop_groups(procs: Iterable[subprocess.Popen], grace_s: float) -> None:
     for proc in procs:
         signal_group(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    for proc in procs:
-        remaining = deadline - time.monotonic()
-        try:
-            proc.wait(timeout=max(remaining, 0))
-        except subprocess.TimeoutExpired:
-            pass
+    # One loop over all of them (a reap attempt each, then one short sleep), not a timed wait
+    # per task: Popen.wait(timeout) sleeps in steps of up to 50 ms, for each task in turn.
+    pending, pause = procs, 0.001
+    while True:
+        pending = [proc for proc in pending if proc.poll() is None]
+        left = deadline - time.monotonic()
+        if not pending or left <= 0:
+            break
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, STOP_POLL_S)
     kill_groups(procs)
 
 
