@@ -6,6 +6,8 @@ backend, default isolation. Printed per N, from the run's events.jsonl and the l
 
 - start: first task start to last task start (what N Python processes cost to start here);
 - join: last task start to the last task the launcher saw listening (target <= 3 s at 256);
+- listen: last task start to the last task listening, as the tasks print it: what the tasks
+  themselves take to get there (join minus listen is the launcher's lag in seeing it);
 - teardown: SIGTERM to the launcher (the stop request) to the launcher gone, which it is only
   once every task's processes are (target <= 2 s at 256);
 - the launcher's peak RSS (VmHWM; target <= 150 MB at 256) and CPU seconds (user + system, its
@@ -36,6 +38,7 @@ server = socket.socket()
 server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 server.bind(("", port))
 server.listen()
+print("listening", time.time(), flush=True)
 deadline = time.monotonic() + float(sys.argv[2])
 while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
     time.sleep(0.5)
@@ -51,12 +54,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="16,64,256")
     counts = [int(n) for n in parser.parse_args().counts.split(",")]
-    print(f"{'tasks':>5}  {'start':>8}  {'join':>8}  {'teardown':>8}  {'peak RSS':>9}  {'CPU':>7}")
+    print(
+        f"{'tasks':>5}  {'start':>8}  {'join':>8}  {'listen':>8}  {'teardown':>8}  "
+        f"{'peak RSS':>9}  {'CPU':>7}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for count in counts:
             row = _run(Path(tmp) / str(count), count)
             print(
-                f"{count:>5}  {row['start']:>7.2f}s  {row['join']:>7.2f}s  "
+                f"{count:>5}  {row['start']:>7.2f}s  {row['join']:>7.2f}s  {row['listen']:>7.2f}s  "
                 f"{row['teardown']:>7.2f}s  {row['rss'] / 2**20:>6.1f} MB  {row['cpu']:>6.2f}s",
                 flush=True,
             )
@@ -102,9 +108,12 @@ def _run(work: Path, count: int) -> dict[str, float]:
     peak = max(peak, cpu[1])
     started = [e["time"] for e in events if e["event"] == "started"]
     joined = [e["time"] for e in events if e["event"] == "joined"]
+    logs = (work / "runs").glob("*/logs/attempt-0/*.log")
+    listening = [float(log.read_text().split()[1]) for log in logs]
     return {
         "start": max(started) - min(started),
         "join": max(joined) - max(started),
+        "listen": max(listening) - max(started),
         "teardown": teardown,
         "rss": peak,
         "cpu": cpu[0],
