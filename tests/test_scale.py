@@ -1,4 +1,5 @@
-"""Many tasks at once: a real `distlaunch up` of 64 trivial tasks, under a low open-file limit.
+"""Many tasks at once: a real `distlaunch up` of 64 trivial tasks, under a low open-file limit,
+and the one read of a namespace's socket table that tells all of them whether they joined.
 
 The tasks are bench/scale.py's tiny program (no TensorFlow): it listens on its task port, as a
 TensorFlow server would, and waits. No timing is asserted here (bench/scale.py measures it):
@@ -7,8 +8,10 @@ only that all of them start, join and are torn down, with nothing left behind.
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, events, processes_of_run, run_record, wait_for, write_spec
-
-pytestmark = pytest.mark.integration
+from distlaunch.launcher import procs
+from distlaunch.launcher.transports.local import ListeningPorts
 
 sys.path.insert(0, str(REPO / "bench"))
 from scale import PROGRAM  # noqa: E402
@@ -34,6 +37,7 @@ def _low_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (LOW_SOFT_LIMIT, hard))
 
 
+@pytest.mark.integration
 def test_64_tasks_start_join_and_leave_nothing_behind_under_a_low_fd_limit(tmp: Path) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 4 * TASKS:
@@ -79,3 +83,32 @@ def test_64_tasks_start_join_and_leave_nothing_behind_under_a_low_fd_limit(tmp: 
     assert {log.read_text().splitlines()[0] for log in logs} == {f"nofile {LOW_SOFT_LIMIT}"}
     stdout = (tmp / "stdout.txt").read_text()
     assert f"worker-{TASKS - 1} | nofile {LOW_SOFT_LIMIT}" in stdout
+
+
+def test_the_socket_table_shows_a_server_come_and_go() -> None:
+    ports = ListeningPorts()
+    ports.MAX_AGE_S = ports.MAX_STALE_S = 0  # read the table at every call
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        assert port not in ports.of(os.getpid())
+        server.listen()
+        assert port in ports.of(os.getpid())
+    assert port not in ports.of(os.getpid())
+
+
+def test_the_socket_table_is_read_again_only_when_the_socket_count_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Scripted: the namespace's TCP socket counts, and the tables a read would find.
+    counts = iter([(1, 0), (1, 0), (2, 0), (2, 0)])
+    tables = iter([{20000}, {20000, 20001}])
+    monkeypatch.setattr(procs, "tcp_sockets_in_use", lambda pid: next(counts))
+    monkeypatch.setattr(procs, "listening_ports", lambda pid: next(tables))
+    ports = ListeningPorts()
+    ports.MAX_AGE_S = 0
+    ports.MAX_STALE_S = 3600
+    assert ports.of(1) == {20000}  # the first read
+    assert ports.of(1) == {20000}  # same count: the table is not read again
+    assert ports.of(1) == {20000, 20001}  # a new socket: read again
+    assert ports.of(1) == {20000, 20001}
