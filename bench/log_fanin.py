@@ -5,6 +5,10 @@ prefixed, to the launcher's stdout (sent to /dev/null here, so terminal speed is
 Prints the median wall-time ratio (target <= 1.10), checks every line reached the task's log, and
 reports the launcher's peak RSS (target <= 100 MB), sampled every 10 ms with psutil.
 
+It also splits each `up` into its phases, from the run's events.jsonl: the launcher's own start
+(Python, imports, spec, plan, run dir) up to the task's start, the task's run (started to exited,
+which is where the echo of its output could slow it down), and the launcher's end after it.
+
     python bench/log_fanin.py [--rounds 3] [--lines 1000000]
 """
 
@@ -59,7 +63,7 @@ def main() -> None:
             ).stdout
         )
         env = {**os.environ, **plan["tasks"][0]["env"]}
-        up_times, direct_times, peaks = [], [], []
+        up_times, direct_times, peaks, phases = [], [], [], []
         for _ in range(args.rounds):
             with open(work / "direct.log", "wb") as out:
                 direct_times.append(
@@ -71,9 +75,10 @@ def main() -> None:
                         stderr=subprocess.STDOUT,
                     )
                 )
-            seconds, peak = _timed_up(spec)
+            seconds, peak, phase = _timed_up(spec)
             up_times.append(seconds)
             peaks.append(peak)
+            phases.append(phase)
         logs = sorted((work / "runs").glob("*/logs/attempt-0/worker-0.log"))
         complete = all(_count_lines(log) == args.lines for log in logs)
     up_s, direct_s = median(up_times), median(direct_times)
@@ -84,11 +89,20 @@ def main() -> None:
         f"same task under distlaunch up: median {up_s:.2f} s of {[round(t, 2) for t in up_times]}"
     )
     print(f"ratio up / direct: {up_s / direct_s:.3f} (target <= 1.10)")
+    before, task, after = (median([p[i] for p in phases]) for i in range(3))
+    print(
+        f"up's phases (medians): launcher start to task start {before:.2f} s, task {task:.2f} s "
+        f"({task / direct_s:.3f} of direct), task exit to launcher exit {after:.2f} s"
+    )
     print(f"every line in the log: {complete} ({args.lines} lines x {len(logs)} runs)")
     print(f"launcher peak RSS: {max(peaks) / 2**20:.1f} MB (target <= 100 MB)")
 
 
-def _timed_up(spec: Path) -> tuple[float, int]:
+def _timed_up(spec: Path) -> tuple[float, int, tuple[float, float, float]]:
+    """Run `up`; its wall time, the launcher's peak RSS and its phases (see the docstring)."""
+    runs = spec.parent / "runs"
+    known = set(runs.glob("*")) if runs.exists() else set()
+    wall = time.time()
     start = time.perf_counter()
     proc = subprocess.Popen(
         [*DISTLAUNCH, "up", str(spec)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -104,7 +118,11 @@ def _timed_up(spec: Path) -> tuple[float, int]:
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"distlaunch up failed with {proc.returncode}")
-    return seconds, peak
+    (run_dir,) = set(runs.glob("*")) - known
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    times = {e["event"]: e["time"] for e in map(json.loads, lines)}
+    started, exited = times["started"], times["exited"]
+    return seconds, peak, (started - wall, exited - started, wall + seconds - exited)
 
 
 def _count_lines(path: Path) -> int:

@@ -300,10 +300,8 @@ class LogFollower:
                 body = b"\n".join(_latest(line) for line in body[:-1].split(b"\n")) + b"\n"
             if self.console.quiet_tf:
                 body = hide_tf_noise(body)
-            if len(body) > MAX_LINE:
-                lines = body[:-1].split(b"\n")
-                if max(map(len, lines)) > MAX_LINE:  # rare: only then a Python loop per line
-                    body = b"".join(_pieces(line) for line in lines)
+            if _has_long_line(body):  # rare: only then a Python loop per line
+                body = b"".join(_pieces(line) for line in body[:-1].split(b"\n"))
             # One C-level replace per chunk instead of a Python loop per line.
             if body:
                 lines = body[:-1].replace(b"\n", b"\n" + self.prefix)
@@ -338,6 +336,19 @@ class LogFollower:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _has_long_line(body: bytes) -> bool:
+    """Whether a line of ``body`` (complete lines) is longer than MAX_LINE, found in steps of up
+    to MAX_LINE bytes (a C-level search each), not line by line."""
+    start = 0
+    while len(body) - start > MAX_LINE:
+        # Every line that starts in this window and ends in it is short enough.
+        end = body.rfind(b"\n", start, start + MAX_LINE + 1)
+        if end < 0:
+            return True
+        start = end + 1
+    return False
 
 
 def _latest(line: bytes) -> bytes:

@@ -276,19 +276,38 @@ def program_pid(pid: int) -> int:
     """The pid (as this machine sees it) of the program a local task runs, given the pid the
     launcher started: taskinit's keeper, above the PID namespace's init and the program (see
     launcher/taskinit.py). The keeper's stack would only show it waiting for its child."""
+    current = pid
     try:
-        proc = psutil.Process(pid)
         for _ in range(3):  # keeper -> init -> program
-            if not any(part.endswith("taskinit.py") for part in proc.cmdline()):
-                return proc.pid
-            children = proc.children()
+            with open(f"/proc/{current}/cmdline", "rb") as f:
+                if not any(part.endswith(b"taskinit.py") for part in f.read().split(b"\0")):
+                    return current
+            children = _children(current)
             if not children:
                 return pid  # the program is not started yet: ask again later
             # The init also adopts the program's orphans: the program is its first child.
-            proc = min(children, key=lambda child: child.create_time())
-    except psutil.Error:
+            current = children[0]
+    except (OSError, ValueError, psutil.Error):
         pass
     return pid
+
+
+def _children(pid: int) -> list[int]:
+    """The children of single-threaded process ``pid``, the oldest first.
+
+    From the kernel's list of the process's children (one small read; a child joins the end of
+    it when it is forked or adopted). psutil's way reads every process's /proc entry, which the
+    supervisor would pay once per task: quadratic in the task count. psutil only where the
+    kernel keeps no such list (CONFIG_PROC_CHILDREN off).
+    """
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(child) for child in f.read().split()]
+    except FileNotFoundError:
+        if not os.path.exists(f"/proc/{pid}"):
+            return []
+    children = psutil.Process(pid).children()
+    return [child.pid for child in sorted(children, key=lambda child: child.create_time())]
 
 
 def local(pid: int, native: bool = True, fallback: Path | None = None) -> Source:

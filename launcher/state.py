@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -125,7 +126,12 @@ class TaskRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The entry as JSON data."""
-        return dataclasses.asdict(self)
+        # Every field is a scalar: no deep copy (dataclasses.asdict) is needed, and run.json is
+        # saved often, with one entry per task.
+        return {name: getattr(self, name) for name in _TASK_FIELDS}
+
+
+_TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskRecord))
 
 
 # Optional fields that only some backends or commands set; left out of run.json while None.
@@ -251,6 +257,7 @@ class RunBook:
         self._batch = 0
         self._dirty = False
         self._failed = False
+        self._encoder = _RecordEncoder()
 
     def ledger(self, name: str, role: str, index: int, port: int) -> TaskLedger:
         """The ledger of task ``name``, with a new entry in the record if it has none."""
@@ -279,7 +286,7 @@ class RunBook:
             self._dirty = True
             return
         try:
-            self.record.save(self.run_dir)
+            rundir.write_text(self.run_dir / rundir.RUN_JSON, self._encoder.encode(self.record))
         except OSError as exc:
             self._failed_write(exc)
 
@@ -302,6 +309,42 @@ class RunBook:
         if not self._failed and self._on_error is not None:
             self._on_error(message)
         self._failed = True
+
+
+class _RecordEncoder:
+    """Encodes a record as `RunRecord.save` does, re-encoding only what changed since the last call.
+
+    The plan and the spec do not change while a run goes on, and the plan is most of run.json:
+    every task's TF_CONFIG lists every task, so it grows with the square of the task count (2.7 MB
+    at 256 tasks). They are encoded once; each save encodes only the rest and splices them in.
+    """
+
+    _FIXED = ("plan", "spec")
+
+    def __init__(self) -> None:
+        # key -> (the value encoded, its text): the value is kept, so its id cannot be reused.
+        self._cache: dict[str, tuple[Any, str]] = {}
+
+    def encode(self, record: RunRecord) -> str:
+        """``record`` as run.json's text (what json.dumps with indent=2 gives)."""
+        data = record.to_json()
+        texts = {}
+        for key in self._FIXED:
+            value = data[key]
+            cached = self._cache.get(key)
+            if cached is None or cached[0] is not value:
+                # Indented one level deeper, as it sits inside the record.
+                text = json.dumps(value, indent=2, default=str).replace("\n", "\n  ")
+                cached = self._cache[key] = (value, text)
+            data[key] = placeholder = f"\0distlaunch:{key}\0"
+            texts[json.dumps(placeholder)] = cached[1]
+        text = json.dumps(data, indent=2, default=str)
+        if any(text.count(placeholder) != 1 for placeholder in texts):
+            # A string of the record's own looks like a placeholder: encode it all, plainly.
+            return json.dumps(record.to_json(), indent=2, default=str) + "\n"
+        for placeholder, value_text in texts.items():
+            text = text.replace(placeholder, value_text, 1)
+        return text + "\n"
 
 
 class TaskLedger:

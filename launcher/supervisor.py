@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from distlaunch.launcher import evidence, rundir, stacks
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
@@ -138,6 +136,7 @@ class Supervisor:
         self._standbys_for: int | None = None  # the attempt the standbys were last made for
         self._signals: list[int] = []
         self._sel = selectors.DefaultSelector()
+        self._next_check = self._next_live = 0.0  # when the loop checks deadlines, redraws
 
     @property
     def record(self) -> RunRecord:
@@ -175,7 +174,6 @@ class Supervisor:
         self._signals.append(signum)
 
     def _loop(self, wake_r: int) -> RunResult:
-        next_check = next_live = 0.0
         while True:
             more = False
             for task in self.tasks.values():
@@ -188,34 +186,42 @@ class Supervisor:
                     _drain(wake_r)
                     continue
                 ready.append(key)
-            # Exits seen together: a task's own failure is handled before its peers' follow-on
-            # errors, so that the root cause is the task that died, not a survivor.
-            ready.sort(key=lambda k: evidence.peer_lost(self._evidence(k.data.plan)))
-            for key in ready:
-                if self._sel.get_map().get(key.fd) is not key:
-                    # An earlier exit of this batch already dealt with this task (a gang restart
-                    # killed it): its exit is recorded, and its fd is no longer watched.
-                    continue
-                self._sel.unregister(key.fd)
-                result = self._on_exit(key.data)
-                if result is not None:
-                    return result
-            result = self._check_signals()
+            # One save of run.json for all that this turn changed: a save per event would write
+            # the whole record once per task (256 tasks joining: 256 saves of all 256 entries).
+            with self.book.batch():
+                result = self._turn(ready)
             if result is not None:
                 return result
-            now = time.monotonic()
-            result = self._start_due_restarts(now)
-            if result is None and now >= next_check:
-                next_check = now + CHECK_INTERVAL_S
-                result = self._check_deadlines(now)
-                if result is None:
-                    self._tend_standbys(now)
-            if self.console.live and now >= next_live:
-                next_live = now + LIVE_INTERVAL_S
-                rows = task_progress(self.run_dir, self.record)
-                self.console.show_live(live_line(rows))
+
+    def _turn(self, ready: list[selectors.SelectorKey]) -> RunResult | None:
+        """Handle one turn of the loop: the exits seen, signals, due restarts and checks."""
+        # Exits seen together: a task's own failure is handled before its peers' follow-on
+        # errors, so that the root cause is the task that died, not a survivor.
+        ready.sort(key=lambda k: evidence.peer_lost(self._evidence(k.data.plan)))
+        for key in ready:
+            if self._sel.get_map().get(key.fd) is not key:
+                # An earlier exit of this batch already dealt with this task (a gang restart
+                # killed it): its exit is recorded, and its fd is no longer watched.
+                continue
+            self._sel.unregister(key.fd)
+            result = self._on_exit(key.data)
             if result is not None:
                 return result
+        result = self._check_signals()
+        if result is not None:
+            return result
+        now = time.monotonic()
+        result = self._start_due_restarts(now)
+        if result is None and now >= self._next_check:
+            self._next_check = now + CHECK_INTERVAL_S
+            result = self._check_deadlines(now)
+            if result is None:
+                self._tend_standbys(now)
+        if self.console.live and now >= self._next_live:
+            self._next_live = now + LIVE_INTERVAL_S
+            rows = task_progress(self.run_dir, self.record)
+            self.console.show_live(live_line(rows))
+        return result
 
     def _select_timeout(self) -> float:
         timeout = PUMP_INTERVAL_S
@@ -569,7 +575,7 @@ class Supervisor:
             self.book.save()
 
     def _sample(self, task: _Task) -> Sample:
-        """What the watchdog needs of a task: log size, heartbeat, CPU time and RSS (psutil)."""
+        """What the watchdog needs of a task: log size, heartbeat, CPU time and RSS."""
         plan = task.plan
         try:
             log_bytes = os.stat(plan.log_file).st_size
@@ -577,15 +583,7 @@ class Supervisor:
             log_bytes = 0
         status = rundir.read_json(contract.status_path(self.run_dir, plan.role, plan.index))
         beat = status.get("time") if isinstance(status, dict) else None
-        cpu = rss = None
-        try:
-            proc = psutil.Process(self._program(task))
-            with proc.oneshot():
-                times = proc.cpu_times()
-                cpu = times.user + times.system + times.children_user + times.children_system
-                rss = proc.memory_info().rss
-        except (psutil.Error, OSError):
-            pass
+        cpu, rss = _cpu_and_rss(self._program(task))
         return Sample(log_bytes, beat if isinstance(beat, (int, float)) else None, cpu, rss)
 
     def _silent_for(self, task: _Task, wall: float) -> float | None:
@@ -701,6 +699,24 @@ def _rules(restart: Restart) -> RestartRules:
 
 def _is_private(run_dir: Path) -> bool:
     return rundir.file_mode(run_dir) & 0o066 == 0
+
+
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_and_rss(pid: int) -> tuple[float | None, int | None]:
+    """A process's CPU seconds (its own and its reaped children's) and RSS bytes, from one read
+    of /proc/PID/stat (psutil takes three reads: it is asked for every task at every check)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # The fields after the command name (which may hold spaces), from field 3 (state).
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # Fields 14-17: utime, stime, cutime, cstime; field 24: rss in pages.
+        ticks = sum(int(fields[i]) for i in range(11, 15))
+        return ticks * _TICK_S, int(fields[21]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None, None
 
 
 def _drain(fd: int) -> None:

@@ -1,7 +1,7 @@
 """The first process of every local task: it makes sure that nothing the task starts outlives it.
 
 The launcher runs ``python -I -S taskinit.py --parent PID [--death SIG] [--tree FD] [--user FD]
-[--net FD] -- ARGV...`` (standard library only, run by path: any interpreter works, nothing is
+[--net FD] [--nofile N] -- ARGV...`` (standard library only, run by path: any interpreter works, nothing is
 imported from the task's environment). Everything is done here, after exec, and nothing in a
 ``preexec_fn``: Python's ``preexec_fn`` is unsafe while the launcher has other threads (SSH's
 heartbeat), a child can deadlock between fork and exec.
@@ -9,6 +9,9 @@ heartbeat), a child can deadlock between fork and exec.
 1. Parent death: ``PR_SET_PDEATHSIG`` = SIGKILL (``--death SIG``: another signal; SIGTERM for
    `srun`, which cancels its Slurm job step on SIGTERM but leaves it running when SIGKILLed), then
    a check that the launcher did not die before that (the ``--parent`` pid is still our parent).
+With ``--nofile N``, the soft limit on open files goes back to N, the user's own, which the
+launcher raised for itself (procs.raise_fd_limit).
+
 2. Namespaces by file descriptor (``--user``, ``--net``: the run's network namespace, held open by
    the launcher): ``setns`` on the descriptor, never on a pid that could have been reused.
 3. Without ``--tree``: exec ARGV (the SSH and compose clients, whose remote ends sweep their own
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import select
 import signal
 import sys
@@ -73,6 +77,9 @@ def main(args: list[str]) -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, options.get("death", signal.SIGKILL), 0, 0, 0)
     if os.getppid() != options["parent"]:
         os._exit(1)  # the launcher died before the line above: nobody would ever kill us
+    if "nofile" in options:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(options["nofile"], hard), hard))
     for flag, kind in (("user", _CLONE_NEWUSER), ("net", _CLONE_NEWNET)):
         if flag in options:
             _call("setns", options[flag], kind)
@@ -91,7 +98,8 @@ def _parse(args: list[str]) -> tuple[dict[str, int], list[str]]:
     options = {flags[i].removeprefix("--"): int(flags[i + 1]) for i in range(0, len(flags), 2)}
     if "parent" not in options or not argv:
         sys.exit(
-            "usage: taskinit.py --parent PID [--death SIG] [--tree FD] [--user FD] [--net FD] -- ARGV..."
+            "usage: taskinit.py --parent PID [--death SIG] [--tree FD] [--user FD] [--net FD] "
+            "[--nofile N] -- ARGV..."
         )
     return options, argv
 
@@ -287,8 +295,7 @@ def _exit_like(status: int) -> None:
     """Exit with the code of wait status ``status``, or die of its signal."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        import resource  # only here: a re-raised SIGSEGV must not dump this process's core
-
+        # A re-raised SIGSEGV must not dump this process's core.
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         # SIGKILL's (an OOM kill's) and SIGSTOP's disposition cannot be set (EINVAL).
         if sig not in (signal.SIGKILL, signal.SIGSTOP):

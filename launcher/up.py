@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import rundir
+from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.control.liveness import launcher_alive
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
@@ -95,6 +95,7 @@ def up(
     usable), then plans; with the compose backend the tasks run in containers of ``image``;
     with the slurm backend ``requeue`` requeues a batch job stopped by its pre-timeout signal.
     """
+    procs.raise_fd_limit()  # a few descriptors per task: hundreds of tasks pass 1024
     private = loaded.spec.permissions == "private"
     with BACKENDS[loaded.spec.backend].open(
         loaded, console, image=image, requeue=requeue

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import events
+from distlaunch.launcher import rundir
 from distlaunch.launcher.errors import UsageError
 from distlaunch.launcher.state import (
     SCHEMA_VERSION,
@@ -75,8 +76,20 @@ def test_transitions_outside_the_tables_are_refused(tmp_path: Path) -> None:
 def test_a_batch_saves_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     book = RunBook(tmp_path, RunRecord(run_id="r"))
     saves = []
-    monkeypatch.setattr(RunRecord, "save", lambda self, run_dir: saves.append(run_dir))
+    monkeypatch.setattr(rundir, "write_text", lambda path, text: saves.append(path))
     with book.batch():
         for i in range(3):
             book.ledger(f"worker-{i}", "worker", i, 1).change(TaskState.STARTING, "started")
     assert len(saves) == 1
+
+
+def test_saves_after_the_first_write_what_json_dumps_writes(tmp_path: Path) -> None:
+    # The plan and spec are encoded once and spliced into later saves: the file must not tell.
+    plan = {"tasks": [{"env": {"TF_CONFIG": '{"cluster": 1}'}, "argv": ["a\nb"]}]}
+    record = RunRecord(run_id="r", spec={"name": "x", "nested": [1, {"a": None}]}, plan=plan)
+    book = RunBook(tmp_path, record)
+    book.ledger("worker-0", "worker", 0, 1).change(TaskState.STARTING, "started")
+    book.ledger("worker-0", "worker", 0, 1).change(TaskState.RUNNING, "joined")
+    text = (tmp_path / rundir.RUN_JSON).read_text()
+    assert text == json.dumps(record.to_json(), indent=2) + "\n"
+    assert RunRecord.load(tmp_path).tasks["worker-0"].state is TaskState.RUNNING

@@ -302,23 +302,27 @@ def test_a_full_disk_stops_every_task_first_and_leaves_no_temp_file(
     tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Issue 14 item 3: run.json is written once (every task started), then the disk is full
-    # (ENOSPC) when worker-1's exit is to be recorded.
+    # (ENOSPC) when the turn with worker-1's exit is to be recorded.
     plan = make_plan_for(tmp)
     writes = []
-    real_dump = json.dump
 
-    def dump(data: object, f: object, **kw: object) -> None:
-        writes.append(data)
+    def full_disk_open(fd: int, *args: object, **kw: object) -> object:
+        # run.json's temp file is opened by descriptor: the second one finds the disk full.
+        writes.append(fd)
+        f = open(fd, *args, **kw)  # noqa: SIM115 - returned to the caller's `with`
         if len(writes) > 1:
+            f.close()
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_dump(data, f, **kw)
+        return f
 
-    monkeypatch.setattr(rundir.json, "dump", dump)
+    monkeypatch.setattr(rundir, "open", full_disk_open, raising=False)
     transport = FakeTransport(fates({("worker-1", 0): Fate(1)}))
     with pytest.raises(RecordError, match="No space left on device"):
         supervise(plan, transport)
-    assert transport.stopped == ["worker-0"]
-    assert all(h.closed for h in transport.started)
+    # The failed write surfaces at the end of the loop turn that recorded worker-1's exit (and
+    # acted on it): whatever runs then is stopped, and nothing is left running.
+    assert "worker-0" in transport.stopped
+    assert all(h.status is not None and h.closed for h in transport.started)
     assert not list(Path(plan.run_dir).glob(".*.tmp"))
     assert json.loads((Path(plan.run_dir) / rundir.RUN_JSON).read_text())["state"] == "running"
 

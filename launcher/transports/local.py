@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from collections.abc import Sequence
 
 from distlaunch.launcher import procs, rundir
@@ -19,7 +21,8 @@ class LocalHandle(procs.TaskProcess):
         task: TaskPlan,
         proc: subprocess.Popen,
         tree_fd: int,
-        sandbox: Sandbox | None = None,
+        sandbox: Sandbox | None,
+        ports: ListeningPorts,
         warm: bool = False,
     ) -> None:
         super().__init__(task, proc, tree_fd)
@@ -27,14 +30,49 @@ class LocalHandle(procs.TaskProcess):
         # Any process in the task's network namespace shows its sockets; the sandbox's holder is
         # in it from the start, while the task itself is only once taskinit has entered it.
         self.sandbox = sandbox
+        self._ports = ports
 
     def joined(self) -> bool:
         """Whether the task's TensorFlow server listens on its port."""
         if self.sandbox is None:
-            return procs.listening(self.proc.pid, self.task.port)
+            # Without a sandbox the task shares the launcher's network namespace.
+            return self.task.port in self._ports.of(os.getpid())
         if not self.sandbox.alive():  # its pid may be another process's by now
             raise SandboxLost(self.sandbox.dead_message())
-        return procs.listening(self.sandbox.pid, self.task.port)
+        return self.task.port in self._ports.of(self.sandbox.pid)
+
+
+class ListeningPorts:
+    """The listening ports of a network namespace, read once for all the tasks in it, and only
+    when they may have changed.
+
+    The supervisor asks each starting task in turn whether it has joined; they all share one
+    namespace, whose socket table lists every one of their servers, so a table read less than
+    MAX_AGE_S ago (below the supervisor's check interval) answers for all of them. Reading the
+    table costs tens of milliseconds however empty the namespace is (the kernel walks every
+    namespace's sockets), and a task that never listens (an evaluator, a plain script) is asked
+    for its whole life: the table is read again only when the namespace's count of TCP sockets
+    in use has changed (a new server counts), or MAX_STALE_S after the last read, in case a
+    server came up while another socket closed.
+    """
+
+    MAX_AGE_S = 0.1
+    MAX_STALE_S = 2.0
+
+    def __init__(self) -> None:
+        # pid -> (when read, the TCP sockets in use then, the listening ports)
+        self._tables: dict[int, tuple[float, tuple[int, int] | None, set[int]]] = {}
+
+    def of(self, pid: int) -> set[int]:
+        """The ports listening in the network namespace of process ``pid``."""
+        now = time.monotonic()
+        read = self._tables.get(pid)
+        if read is not None and now - read[0] <= self.MAX_AGE_S:
+            return read[2]
+        in_use = procs.tcp_sockets_in_use(pid)
+        if read is None or in_use is None or in_use != read[1] or now - read[0] > self.MAX_STALE_S:
+            read = self._tables[pid] = (now, in_use, procs.listening_ports(pid))
+        return read[2]
 
 
 class LocalTransport:
@@ -52,6 +90,7 @@ class LocalTransport:
         self.sandbox = sandbox
         self._last: dict[str, LocalHandle] = {}
         self.standbys = Standbys(sandbox) if standby else None
+        self._ports = ListeningPorts()
 
     def start(self, task: TaskPlan) -> LocalHandle:
         """Start one task; its output goes to its log file."""
@@ -72,7 +111,9 @@ class LocalTransport:
             proc, tree_fd = procs.spawn_contained(
                 task.argv, task.env, task.cwd, task.log_file, namespaces
             )
-        handle = LocalHandle(task, proc, tree_fd, self.sandbox, warm=warm is not None)
+        handle = LocalHandle(
+            task, proc, tree_fd, self.sandbox, self._ports, warm=warm is not None
+        )
         self._last[task.name] = handle
         return handle
 
