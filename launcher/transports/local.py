@@ -111,9 +111,7 @@ class LocalTransport:
             proc, tree_fd = procs.spawn_contained(
                 task.argv, task.env, task.cwd, task.log_file, namespaces
             )
-        handle = LocalHandle(
-            task, proc, tree_fd, self.sandbox, self._ports, warm=warm is not None
-        )
+        handle = LocalHandle(task, proc, tree_fd, self.sandbox, self._ports, warm=warm is not None)
         self._last[task.name] = handle
         return handle
 
