@@ -20,17 +20,13 @@ import pytest
 from conftest import events, run_record, wait_for, wait_for_run_dir
 from slurmcluster import SlurmLab
 from test_firewall import LISTENER, _rules_left, _without_net_admin
-from test_slurm import _allocation, _launcher, _nothing_left, _spec
+from test_slurm import _allocation, _launcher, _no_rules, _nothing_left, _spec
 from test_slurm import lab as lab  # noqa: F401  (the module's cluster fixture)
 
 
 def _tables(lab: SlurmLab) -> dict[str, list[str]]:
     """The run tables and chains (nftables, iptables) in each node's namespace."""
     return {node.name: _rules_left(node.netns) for node in lab.nodes}
-
-
-def _none_left(lab: SlurmLab) -> dict[str, list[str]]:
-    return {node.name: [] for node in lab.nodes}
 
 
 @pytest.mark.integration
@@ -91,7 +87,7 @@ def test_outsider_is_shut_out_while_nodes_connect_and_kill_9_leaves_no_rule(
             if launcher.poll() is None:
                 launcher.kill()
                 launcher.wait()
-        wait_for(lambda: _tables(lab) == _none_left(lab), "every run table to leave every node")
+        wait_for(lambda: _no_rules(lab), "every run table to leave every node")
         wait_for(
             lambda: _nothing_left(lab, run_dir.name),
             "no step or process left",
@@ -133,7 +129,7 @@ def test_a_node_without_cap_net_admin_is_named_open_or_refused(lab: SlurmLab, tm
     assert len(errors) == 1 and '"protect": "required"' in errors[0]
     assert "nothing was started" in errors[0] and "hi" not in refused.stdout
     assert len(list((tmp / "runs").glob("*/run.json"))) == 1  # the auto run's only
-    assert _tables(lab) == _none_left(lab)
+    assert _no_rules(lab), _tables(lab)
     wait_for(lambda: not lab.steps(), "no step left")
 
 
@@ -174,4 +170,4 @@ def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -
             env=env,
         )
         assert done.returncode == 0, done.stderr
-        assert _tables(lab) == _none_left(lab)
+        assert _no_rules(lab), _tables(lab)
