@@ -9,10 +9,10 @@ The host owns its rules, not the launcher: a guard (`distlaunch.worker.guard`) p
 one nftables table named after the run (an iptables chain where nft is missing) and deletes it
 when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
 however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
-that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` starts the guards
-through any remote transport: it only needs the command line of a local process whose stdin and
-stdout reach ``python -m distlaunch.worker.guard`` on the host (``ssh HOST 'exec PYTHON -m ...'``
-for SSH hosts; a job step, ``srun --nodelist=NODE --overlap ... PYTHON -m ...``, on Slurm nodes).
+that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` works through
+any remote transport: it only needs a local process per host whose stdin and stdout reach the
+guard there, waiting for its request (`start_guard` of ``ssh HOST 'exec PYTHON -m ...'`` for SSH
+hosts; on Slurm nodes the node's preflight probe, a job step, goes on as its guard).
 Over SSH the guard admits the launcher by the address its session comes from (SSH_CONNECTION);
 a job step has no such thing, so `run_rules` names the launcher's own addresses.
 
@@ -270,15 +270,14 @@ def protect(
     mode: str,
     run_id: str,
     rules: Mapping[str, HostRules],
-    guard_argv: Callable[[str], list[str]],
-    env: Mapping[str, str] | None = None,
+    start: Callable[[str], subprocess.Popen],
 ) -> Iterator[Protection]:
     """Firewall every host of ``rules`` for the block; the rules are gone when it ends.
 
-    ``guard_argv(host)`` is the local command that runs ``python -m distlaunch.worker.guard`` on
-    ``host`` with its stdin and stdout connected (an ssh or srun command line); ``env`` is added
-    to its environment. Raise HostError, with every guard closed, when ``mode`` is ``required``
-    and a host cannot be firewalled.
+    ``start(host)`` gives the local process (an ssh or srun client, stdin and stdout pipes) of a
+    guard on ``host`` that waits for its request; `protect` owns it from then on. Raise
+    HostError, with every guard closed, when ``mode`` is ``required`` and a host cannot be
+    firewalled.
     """
     if mode == OFF or not rules:
         yield Protection(
@@ -286,7 +285,7 @@ def protect(
             tuple(HostState(r.host, r.ports, False, "protection is off") for r in rules.values()),
         )
         return
-    guards = Guards(run_id, rules, guard_argv, env or {})
+    guards = Guards(run_id, rules, start)
     try:
         protection = Protection(mode, guards.open())
         if mode == REQUIRED and protection.open_hosts():
@@ -301,6 +300,34 @@ def protect(
         guards.close()
 
 
+def start_guard(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen:
+    """Start ``argv``, a local command whose stdin and stdout reach a guard (or a probe that goes
+    on as one), ``env`` added to its environment."""
+    # A session of its own: a Ctrl-C at the terminal must not end a guard before the tasks it
+    # protects are stopped. Its stdin is a pipe only the launcher holds: when the launcher
+    # dies, the guard reads EOF.
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+
+
+def end_guard(proc: subprocess.Popen) -> None:
+    """Close a guard's pipes and wait for it: with no request yet, or with its rules, it exits."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    try:
+        proc.wait(timeout=CLOSE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class Guards:
     """The guard processes of one run, one per host, and the heartbeat that keeps them."""
 
@@ -308,36 +335,27 @@ class Guards:
         self,
         run_id: str,
         rules: Mapping[str, HostRules],
-        guard_argv: Callable[[str], list[str]],
-        env: Mapping[str, str],
+        start: Callable[[str], subprocess.Popen],
     ) -> None:
         self.run_id = run_id
         self.rules = dict(rules)
-        self.guard_argv = guard_argv
-        self.env = dict(env)
+        self.start = start
         self._procs: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
         self._quit = threading.Event()
         self._heart: threading.Thread | None = None
 
     def open(self) -> tuple[HostState, ...]:
-        """Start every guard at once and wait for each one's answer."""
+        """Start (or take) every guard at once, send each its rules and wait for its answer."""
         for name, rules in self.rules.items():
-            # A session of its own: a Ctrl-C at the terminal must not end a guard before the
-            # tasks it protects are stopped. Its stdin is a pipe only the launcher holds: when
-            # the launcher dies, the guard reads EOF.
-            proc = subprocess.Popen(
-                self.guard_argv(name),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={**os.environ, **self.env},
-                start_new_session=True,
-            )
+            proc = self.start(name)
             self._procs[name] = proc
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps(rules.request(self.run_id)).encode() + b"\n")
-            proc.stdin.flush()
+            try:
+                proc.stdin.write(json.dumps(rules.request(self.run_id)).encode() + b"\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # a guard started earlier that has died: `_state` tells why from its stderr
         answers = self._answers()
         states = tuple(self._state(name, answers.get(name)) for name in self.rules)
         for state in states:
@@ -425,15 +443,7 @@ class Guards:
 
     def _end(self, name: str) -> None:
         """Forget a guard that protects nothing (it has exited, or exits on EOF)."""
-        proc = self._procs.pop(name)
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        try:
-            proc.wait(timeout=CLOSE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_guard(self._procs.pop(name))
 
     def _beat(self) -> None:
         while not self._quit.wait(HEARTBEAT_S):

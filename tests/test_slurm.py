@@ -231,16 +231,22 @@ def test_bad_placement_and_node_problems_are_one_line_each_and_start_nothing(
                 lambda: "23456" in lab.run_in(lab.nodes[1], ["ss", "-ltn"]).stdout,
                 "the squatter",
             )
-            spec = _spec(
-                tmp,
-                {"script": "task.py"},
-                {"worker": [{"host": node1}, {"host": node2, "port": 23456}]},
-                shared_dir=str(lab.private_dir),
+            workers = {"worker": [{"host": node1}, {"host": node2, "port": 23456}]}
+            # Node 1 passes: its probe goes on as its firewall guard, and must end with the run.
+            one_bad = lab.run(
+                _launcher("up", str(_spec(tmp, {"script": "task.py"}, workers))), cwd=tmp, env=env
             )
+            spec = _spec(tmp, {"script": "task.py"}, workers, shared_dir=str(lab.private_dir))
             result = lab.run(_launcher("up", str(spec)), cwd=tmp, env=env)
         finally:
             squatter.kill()
             squatter.wait()
+        assert one_bad.returncode == 2, one_bad.stderr
+        assert one_bad.stderr.strip().splitlines() == [
+            "distlaunch: error: preflight failed on 1 of 2 Slurm nodes; nothing was started:",
+            f'  node {node2}: port 23456 is in use here; expected a free port or "auto"',
+        ]
+        assert lab.processes(lab.nodes[0]) == []
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
         assert (
@@ -300,6 +306,14 @@ def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
             if p.cmdline()[-1] == remote.__file__
         ]
         assert helpers == [["-I", "-S", remote.__file__]] * 2
+        # Each node's guard is its preflight probe gone on (python -c PROBE): no third step.
+        guards = [
+            p
+            for node in lab.nodes
+            for p in lab.processes(node)
+            if p.cmdline()[1:2] == ["-c"] and "then_guard" in p.cmdline()[-1]
+        ]
+        assert len(guards) == 2
         launcher.kill()
         launcher.wait()
         wait_for(
@@ -612,21 +626,12 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
 
 def test_the_helper_runs_by_path_without_site_packages_or_else_as_a_module() -> None:
     from distlaunch.launcher.transports import slurm
-    from distlaunch.worker import remote
 
     path = "/opt/venv/lib/python3.11/site-packages/distlaunch/worker/remote.py"
     assert slurm.helper_argv("py", path) == ["py", "-I", "-S", path]
     module = ["py", "-m", "distlaunch.worker.remote"]
     assert slurm.helper_argv("py", None) == module
     assert slurm.helper_argv("py", "/opt/distlaunch.zip/distlaunch/worker/remote.pyc") == module
-    # The firewall guard, standard library only too, runs by path from beside the helper.
-    guard = slurm.helper_argv("py", remote.__file__, "distlaunch.worker.guard")
-    assert guard == ["py", "-I", "-S", str(Path(remote.__file__).with_name("guard.py"))]
-    assert Path(guard[-1]).is_file()
-    assert slurm.helper_argv("py", None, "distlaunch.worker.guard")[1:] == [
-        "-m",
-        "distlaunch.worker.guard",
-    ]
 
 
 def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_named_node(

@@ -7,9 +7,11 @@ runs ``python -m distlaunch.worker.guard`` on each host before any task starts a
 over stdin, as to `distlaunch.worker.remote`:
 
 - line 1 is a JSON request: ``{"run_id": "...", "ports": [2222, ...], "allow": ["10.0.0.11",
-  "node2", ...], "allow_client": true, "heartbeat_s": 20}``. ``allow`` names the run's hosts (IPv4
-  or IPv6 addresses, or names this host resolves); ``allow_client`` adds the address the SSH
-  session comes from (``SSH_CONNECTION``), the launcher's, which checks that tasks have joined.
+  "node2", ...], "allow_client": true, "heartbeat_s": 20}``. ``allow`` names the run's hosts
+  (IPv4 or IPv6 addresses, or names this host resolves); ``allow_client`` adds the address the
+  SSH session comes from (``SSH_CONNECTION``), the launcher's, which checks that tasks have
+  joined. EOF in place of the request: a Slurm probe gone on as a guard that the launcher did
+  not need after all (a preflight failed elsewhere); it exits 0 with nothing changed.
 - it answers one JSON line on stdout: ``{"protected": true, "how": "nftables", "table": "...",
   "allowed": [...]}`` (``how`` is ``iptables`` and ``table`` a chain where nft is missing), or
   ``{"protected": false, "why": "..."}`` and exits (no CAP_NET_ADMIN, no nft nor iptables):
@@ -88,10 +90,8 @@ def table_name(run_id: str) -> str:
     return TABLE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", run_id)
 
 
-def parse(line: bytes | None) -> Request:
+def parse(line: bytes) -> Request:
     """The request line as a Request; ValueError or TypeError when it is malformed."""
-    if line is None:
-        raise ValueError("stdin closed before the request line")
     data = json.loads(line)
     if not isinstance(data, dict):
         raise TypeError("expected a JSON object")
@@ -374,8 +374,11 @@ def main() -> int:
             _answer({"removed": [], "why": str(exc)})
             return 1
         return 0
+    line = _first_line(sys.stdin.fileno())
+    if line is None:
+        return 0  # not needed after all (a preflight failed elsewhere): nothing to do
     try:
-        request = parse(_first_line(sys.stdin.fileno()))
+        request = parse(line)
     except (ValueError, TypeError) as exc:
         _say(f"bad request from the launcher: {exc}")
         return 2

@@ -8,6 +8,7 @@ ports, so it comes before the plan), then the plan, then the network sandbox and
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -154,16 +155,14 @@ class HostsLaunch:
         """The firewall of the run's SSH hosts: one guard per host, over ssh."""
         session = self.session
 
-        def guard_argv(name: str) -> list[str]:
+        def start(name: str) -> subprocess.Popen:
             python = ssh.remote_python(session.hosts[name].python)
-            return session.argv(name, f"exec {python} -m {firewall.GUARD_MODULE}")
+            argv = session.argv(name, f"exec {python} -m {firewall.GUARD_MODULE}")
+            # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
+            return firewall.start_guard(argv, {contract.RUN_ID: plan.run_id})
 
-        # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
-        env = {contract.RUN_ID: plan.run_id}
         rules = firewall.plan_rules(plan)
-        return firewall.protect(
-            self.loaded.spec.network.protect, plan.run_id, rules, guard_argv, env
-        )
+        return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, start)
 
 
 @contextmanager

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import re
+import selectors
 import shutil
 import signal
 import subprocess
@@ -276,15 +277,13 @@ def guard_step_name(run_id: str, node: str) -> str:
     return step_name(run_id, f"{GUARD_STEP}.{node}")
 
 
-def helper_argv(python: str, helper: str | None, module: str = HELPER_MODULE) -> list[str]:
-    """The command that runs the remote helper (or ``module``, another standard-library-only
-    module of distlaunch.worker: the firewall guard) on a node: by path, next to ``helper``, the
-    path the node's preflight found the helper at (isolated, no site: 0.15-0.25 s of site-packages
-    scan saved per step), or as a module when that path is not a plain source file."""
+def helper_argv(python: str, helper: str | None) -> list[str]:
+    """The command that runs the remote helper on a node: by ``helper``, the path the node's
+    preflight found it at (isolated, no site: 0.15-0.25 s of site-packages scan saved per step),
+    or as a module when that path is not a plain source file."""
     if helper and os.path.isabs(helper) and helper.endswith(".py"):
-        name = module.rsplit(".", 1)[1] + ".py"
-        return [python, "-I", "-S", os.path.join(os.path.dirname(helper), name)]
-    return [python, "-m", module]
+        return [python, "-I", "-S", helper]
+    return [python, "-m", HELPER_MODULE]
 
 
 def srun_argv(job_id: str, node: str, name: str, gpus: int = 0, overlap: bool = False) -> list[str]:
@@ -335,10 +334,15 @@ def preflight(
     alloc: Allocation,
     placement: Mapping[ports.TaskKey, str],
     umask: int | None,
-) -> list[NodeReport]:
+    guard_run: str | None = None,
+) -> tuple[list[NodeReport], dict[str, subprocess.Popen]]:
     """Probe every node with tasks, in parallel, as a step of the allocation: its Python has
     TensorFlow and this distlaunch, it sees the shared dir, its fixed ports are free and its `auto`
-    ports are picked there. HostError lists every problem, one line each (nothing started)."""
+    ports are picked there. HostError lists every problem, one line each (nothing started).
+
+    With ``guard_run`` (a run id), each probe goes on as the node's firewall guard (its step named
+    as the run's guard step): one step and one Python per node instead of two, on the run's
+    critical path. The guards, waiting for their rules, are returned by node."""
     wanted: dict[str, ports.HostPorts] = {}
     for node in sorted(set(placement.values())):
         keys = [k for k, n in placement.items() if n == node]
@@ -351,23 +355,29 @@ def preflight(
     token_file, token = probe_token(loaded)
     try:
         with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
-            reports = list(
+            probed = list(
                 pool.map(
-                    lambda n: _probe(loaded, alloc, n, wanted[n], token_file, token, umask),
+                    lambda n: _probe(
+                        loaded, alloc, n, wanted[n], token_file, token, umask, guard_run
+                    ),
                     wanted,
                 )
             )
     finally:
         if token_file is not None:
             token_file.unlink(missing_ok=True)
+    reports = [report for report, _ in probed]
+    guards = {report.name: guard for report, guard in probed if guard is not None}
     problems = [f"node {r.name}: {line}" for r in reports for line in r.problems]
     if problems:
+        for guard in guards.values():
+            firewall.end_guard(guard)
         failed = sum(1 for r in reports if r.problems)
         raise HostError(
             f"preflight failed on {failed} of {len(reports)} Slurm nodes; nothing was started:",
             problems,
         )
-    return reports
+    return reports, guards
 
 
 def _probe(
@@ -378,7 +388,8 @@ def _probe(
     token_file: Path | None,
     token: str,
     umask: int | None,
-) -> NodeReport:
+    guard_run: str | None,
+) -> tuple[NodeReport, subprocess.Popen | None]:
     request = {
         "fixed_ports": list(wanted.fixed.values()),
         "auto_ports": len(wanted.auto),
@@ -389,36 +400,33 @@ def _probe(
         "workdir": str(loaded.workdir),
         "script": str(loaded.script) if loaded.script else None,
         "umask": umask,
+        "then_guard": guard_run is not None,
     }
-    source = resources.files("distlaunch.launcher.transports").joinpath("ssh_probe.py").read_bytes()
+    source = resources.files("distlaunch.launcher.transports").joinpath("ssh_probe.py").read_text()
     python = python_of(loaded)
-    argv = [
-        *srun_argv(alloc.job_id, node, f"{STEP_PREFIX}.preflight", overlap=True),
-        python,
-        "-",
-        json.dumps(request),
-    ]
+    name = guard_step_name(guard_run, node) if guard_run else f"{STEP_PREFIX}.preflight"
+    # The source as an argument (not on stdin, as over SSH): stdin stays free for the guard's
+    # request. The run id lets `distlaunch down` find a guard's srun client like the tasks'.
+    argv = [*srun_argv(alloc.job_id, node, name, overlap=True), python, "-c", source]
+    env = {contract.RUN_ID: guard_run} if guard_run else {}
+    proc = firewall.start_guard([*argv, json.dumps(request)], env)
+    if guard_run is None:
+        assert proc.stdin is not None
+        proc.stdin.close()  # a probe only: it exits after its answer
     try:
-        done = subprocess.run(
-            argv,
-            input=source,
-            capture_output=True,
-            timeout=PROBE_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+        answer = _answer(proc, PROBE_TIMEOUT_S)
+    except TimeoutError:
+        _ended(proc)
         return NodeReport(
             node, (f"no answer from a job step within {PROBE_TIMEOUT_S:g} s",), {}, {}
-        )
-    stderr = done.stderr.decode(errors="replace")
-    try:
-        answer = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
-    except (IndexError, ValueError):
+        ), None
+    if answer is None:
+        stderr = _ended(proc)
         last = [line for line in stderr.splitlines() if line.strip()]
-        why = last[-1].strip() if last else f"exit code {done.returncode}"
-        if "No such file" in stderr or "Can't exec" in stderr or done.returncode in (126, 127):
+        why = last[-1].strip() if last else f"exit code {proc.returncode}"
+        if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
             why = f"python {python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
-        return NodeReport(node, (f"the probe step failed: {why}",), {}, {})
+        return NodeReport(node, (f"the probe step failed: {why}",), {}, {}), None
     problems = list(answer["problems"])
     facts = answer["facts"]
     if "protocol" in facts and facts["protocol"] != remote.PROTOCOL:
@@ -428,7 +436,49 @@ def _probe(
         )
     picked = dict(wanted.fixed)
     picked.update(zip(wanted.auto, answer["ports"], strict=True))
-    return NodeReport(node, tuple(problems), picked, facts)
+    guard = proc if guard_run is not None and not problems else None
+    if guard is None:
+        _ended(proc)  # a probe only, or one that found problems (it does not go on as a guard)
+    return NodeReport(node, tuple(problems), picked, facts), guard
+
+
+def _answer(proc: subprocess.Popen, timeout_s: float) -> dict | None:
+    """The probe's answer, the first JSON object line on its stdout (read no further: the guard's
+    answer follows on the same pipe); None when it exited without one, TimeoutError when it
+    stayed silent for ``timeout_s``."""
+    assert proc.stdout is not None
+    fd, buffered = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while sel.select(max(0.0, deadline - time.monotonic())):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                try:
+                    answer = json.loads(line)
+                except ValueError:
+                    continue  # something the node's environment printed first
+                if isinstance(answer, dict) and "problems" in answer:
+                    return answer
+    raise TimeoutError
+
+
+def _ended(proc: subprocess.Popen) -> str:
+    """End a probe step that is not kept (at once if it is still there) and return its stderr."""
+    assert proc.stdin is not None and proc.stderr is not None
+    if not proc.stdin.closed:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        procs.stop_groups([proc], KILL_WAIT_S)
+    stderr = proc.stderr.read().decode(errors="replace")
+    firewall.end_guard(proc)
+    return stderr
 
 
 # ---- transport -------------------------------------------------------------------------------
@@ -645,10 +695,15 @@ class SlurmLaunch:
         private = loaded.spec.permissions == "private"
         self.umask = rundir.PRIVATE_UMASK if private else None
         self.helpers: dict[str, str] = {}
+        self.guards: dict[str, subprocess.Popen] = {}  # node -> its probe, waiting as its guard
 
     def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
-        """Check every node (HostError when one is not usable), then plan with their ports."""
-        reports = preflight(self.loaded, self.alloc, self.placement, self.umask)
+        """Check every node (HostError when one is not usable), then plan with their ports;
+        unless protection is off, each node's probe stays on as its firewall guard."""
+        guard_run = run_id if self.loaded.spec.network.protect != firewall.OFF else None
+        reports, self.guards = preflight(
+            self.loaded, self.alloc, self.placement, self.umask, guard_run
+        )
         for report in reports:
             self.console.say(f"node {report.name}: {report.summary()}")
             if isinstance(report.facts.get("helper"), str):
@@ -689,25 +744,19 @@ class SlurmLaunch:
                 raise
 
     def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
-        """The firewall of the run's nodes: one guard per node, each a job step of its own."""
-        job, python = self.alloc.job_id, python_of(self.loaded)
-
-        def guard_argv(node: str) -> list[str]:
-            name = guard_step_name(plan.run_id, node)
-            return [
-                *srun_argv(job, node, name, overlap=True),
-                *helper_argv(python, self.helpers.get(node), firewall.GUARD_MODULE),
-            ]
-
-        # The run id lets `distlaunch down` find the guards' srun clients like the tasks'.
-        env = {contract.RUN_ID: plan.run_id}
+        """The firewall of the run's nodes: each node's guard, its probe step gone on as one."""
         return firewall.protect(
-            self.loaded.spec.network.protect,
-            plan.run_id,
-            firewall.run_rules(plan),
-            guard_argv,
-            env,
+            self.loaded.spec.network.protect, plan.run_id, firewall.run_rules(plan), self._guard
         )
+
+    def _guard(self, node: str) -> subprocess.Popen:
+        return self.guards.pop(node)
+
+    def close(self) -> None:
+        """End the guards `protect` did not take (a plan that was never opened)."""
+        for guard in self.guards.values():
+            firewall.end_guard(guard)
+        self.guards.clear()
 
 
 @contextmanager
@@ -716,4 +765,8 @@ def open_launch(
 ) -> Iterator[SlurmLaunch]:
     """The slurm backend for one `up` (UsageError outside an allocation, or when the tasks do
     not fit its nodes)."""
-    yield SlurmLaunch(loaded, console, requeue)
+    launch = SlurmLaunch(loaded, console, requeue)
+    try:
+        yield launch
+    finally:
+        launch.close()

@@ -1,4 +1,5 @@
-"""Preflight probe, run on an SSH host by the host's own Python: ``python - REQUEST_JSON`` with this file on stdin.
+"""Preflight probe, run on an SSH host by the host's own Python: ``python - REQUEST_JSON`` with this file on stdin
+(on a Slurm node: ``python -c SOURCE REQUEST_JSON``).
 
 It imports nothing but the standard library, so that it can report a host where distlaunch or
 TensorFlow is missing instead of crashing there. It prints one JSON line:
@@ -6,7 +7,10 @@ TensorFlow is missing instead of crashing there. It prints one JSON line:
 
 Request keys: ``fixed_ports`` (to check free), ``auto_ports`` (how many free ports to pick),
 ``shared_dir`` and ``shared`` (whether the launcher's files should be visible there), ``token_file``
-and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, ``script``, ``umask``.
+and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, ``script``, ``umask``,
+``then_guard``: when true and nothing is wrong here, the probe goes on as the host's firewall
+guard (`distlaunch.worker.guard`, its request then comes on stdin), which saves the guard a
+process start of its own.
 """
 
 import errno
@@ -42,7 +46,11 @@ def main():
             f"script {script!r} does not exist here (a script must be at the same path on every host)"
         )
     ports = check_ports(request.get("fixed_ports", []), request.get("auto_ports", 0), problems)
-    print(json.dumps({"problems": problems, "ports": ports, "facts": facts}))
+    print(json.dumps({"problems": problems, "ports": ports, "facts": facts}), flush=True)
+    if request.get("then_guard") and not problems:
+        from distlaunch.worker import guard
+
+        sys.exit(guard.main())
 
 
 def check_distlaunch(problems, facts):
