@@ -28,7 +28,7 @@ import dataclasses
 import enum
 import json
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -292,15 +292,25 @@ class RunBook:
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        """Save once at the end of the block instead of at every change in it."""
+        """Save once at the end of the block instead of at every change in it.
+
+        When the block raises, the save is best effort: a full disk must not replace a stop
+        signal's Interrupted (its exit code) or the error that ended the block."""
         self._batch += 1
         try:
             yield
-        finally:
+        except BaseException:
             self._batch -= 1
-            if not self._batch and self._dirty:
-                self._dirty = False
-                self.save()
+            with suppress(RecordError):
+                self._save_dirty()
+            raise
+        self._batch -= 1
+        self._save_dirty()
+
+    def _save_dirty(self) -> None:
+        if not self._batch and self._dirty:
+            self._dirty = False
+            self.save()
 
     def _failed_write(self, exc: OSError) -> None:
         message = f"could not record the run in {self.run_dir}: {exc}"

@@ -327,6 +327,37 @@ def test_a_full_disk_stops_every_task_first_and_leaves_no_temp_file(
     assert json.loads((Path(plan.run_dir) / rundir.RUN_JSON).read_text())["state"] == "running"
 
 
+def test_a_stop_signal_on_a_full_disk_still_ends_as_interrupted(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # run.json is written once (every task started), then the disk is full. SIGTERM and
+    # worker-0's exit come in one loop turn: the exit is recorded and the signal raises
+    # Interrupted, whose exit code (128+15, for the shell and the scheduler) must survive the
+    # failed save at the end of that turn; every task is still stopped.
+    writes = []
+
+    def full_disk_open(fd: int, *args: object, **kw: object) -> object:
+        writes.append(fd)
+        f = open(fd, *args, **kw)  # noqa: SIM115 - returned to the caller's `with`
+        if len(writes) > 1:
+            f.close()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return f
+
+    def exit_and_term(task: TaskPlan) -> None:
+        if task.name == "worker-1":
+            transport.started[0].exit(0)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(rundir, "open", full_disk_open, raising=False)
+    transport = FakeTransport(fates({}), on_start=exit_and_term)
+    with pytest.raises(Interrupted) as caught:
+        supervise(make_plan_for(tmp), transport)
+    assert caught.value.exit_code == 128 + signal.SIGTERM
+    assert transport.stopped == ["worker-1"] and len(writes) > 1
+    assert all(h.closed for h in transport.started)
+
+
 @dataclass
 class FakeStandbys:
     """A StandbyPool that records what the supervisor asks of it; ``on_prepare`` scripts events."""
