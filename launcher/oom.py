@@ -6,6 +6,10 @@ kernel says who it killed in its log (`Killed process PID` / `oom-kill:... pid=P
 /dev/kmsg by root or with `dmesg`); the RSS shown is the task's last one sampled by the
 supervisor (psutil, every check), since the process is gone by the time anyone asks.
 
+The log is read record by record (tens of milliseconds on a busy machine), so it is read only
+once the kernel's count of OOM kills (/proc/vmstat ``oom_kill``, all cgroups included) has moved
+since the run began: an ordinary SIGKILL (a restart's, a user's kill -9) costs one small read.
+
 Reads only: it never signals anything.
 """
 
@@ -20,15 +24,36 @@ import subprocess
 _KMSG_READ = 1 << 20
 
 
-def kill_of(pid: int, returncode: int, rss_bytes: int | None) -> str:
-    """``killed by the OOM killer (RSS N GB)`` when the kernel's log names ``pid`` as killed for
-    memory and the task died of SIGKILL; else an empty string."""
-    if returncode not in (-signal.SIGKILL, 128 + signal.SIGKILL):
-        return ""
-    if not killed_for_memory(pid, kernel_log()):
-        return ""
-    rss = f" (RSS {rss_bytes / 1e9:.1f} GB)" if rss_bytes else ""
-    return f"killed by the OOM killer{rss}"
+class OomKills:
+    """Tells OOM kills of a run's tasks; made when the run begins."""
+
+    def __init__(self) -> None:
+        self.before = oom_kill_count()
+
+    def kill_of(self, pid: int, returncode: int, rss_bytes: int | None) -> str:
+        """``killed by the OOM killer (RSS N GB)`` when the kernel's log names ``pid`` as killed
+        for memory and the task died of SIGKILL; else an empty string."""
+        if returncode not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            return ""
+        if self.before is not None and oom_kill_count() == self.before:
+            return ""  # the kernel has killed nothing for memory since the run began
+        if not killed_for_memory(pid, kernel_log()):
+            return ""
+        rss = f" (RSS {rss_bytes / 1e9:.1f} GB)" if rss_bytes else ""
+        return f"killed by the OOM killer{rss}"
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the OOM killer has killed since boot; None where the kernel does not
+    say (before Linux 4.13, or no /proc): then every SIGKILL is looked up in the log."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def killed_for_memory(pid: int, log: str) -> bool:

@@ -28,7 +28,7 @@ from pathlib import Path
 from distlaunch.launcher import evidence, rundir, stacks
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
-from distlaunch.launcher.oom import kill_of as oom_kill
+from distlaunch.launcher.oom import OomKills
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
 from distlaunch.launcher.policy import (
     Action,
@@ -126,6 +126,7 @@ class Supervisor:
         self.peer_lost: set[str] = set()  # tasks of this attempt that exited with a follow-on error
         self.last_fingerprint: str | None = None  # the traceback behind the latest restart
         self.watchdog = Watchdog()
+        self._oom = OomKills()  # counts the kernel's OOM kills from here on
         self._programs: dict[str, int] = {}  # task -> its program's pid (see _program)
         self.stacks_dir = ""  # the folder of the latest stacks capture
         self.pending: list[tuple[float, tuple[str, ...]]] = []  # (due time, tasks) restarts
@@ -274,7 +275,7 @@ class Supervisor:
             )
             return RunResult(RunState.SUCCEEDED, None)
         if code != 0:
-            oom = oom_kill(self._program(task), code, self.watchdog.rss.get(task.name))
+            oom = self._oom.kill_of(self._program(task), code, self.watchdog.rss.get(task.name))
             if oom:
                 how = ended["exit"] = oom
         found = self._evidence(task.plan) if code != 0 else None

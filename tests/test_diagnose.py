@@ -22,7 +22,7 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
-from distlaunch.launcher import stacks
+from distlaunch.launcher import oom, stacks
 
 pytestmark = pytest.mark.integration
 
@@ -224,6 +224,24 @@ def test_a_task_killed_by_the_oom_killer_is_named_so(tmp):
     assert result.returncode == 1
     assert "failed: worker-0 killed by the OOM killer (RSS 0." in result.stderr
     assert "OOM" in run_record(only_run_dir(tmp / "runs"))["tasks"]["worker-0"]["exit"]
+
+
+def test_the_kernel_log_is_read_only_once_the_oom_kill_count_moved(monkeypatch):
+    # Reading /dev/kmsg record by record costs tens of milliseconds per SIGKILL: it is skipped
+    # while the kernel's OOM kill count stands where it stood when the run began.
+    count = [7]
+    reads = []
+    monkeypatch.setattr(oom, "oom_kill_count", lambda: count[0])
+    monkeypatch.setattr(oom, "kernel_log", lambda: reads.append(1) or "Killed process 42 (python)")
+    kills = oom.OomKills()
+    assert kills.kill_of(42, -signal.SIGKILL, 2e9) == "" and reads == []
+    count[0] = 8  # one OOM kill somewhere on the machine
+    assert kills.kill_of(43, -signal.SIGKILL, None) == "" and reads == [1]
+    assert kills.kill_of(42, 128 + signal.SIGKILL, 2e9) == "killed by the OOM killer (RSS 2.0 GB)"
+    assert kills.kill_of(42, 1, 2e9) == "" and len(reads) == 2  # not a SIGKILL: no read at all
+    # Where the kernel keeps no count, every SIGKILL is looked up.
+    monkeypatch.setattr(oom, "oom_kill_count", lambda: None)
+    assert oom.OomKills().kill_of(42, -signal.SIGKILL, None) == "killed by the OOM killer"
 
 
 def test_a_crash_loop_stops_after_two_identical_tracebacks(tmp):
