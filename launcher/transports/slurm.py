@@ -18,19 +18,24 @@ Why it is built this way:
   KILL, and EOF kills it at once.
 - Measured on Slurm 22.05 (tests/slurmcluster.py): closing srun's stdin ends the step within
   0.1 s (the helper sees EOF); SIGTERM to srun cancels the step; but SIGKILL to srun leaves the
-  step running. So the launcher kills a task by closing its stdin, srun gets SIGTERM (not SIGKILL)
-  when the launcher dies (PR_SET_PDEATHSIG), and the helper's heartbeat timeout covers an srun
-  killed outright by someone else. `distlaunch down` cancels the run's steps by name.
+  step running on its own for a while (about 2.5 s in the tests; nothing promises how long). So
+  the launcher kills a task by closing its stdin, srun gets SIGTERM (not SIGKILL) when the
+  launcher dies (PR_SET_PDEATHSIG), and the helper's heartbeat timeout covers an srun killed
+  outright by someone else. `distlaunch down` cancels the run's steps by name.
 - The run's firewall (launcher/firewall.py) holds on each node as one more step, a guard that
   lives as long as its srun's stdin stays open (``--overlap``: it takes no CPU from the tasks).
+  That step is the node's preflight probe: once it has answered with nothing wrong, it goes on
+  as the guard in the same process and waits for its rules (one srun and one Python per node
+  fewer on the way to the first task start).
   Measured here too: cancelling a step (`scancel STEP`, or SIGTERM to its srun) SIGKILLs its
   processes at once, and a SIGKILLed guard cannot remove its rules. So a guard is only ever ended
   by EOF (the launcher closes its srun's stdin, or dies: its srun, in a session of its own and
   with no death signal, lives on to pass the EOF), by its heartbeat timeout, or by `down` with
   SIGTERM sent to it directly (``scancel --signal=TERM``), after the task steps are cancelled.
 - Ports are picked on each node before the plan, by the SSH preflight's probe run as a step
-  (``--overlap``: it needs no CPU of its own), which also checks the node's Python, TensorFlow,
-  distlaunch and the shared dir. TF_CONFIG names nodes by hostname.
+  (``--overlap``: it needs no CPU of its own; its source is an argument, so stdin stays free for
+  the guard it becomes), which also checks the node's Python, TensorFlow, distlaunch and the
+  shared dir. TF_CONFIG names nodes by hostname.
 """
 
 from __future__ import annotations
