@@ -325,6 +325,13 @@ class Timeouts(_Model):
         "is hung: the stacks of every task are captured, then the restart policy decides. Works "
         "for any program. Off by default.",
     )
+    formation_s: float = Field(
+        60.0,
+        gt=0,
+        description="Once every training task has started its TensorFlow server, the cluster must "
+        "form within this: a task that has not connected to the coordination service by then "
+        "cannot reach it, and the run fails saying so instead of waiting.",
+    )
     evaluator_drain_s: float = Field(
         60.0,
         ge=0,

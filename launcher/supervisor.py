@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import evidence, rundir, stacks
+from distlaunch.launcher import evidence, formation, rundir, stacks
 from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.errors import Interrupted
 from distlaunch.launcher.oom import OomKills
@@ -134,6 +134,7 @@ class Supervisor:
         self.run_started = 0.0
         self.standbys = standbys
         self.settled_since = 0.0  # time.monotonic() of the latest task start or join
+        self._formation_seen = -1.0  # the settled_since whose cluster formation was checked
         self._standbys_for: int | None = None  # the attempt the standbys were last made for
         self._signals: list[int] = []
         self._sel = selectors.DefaultSelector()
@@ -533,6 +534,9 @@ class Supervisor:
             silent = self.watchdog.observe(task.name, now, self._sample(task))
             if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
                 return self._on_silence(task, silent)
+        result = self._check_formation(now)
+        if result is not None:
+            return result
         if self.timeouts.run_s is not None and now - self.run_started > self.timeouts.run_s:
             limit = f"the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"
             running = [t for t in self.tasks.values() if t.alive]
@@ -548,6 +552,35 @@ class Supervisor:
                 RunState.FAILED, self._failure(waiting, f"was waiting to restart when {limit}")
             )
         return None
+
+    def _check_formation(self, now: float) -> RunResult | None:
+        """Once every training task has had its server up for timeouts.formation_s, ask the
+        coordination service's log whether they all connected (once per settling: a restart's
+        rejoin asks again). A task still missing cannot reach the leader's port."""
+        if self._formation_seen == self.settled_since or self.pending:
+            return None
+        if now - self.settled_since < self.timeouts.formation_s:
+            return None
+        training = [t for t in self.tasks.values() if t.plan.role != "evaluator"]
+        if not all(t.alive and t.ledger.state is TaskState.RUNNING for t in training):
+            return None
+        self._formation_seen = self.settled_since
+        name = formation.leader([t.name for t in training])
+        seen = formation.latest(self.tasks[name].plan.log_file) if name else None
+        if seen is None or seen.missing == 0:
+            return None
+        leader = self.tasks[name]
+        missing = [s for s in seen.stragglers if s in self.tasks] or [name]
+        how = (
+            f"never connected to the coordination service on {leader.name} "
+            f"({leader.plan.address}), {seen.missing} of {seen.total} tasks "
+            f"missing {self.timeouts.formation_s:g} s after every task started its server "
+            "(timeouts.formation_s): the tasks cannot reach each other's ports (a firewall "
+            "between hosts, a container network that drops traffic, a host name that resolves "
+            "elsewhere)"
+        )
+        where = tuple(stacks.summary(self._capture_stacks()))
+        return RunResult(RunState.FAILED, self._failure(self.tasks[missing[0]], how, where=where))
 
     def _tend_standbys(self, now: float) -> None:
         """Once settled, have the standbys of the next attempt; keep run.json's list current."""

@@ -22,7 +22,7 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
-from distlaunch.launcher import oom, stacks
+from distlaunch.launcher import formation, oom, stacks
 
 pytestmark = pytest.mark.integration
 
@@ -224,6 +224,65 @@ def test_a_task_killed_by_the_oom_killer_is_named_so(tmp):
     assert result.returncode == 1
     assert "failed: worker-0 killed by the OOM killer (RSS 0." in result.stderr
     assert "OOM" in run_record(only_run_dir(tmp / "runs"))["tasks"]["worker-0"]["exit"]
+
+
+# MWMS where worker 1 cannot reach worker 0's coordination service (as behind a firewall: its
+# connections to worker 0 go to a closed port). Both start their servers; without a formation
+# deadline both would wait silently for TensorFlow's hour-long register timeout.
+UNREACHABLE_LEADER = """
+import json, os
+config = json.loads(os.environ["TF_CONFIG"])
+if config["task"]["index"] == 1:
+    config["cluster"]["worker"][0] = "localhost:1"
+    os.environ["TF_CONFIG"] = json.dumps(config)
+import tensorflow as tf
+tf.distribute.MultiWorkerMirroredStrategy()
+print("the cluster formed", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_cluster_that_never_forms_fails_naming_the_task_that_never_connected(tmp):
+    (tmp / "task.py").write_text(UNREACHABLE_LEADER)
+    spec = write_spec(tmp, timeouts={"grace_s": 2, "startup_s": 120, "formation_s": 5})
+    result = distlaunch("up", str(spec), cwd=tmp)
+    print(result.stderr[-3000:])
+    run_dir = only_run_dir(tmp / "runs")
+    assert result.returncode == 1
+    leader = next(t for t in run_record(run_dir)["plan"]["tasks"] if t["name"] == "worker-0")
+    assert (
+        f"run {run_dir.name} failed: worker-1 never connected to the coordination service on "
+        f"worker-0 ({leader['host']}:{leader['port']})"
+    ) in result.stderr
+    assert "1 of 2 tasks missing 5 s after every task started its server" in result.stderr
+    assert "the cluster formed" not in (run_dir / "logs" / "attempt-0" / "worker-0.log").read_text()
+    record = run_record(run_dir)
+    assert record["failure"]["task"] == "worker-1"
+    assert all(t["state"] != "running" for t in record["tasks"].values())
+
+
+def test_the_leaders_latest_count_and_stragglers_are_read_from_its_log(tmp):
+    log = tmp / "worker-0.log"
+    log.write_text(
+        "I0000 coordination_service.cc:502] Waiting for 2/3 tasks to connect.\n"
+        "I0000 coordination_service.cc:505] Example stragglers:\n"
+        "/job:worker/replica:0/task:1\n/job:worker/replica:0/task:2\n"
+        "I0000 coordination_service.h:529] /job:worker/replica:0/task:2 has connected to "
+        "coordination service. Incarnation: 7\n"
+        "I0000 coordination_service.cc:502] Waiting for 1/3 tasks to connect.\n"
+        "I0000 coordination_service.cc:505] Example stragglers:\n"
+        "/job:worker/replica:0/task:1\n"
+        "I0000 coordination_service_agent.cc:245] Coordination agent has successfully connected.\n"
+    )
+    assert formation.latest(str(log)) == formation.Formation(1, 3, ("worker-1",))
+    with log.open("a") as f:
+        f.write("I0000 coordination_service.cc:502] Waiting for 0/3 tasks to connect.\n")
+    assert formation.latest(str(log)) == formation.Formation(0, 3, ())
+    log.write_text("epoch 1 loss 0.5\n")  # TF_CPP_MIN_LOG_LEVEL=1: nothing said
+    assert formation.latest(str(log)) is None
+    assert formation.latest(str(tmp / "missing.log")) is None
+    assert formation.leader(["worker-0", "chief-0", "ps-0"]) == "chief-0"
+    assert formation.leader(["worker-1", "worker-0"]) == "worker-0"
 
 
 def test_the_kernel_log_is_read_only_once_the_oom_kill_count_moved(monkeypatch):

@@ -46,6 +46,7 @@ LAYER_OF = {
     "distlaunch.launcher.supervisor": "supervisor",
     "distlaunch.launcher.state": "supervisor",
     "distlaunch.launcher.progress_view": "supervisor",  # the live line and status --watch
+    "distlaunch.launcher.formation": "supervisor",  # whether the cluster formed, from its log
     # up and the commands that inspect or steer a run from another shell
     "distlaunch.launcher.up": "up",
     "distlaunch.launcher.control": "up",
