@@ -557,19 +557,18 @@ class Supervisor:
         """Once every training task has had its server up for timeouts.formation_s, ask the
         coordination service's log whether they all connected (once per settling: a restart's
         rejoin asks again). A task still missing cannot reach the leader's port."""
-        if self._formation_seen == self.settled_since or self.pending:
-            return None
-        if now - self.settled_since < self.timeouts.formation_s:
-            return None
-        training = [t for t in self.tasks.values() if t.plan.role != "evaluator"]
-        if not all(t.alive and t.ledger.state is TaskState.RUNNING for t in training):
+        if self._formation_seen == self.settled_since or not self._settled(
+            now, self.timeouts.formation_s
+        ):
             return None
         self._formation_seen = self.settled_since
-        name = formation.leader([t.name for t in training])
-        seen = formation.latest(self.tasks[name].plan.log_file) if name else None
-        if seen is None or seen.missing == 0:
+        name = formation.leader(list(self.tasks))
+        if name is None:
             return None
         leader = self.tasks[name]
+        seen = formation.latest(leader.plan.log_file)
+        if seen is None or seen.missing == 0:
+            return None
         missing = [s for s in seen.stragglers if s in self.tasks] or [name]
         how = (
             f"never connected to the coordination service on {leader.name} "
@@ -587,20 +586,24 @@ class Supervisor:
         if self.standbys is None:
             return
         self.standbys.poll()
-        settled = (
+        if self._settled(now, STANDBY_DELAY_S) and self._standbys_for != self.attempt + 1:
+            self._standbys_for = self.attempt + 1
+            self.standbys.prepare(for_attempt(self.plan, self.attempt + 1).tasks)
+        self._record_standbys()
+
+    def _settled(self, now: float, for_s: float) -> bool:
+        """Whether every live training task has been joined for ``for_s``, no restart pending and
+        training not over."""
+        return (
             not self.pending
             and self.drain_until is None
-            and now - self.settled_since >= STANDBY_DELAY_S
+            and now - self.settled_since >= for_s
             and all(
                 t.ledger.state is TaskState.RUNNING
                 for t in self.tasks.values()
                 if t.alive and t.plan.role != "evaluator"
             )
         )
-        if settled and self._standbys_for != self.attempt + 1:
-            self._standbys_for = self.attempt + 1
-            self.standbys.prepare(for_attempt(self.plan, self.attempt + 1).tasks)
-        self._record_standbys()
 
     def _record_standbys(self) -> None:
         record = (self.standbys.record() if self.standbys is not None else {}) or None

@@ -298,13 +298,10 @@ def test_an_evaluator_past_its_drain_time_is_stopped(tmp: Path) -> None:
     )
 
 
-def test_a_full_disk_stops_every_task_first_and_leaves_no_temp_file(
-    tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Issue 14 item 3: run.json is written once (every task started), then the disk is full
-    # (ENOSPC) when the turn with worker-1's exit is to be recorded.
-    plan = make_plan_for(tmp)
-    writes = []
+def fill_the_disk_after_one_write(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """run.json is written once; every later write finds the disk full (ENOSPC). Returns the list
+    of writes tried, as they happen."""
+    writes: list[int] = []
 
     def full_disk_open(fd: int, *args: object, **kw: object) -> object:
         # run.json's temp file is opened by descriptor: the second one finds the disk full.
@@ -316,6 +313,16 @@ def test_a_full_disk_stops_every_task_first_and_leaves_no_temp_file(
         return f
 
     monkeypatch.setattr(rundir, "open", full_disk_open, raising=False)
+    return writes
+
+
+def test_a_full_disk_stops_every_task_first_and_leaves_no_temp_file(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 14 item 3: run.json is written once (every task started), then the disk is full
+    # (ENOSPC) when the turn with worker-1's exit is to be recorded.
+    plan = make_plan_for(tmp)
+    fill_the_disk_after_one_write(monkeypatch)
     transport = FakeTransport(fates({("worker-1", 0): Fate(1)}))
     with pytest.raises(RecordError, match="No space left on device"):
         supervise(plan, transport)
@@ -334,22 +341,13 @@ def test_a_stop_signal_on_a_full_disk_still_ends_as_interrupted(
     # worker-0's exit come in one loop turn: the exit is recorded and the signal raises
     # Interrupted, whose exit code (128+15, for the shell and the scheduler) must survive the
     # failed save at the end of that turn; every task is still stopped.
-    writes = []
-
-    def full_disk_open(fd: int, *args: object, **kw: object) -> object:
-        writes.append(fd)
-        f = open(fd, *args, **kw)  # noqa: SIM115 - returned to the caller's `with`
-        if len(writes) > 1:
-            f.close()
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return f
+    writes = fill_the_disk_after_one_write(monkeypatch)
 
     def exit_and_term(task: TaskPlan) -> None:
         if task.name == "worker-1":
             transport.started[0].exit(0)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(rundir, "open", full_disk_open, raising=False)
     transport = FakeTransport(fates({}), on_start=exit_and_term)
     with pytest.raises(Interrupted) as caught:
         supervise(make_plan_for(tmp), transport)
