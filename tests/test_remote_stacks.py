@@ -24,6 +24,7 @@ import pytest
 from conftest import REPO, events, run_record, wait_for, wait_for_run_dir
 from distlaunch.launcher import stacks
 from distlaunch.worker import bootstrap
+from test_compose import _env, _leftovers, _start_up, engine, image  # noqa: F401 (fixtures)
 
 # py-spy is not beside this interpreter nor on this PATH: the helper must fall back.
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -344,3 +345,59 @@ def test_on_slurm_stacks_leave_the_run_running_and_the_watchdog_names_the_hung_w
     print(out[-6000:])
     assert launcher.returncode == 1
     _assert_worker_1_was_named_hung_and_nobody_was_signalled(run_dir, out)
+
+
+# ---- `distlaunch stacks` on a compose run ----------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1500)  # a cold machine builds the images first (see tests/test_compose.py)
+def test_stacks_of_a_compose_run_are_read_in_the_containers_and_the_run_goes_on(
+    image,  # noqa: F811 (the fixture)
+    tmp: Path,
+) -> None:
+    tasks = {"worker": {"count": 2}, "evaluator": {"count": 1}}
+    spec = _hang_spec(tmp, tasks=tasks, timeouts={"grace_s": 2, "startup_s": 120})
+    launcher = _start_up(tmp, spec)
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        wait_for(
+            lambda: "stops inside step" in _log(run_dir, "worker-1"),
+            "worker-1 to stop",
+            launcher=launcher,
+        )
+        shown = subprocess.run(
+            [sys.executable, "-m", "distlaunch.launcher", "stacks", run_dir.name, "--no-native"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=_env(),
+        )
+        print(shown.stdout, shown.stderr)
+        assert shown.returncode == 0, shown.stderr
+        # Read in each container, of its program: by py-spy, or where it lacks the rights there,
+        # by the program's own faulthandler (the capture says which, and why, in its first line).
+        assert f"worker-1: in its own code at {HANG_LINE}" in shown.stdout
+        assert "worker-0: waits in " in shown.stdout
+        assert "evaluator-0: in its own code at <module> (task.py:17)" in shown.stdout
+        # ... and the run goes on.
+        assert not [e for e in events(run_dir) if e["event"] in ("exited", "hung")]
+        states = {n: t["state"] for n, t in run_record(run_dir)["tasks"].items()}
+        assert states == {"worker-0": "running", "worker-1": "running", "evaluator-0": "starting"}
+        assert launcher.poll() is None
+        project = run_record(run_dir)["compose"]["project"]
+        down = subprocess.run(
+            [sys.executable, "-m", "distlaunch.launcher", "down", run_dir.name],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert down.returncode == 0, down.stderr
+        launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.communicate()
+    assert _leftovers(project) == ([], [])
