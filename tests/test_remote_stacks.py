@@ -381,6 +381,14 @@ def test_stacks_of_a_compose_run_are_read_in_the_containers_and_the_run_goes_on(
         assert f"worker-1: in its own code at {HANG_LINE}" in shown.stdout
         assert "worker-0: waits in " in shown.stdout
         assert "evaluator-0: in its own code at <module> (task.py:17)" in shown.stdout
+        # A program got the faulthandler's signal only where py-spy could not read it.
+        folder = next(p for p in (run_dir / "stacks").iterdir() if not p.name.startswith("signal-"))
+        for name in ("worker-0", "worker-1", "evaluator-0"):
+            captured = (folder / f"{name}.txt").read_text()
+            print(name, captured.splitlines()[0])
+            asked = captured.startswith("faulthandler dump (py-spy could not read the task: ")
+            signalled = run_dir / "stacks" / "signal-attempt-0" / f"{name}.txt"
+            assert bool(signalled.read_text()) == asked
         # ... and the run goes on.
         assert not [e for e in events(run_dir) if e["event"] in ("exited", "hung")]
         states = {n: t["state"] for n, t in run_record(run_dir)["tasks"].items()}
