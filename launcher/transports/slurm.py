@@ -59,7 +59,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Self
 
-from distlaunch.launcher import firewall, ports, procs, rundir
+from distlaunch.launcher import firewall, ports, procs, rundir, stacks
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import HostError, Interrupted, UsageError
 from distlaunch.launcher.isolation import HOST, Isolation
@@ -84,6 +84,8 @@ KILL_WAIT_S = 5.0
 STEP_PREFIX = "distlaunch"
 # The step of a node's firewall guard is named distlaunch.<run id>.guard.<node>.
 GUARD_STEP = "guard"
+# The step that reads a task's stacks on its node is named distlaunch.<run id>.stacks.<task>.
+STACKS_STEP = "stacks"
 # Set by the batch script `distlaunch sbatch` writes, to the job id: this job exists for this run.
 SUBMITTED_ENV = "DISTLAUNCH_SLURM_JOB"
 ISOLATION = Isolation(
@@ -311,6 +313,24 @@ def srun_argv(job_id: str, node: str, name: str, gpus: int = 0, overlap: bool = 
     if gpus:
         argv.append(f"--gpus-per-task={gpus}")
     return argv
+
+
+def task_stacks(
+    job_id: str,
+    node: str,
+    run_id: str,
+    task: str,
+    helper: Sequence[str],
+    native: bool,
+) -> stacks.Source:
+    """Where the stacks of ``task`` on ``node`` are read: a step of job ``job_id`` on that node
+    (``--overlap``: it takes no CPU from the tasks) running the remote helper's stacks query
+    (``helper``: its command there; py-spy on the node, else the program's own faulthandler).
+    The local srun that stands for the task is never read or signalled: srun passes a signal on
+    to its step, which would end the task."""
+    name = step_name(run_id, f"{STACKS_STEP}.{task}")
+    argv = [*srun_argv(job_id, node, name, overlap=True), *helper]
+    return stacks.helper(argv, run_id, task, native, f"on node {node}")
 
 
 # ---- preflight -------------------------------------------------------------------------------
@@ -575,6 +595,14 @@ class StepTransport:
                 late.append(handle.proc)
         if late:
             procs.stop_groups(late, KILL_WAIT_S)
+
+    def stacks(self, handle: StepHandle, native: bool) -> stacks.Source:
+        """The task's program, read on its node (see `task_stacks`)."""
+        task = handle.task
+        helper = helper_argv(self.python, self.helpers.get(task.host_name))
+        return task_stacks(
+            self.alloc.job_id, task.host_name, self.run_id, task.name, helper, native
+        )
 
     def close(self) -> None:
         """Stop the heartbeat (the tasks must be stopped already)."""

@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from distlaunch.launcher import procs, rundir
+from distlaunch.launcher import procs, rundir, stacks
 from distlaunch.launcher.plan import TaskPlan
 from distlaunch.launcher.spec import Host, LoadedSpec
 from distlaunch.worker import contract
@@ -55,6 +55,9 @@ HEARTBEAT_TIMEOUT_S = 20.0
 STOP_MARGIN_S = 5.0
 JOIN_CONNECT_TIMEOUT_S = 0.5
 HELPER_MODULE = "distlaunch.worker.remote"
+# The master connection of the launcher's stacks queries, apart from the tasks': a capture asks
+# about up to 8 tasks of a host at once, which would not fit beside 8 tasks on one master.
+STACKS_SLOT = -1
 # Run files a task writes; on hosts that do not share the run dir the helper creates their folders.
 _TASK_FILES = (contract.ERROR_FILE, contract.STATUS_FILE, contract.METRICS_FILE)
 
@@ -228,6 +231,18 @@ class Session:
         return opts
 
 
+def task_stacks(
+    session: Session, host: str, run_id: str, task: str, native: bool, slot: int = 0
+) -> stacks.Source:
+    """Where the stacks of ``task`` on SSH host ``host`` are read: on that host, by the remote
+    helper (py-spy there; else the program's own faulthandler, signalled there). The local ssh
+    client that stands for the task is never read or signalled: it is not the program, and a
+    signal would end it, and with it the task."""
+    python = remote_python(session.hosts[host].python)
+    argv = session.argv(host, f"exec {python} -m {HELPER_MODULE}", slot)
+    return stacks.helper(argv, run_id, task, native, f"on {session.target(host)}")
+
+
 class SshHandle(procs.TaskProcess):
     """One task running on an SSH host, seen through its local ssh client process.
 
@@ -358,6 +373,12 @@ class SshTransport:
     def kill(self, handles: Sequence[SshHandle]) -> None:
         """Kill the tasks' local ssh clients: the helpers see EOF and SIGKILL their tasks at once."""
         procs.kill_groups(h.proc for h in handles)
+
+    def stacks(self, handle: SshHandle, native: bool) -> stacks.Source:
+        """The task's program, read on its host (see `task_stacks`)."""
+        task = handle.task
+        run_id = task.env.get(contract.RUN_ID, "")
+        return task_stacks(self.session, task.host_name, run_id, task.name, native, STACKS_SLOT)
 
     def close(self) -> None:
         """Stop the heartbeat (the tasks must be stopped already)."""
