@@ -17,13 +17,15 @@ cannot. Nor can any write where the first import is inside a function: when that
 relative to the writes, is not in the source. Writes after a top-level import come after it in
 every run, warm or cold, and do not matter.
 
-Only the program's own file is read: a module of its own that it imports first and that sets the
-environment is not seen.
+A module of the program's own (found in its folder) that it imports at the top level before
+TensorFlow is read too, one level deep: any environment write in it makes the program restart
+cold, since when it runs relative to the import is up to that module.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Imports that load TensorFlow or a Keras (what a standby imports in advance; distlaunch.worker
@@ -58,9 +60,14 @@ class StandbyEnv:
     cold: str = ""  # why a standby cannot stand in for the program ("": it can)
 
 
-def before_tensorflow(tree: ast.Module, filename: str) -> StandbyEnv:
+def before_tensorflow(
+    tree: ast.Module,
+    filename: str,
+    own_module: Callable[[str], tuple[str, str] | None] = lambda name: None,
+) -> StandbyEnv:
     """The environment writes ``tree`` (a program's parsed source) makes before its first
-    TensorFlow import, or why they cannot be repeated."""
+    TensorFlow import, or why they cannot be repeated. ``own_module`` gives the source and file
+    of a module of the program's own, None for any other."""
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     names = _Names(tree)
     imports = sorted(
@@ -71,6 +78,17 @@ def before_tensorflow(tree: ast.Module, filename: str) -> StandbyEnv:
     if not imports:
         return StandbyEnv()
     first, column, in_function = imports[0]
+    for node in tree.body:
+        if (node.lineno, node.col_offset) >= (first, column):
+            break
+        for name in _imported(node):
+            found = own_module(name)
+            line = _any_write(*found) if found is not None else None
+            if found is not None and line is not None:
+                return StandbyEnv(
+                    cold=f"{filename}:{node.lineno} imports {name}, which sets the environment "
+                    f"({found[1]}:{line}) before TensorFlow is imported ({filename}:{first})"
+                )
     found: list[EnvWrite] = []
     for (line, col), writes in sorted(_writes(tree, names, parents), key=lambda item: item[0]):
         where = f"{filename}:{line}"
@@ -129,6 +147,27 @@ class _Names:
             and isinstance(node.value, ast.Name)
             and node.value.id in self.os
         )
+
+
+def _imported(node: ast.stmt) -> list[str]:
+    """The modules a top-level import statement names (none of TensorFlow's)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if not _is_module(a.name)]
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        return [] if _is_module(node.module) else [node.module]
+    return []
+
+
+def _any_write(source: str, filename: str) -> int | None:
+    """The line of the first environment write in ``source``, None if it has none or does not
+    parse (the program then fails there, cold or warm)."""
+    try:
+        tree = ast.parse(source, filename)
+    except (SyntaxError, ValueError):
+        return None
+    names = _Names(tree)
+    lines = [getattr(n, "lineno", 0) for n in ast.walk(tree) if _write(n, names) is not False]
+    return min(lines, default=None)
 
 
 def _imports_tensorflow(node: ast.AST) -> bool:

@@ -113,7 +113,7 @@ def choose(loaded: LoadedSpec) -> ProgramChoice:
     facts = None
     if source is not None:
         try:
-            facts = scan(source, where)
+            facts = scan(source, where, _program_dir(loaded))
         except (SyntaxError, ValueError) as exc:
             where = f"{where} does not parse ({exc.__class__.__name__})"
     keras, reason, auto = _keras(program.keras, facts, where, loaded.spec.strategy)
@@ -135,9 +135,11 @@ def standby_env(rest: Sequence[str], cwd: str) -> StandbyEnv:
     path = module_file(rest[1], Path(cwd)) if rest[0] == "-m" else Path(cwd, rest[0])
     if path is None:
         return StandbyEnv(cold=f"module {rest[1]} is not found by this Python")
+    # Where `python -m` or `python SCRIPT` puts sys.path[0].
+    folder = Path(cwd) if rest[0] == "-m" else path.resolve().parent
     try:
         source = path.read_text(encoding="utf-8")
-        return scan(source, str(path)).standby_env
+        return scan(source, str(path), folder).standby_env
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
         return StandbyEnv(cold=f"{path} cannot be read ({exc.__class__.__name__})")
 
@@ -155,6 +157,24 @@ def program_source(loaded: LoadedSpec) -> tuple[str | None, str]:
         return path.read_text(encoding="utf-8"), str(path)
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"{path} cannot be read ({exc.__class__.__name__})"
+
+
+def _program_dir(loaded: LoadedSpec) -> Path:
+    """The program's sys.path[0]: the script's folder, or the workdir for a module."""
+    return loaded.script.resolve().parent if loaded.script is not None else loaded.workdir
+
+
+def _own_module(name: str, folder: Path | None) -> tuple[str, str] | None:
+    """The source and file of module ``name`` where it is the program's own (in ``folder``)."""
+    if folder is None:
+        return None
+    path = module_file(name, folder)
+    if path is None or not path.resolve().is_relative_to(folder.resolve()):
+        return None
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def module_file(name: str, workdir: Path) -> Path | None:
@@ -199,8 +219,10 @@ def _find(fullname: str, path: list[str]) -> ModuleSpec | None:
     return None
 
 
-def scan(source: str, filename: str = "<program>") -> Facts:
-    """Return what ``source`` shows about Keras and serving (SyntaxError if it does not parse)."""
+def scan(source: str, filename: str = "<program>", folder: Path | None = None) -> Facts:
+    """Return what ``source`` shows about Keras, serving and its env writes before TensorFlow
+    (SyntaxError if it does not parse); ``folder``: the program's sys.path[0], where its own
+    modules are."""
     tree = ast.parse(source, filename)
     tf_names = {"tensorflow"}  # names bound to the tensorflow module: `import tensorflow as tf`
     tf_keras: list[int] = []
@@ -247,7 +269,9 @@ def scan(source: str, filename: str = "<program>") -> Facts:
         imports_distlaunch=imports_distlaunch,
         server_line=min(server, default=None),
         imports_tensorflow=imports_tensorflow,
-        standby_env=program_env.before_tensorflow(tree, filename),
+        standby_env=program_env.before_tensorflow(
+            tree, filename, lambda name: _own_module(name, folder)
+        ),
     )
 
 

@@ -144,3 +144,24 @@ def test_a_program_whose_writes_cannot_be_repeated_restarts_cold(tmp: Path) -> N
         assert standbys.record() == {}
     finally:
         standbys.close()
+
+
+def test_a_module_of_its_own_that_sets_the_environment_first_makes_restarts_cold(
+    tmp: Path,
+) -> None:
+    (tmp / "settings.py").write_text('import os\nos.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"\n')
+    (tmp / "quiet.py").write_text("LEVEL = 2\n")
+    (tmp / "task.py").write_text("import json, quiet\nimport settings\nimport tensorflow\n")
+    (tmp / "later.py").write_text("import json, quiet\nimport tensorflow\nimport settings\n")
+    plans = {}
+    for script in ("task.py", "later.py"):
+        spec = write_spec(
+            tmp, name=f"{script}.json", program={"script": script}, restart=ON_FAILURE
+        )
+        plans[script] = make_plan(load_spec(spec), {("worker", 0): 1, ("worker", 1): 2}, "r", tmp)
+    assert plans["task.py"].program.standby_env.cold == (
+        f"{tmp / 'task.py'}:2 imports settings, which sets the environment "
+        f"({tmp / 'settings.py'}:2) before TensorFlow is imported ({tmp / 'task.py'}:3)"
+    )
+    assert not plans["task.py"].standby
+    assert plans["later.py"].standby  # imported after TensorFlow: it changes nothing there
