@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, events, only_run_dir, write_spec
-from distlaunch.launcher import program_env
+from conftest import distlaunch, events, only_run_dir, wait_for, write_spec
+from distlaunch.launcher import program_env, rundir
 from distlaunch.launcher.plan import for_attempt, make_plan
 from distlaunch.launcher.spec import load_spec
 from distlaunch.launcher.standby import Standbys
@@ -165,3 +165,35 @@ def test_a_module_of_its_own_that_sets_the_environment_first_makes_restarts_cold
     )
     assert not plans["task.py"].standby
     assert plans["later.py"].standby  # imported after TensorFlow: it changes nothing there
+
+
+def test_pss_servers_keep_their_standbys_when_the_program_restarts_cold(tmp: Path) -> None:
+    """Under PSS the ps and worker tasks run distlaunch's server, not the program: their
+    standbys (the server through the bootstrap) stay, only the chief's program restarts cold."""
+    (tmp / "task.py").write_text('import os\nos.environ["X"] = str(1)\nimport tensorflow\n')
+    spec = write_spec(
+        tmp,
+        strategy="parameter_server",
+        tasks={"chief": {}, "worker": {}, "ps": {}},
+        restart=ON_FAILURE,
+    )
+    shown = distlaunch("plan", str(spec), cwd=tmp)
+    assert "standbys: on for the servers; the program restarts cold: " in shown.stdout
+    ports = {("chief", 0): 20000, ("worker", 0): 20001, ("ps", 0): 20002}
+    run_dir = tmp / "runs" / "r1"
+    plan = make_plan(load_spec(spec), ports, "r1", run_dir)
+    assert plan.standby
+    rundir.make_dirs(run_dir, 0)
+    standbys = Standbys()
+    try:
+        standbys.prepare(for_attempt(plan, 1).tasks)
+        assert set(standbys.record()) == {"worker-0", "ps-0"}
+
+        def ready() -> bool:
+            standbys.poll()
+            record = standbys.record()
+            return set(record) == {"worker-0", "ps-0"} and all(s["ready"] for s in record.values())
+
+        wait_for(ready, "the servers' standbys to import TensorFlow")
+    finally:
+        standbys.close()
