@@ -35,6 +35,7 @@ LAYER_OF = {
     "distlaunch.launcher.isolation": "plan",
     "distlaunch.launcher.policy": "plan",
     "distlaunch.launcher.program_scan": "plan",
+    "distlaunch.launcher.program_env": "plan",  # the env a program sets before TensorFlow
     # transports: starting, watching and stopping tasks
     "distlaunch.launcher.procs": "transports",
     "distlaunch.launcher.transports": "transports",
