@@ -172,7 +172,7 @@ def plan(
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
     data = the_plan.to_json()
     rules = firewall.run_rules(the_plan)
-    data["network"] = firewall.plan_json(loaded.spec.network.protect, the_plan.run_id, rules)
+    data["network"] = firewall.plan_json(loaded.spec.network.protect, rules)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -196,7 +196,7 @@ def plan(
             "the end):"
         )
         for rule in rules.values():
-            click.echo(f"  {rule.describe(the_plan.run_id)}")
+            click.echo(f"  {rule.describe()}")
     elif rules:
         click.echo('firewall: off ("network": {"protect": "off"}): remote task ports stay open')
     else:

@@ -149,7 +149,8 @@ def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
-        guard.stdin.write(json.dumps({"run_id": "left", "ports": [4000], "allow": []}).encode())
+        request = {"run_id": "left", "name": "left_1a2b", "ports": [4000], "allow": []}
+        guard.stdin.write(json.dumps(request).encode())
         guard.stdin.write(b"\n")
         guard.stdin.flush()
         assert json.loads(guard.stdout.readline())["protected"]
@@ -164,7 +165,7 @@ def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -
             "import json, sys; from distlaunch.launcher.transports import slurm; "
             "slurm.cancel_steps('left', *map(json.loads, sys.argv[1:]))"
         )
-        network = {"hosts": {node.name: {"protected": True}}}
+        network = {"hosts": {node.name: {"protected": True, "name": "left_1a2b"}}}
         done = lab.run(
             [sys.executable, "-c", code, json.dumps({"job_id": job}), json.dumps(network)],
             env=env,

@@ -610,8 +610,8 @@ def cancel_steps(
     The tasks' steps are cancelled first; then the firewall guards get SIGTERM (a cancel would
     SIGKILL them, leaving their rules), remove their rules once the task ports have closed and end
     their steps. A guard SIGKILLed earlier (its srun was killed) left its rules: a step on each
-    protected node removes them (`guard.remove_leftovers`), while the job still runs.
-    Returns what was cancelled (``JOB.STEP`` ids, or the job id).
+    protected node removes them by the name run.json recorded (`guard.remove_leftovers`), while
+    the job still runs. Returns what was cancelled (``JOB.STEP`` ids, or the job id).
     """
     job = info.get("job_id")
     if not job:
@@ -631,10 +631,18 @@ def cancel_steps(
         late = sorted(set(guards) & set(_steps_of(str(job), run_id)))
         if late:
             subprocess.run(["scancel", "--quiet", *late], capture_output=True, check=False)
-    protected = [n for n, h in ((network or {}).get("hosts") or {}).items() if h.get("protected")]
-    if protected:
-        with ThreadPoolExecutor(max_workers=len(protected)) as pool:
-            list(pool.map(lambda node: _remove_rules(str(job), node, run_id, python), protected))
+    left = {
+        node: str(h["name"])
+        for node, h in ((network or {}).get("hosts") or {}).items()
+        if h.get("protected") and h.get("name")
+    }
+    if left:
+        with ThreadPoolExecutor(max_workers=len(left)) as pool:
+            list(
+                pool.map(
+                    lambda node: _remove_rules(str(job), node, run_id, left[node], python), left
+                )
+            )
     cancelled = sorted(steps)
     if info.get("submitted"):
         subprocess.run(["scancel", "--quiet", str(job)], capture_output=True, check=False)
@@ -642,13 +650,14 @@ def cancel_steps(
     return cancelled
 
 
-def _remove_rules(job: str, node: str, run_id: str, python: str) -> None:
-    """Remove what a guard of ``run_id`` left on ``node`` (nothing, mostly), as a job step."""
+def _remove_rules(job: str, node: str, run_id: str, rules: str, python: str) -> None:
+    """Remove what a guard of ``run_id`` left on ``node`` under the name ``rules`` (nothing,
+    mostly), as a job step."""
     name = step_name(run_id, f"{GUARD_STEP}-sweep.{node}")
     argv = [*srun_argv(job, node, name, overlap=True), python, "-m", firewall.GUARD_MODULE]
     try:
         subprocess.run(
-            [*argv, "--remove", run_id],
+            [*argv, "--remove", rules],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=PROBE_TIMEOUT_S,
