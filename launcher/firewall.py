@@ -20,8 +20,11 @@ dirs) or whose ids differ only in characters nft cannot take (``run-1``, ``run.1
 table, so no run's guard replaces or deletes another run's rules. run.json keeps the names, for
 `distlaunch down`.
 
-Over SSH the guard admits the launcher by the address its session comes from (SSH_CONNECTION);
-a job step has no such thing, so `run_rules` names the launcher's own addresses.
+The launcher checks that tasks joined by connecting to their ports, so every guard admits the
+launcher's own addresses (`run_rules`: the source addresses of its routes to the hosts). Over SSH
+the guard also admits the address the session comes from (SSH_CONNECTION: the launcher's, also
+through NAT), except for a host reached through a jump host (ProxyJump or ProxyCommand), where
+that address is the jump host's.
 
 Changing a host's firewall needs root or CAP_NET_ADMIN there. Where a guard cannot, the spec's
 ``network.protect`` decides: ``auto`` goes on and says which ports stay open, ``required`` stops
@@ -76,7 +79,9 @@ class HostRules:
     name: str  # the rules' name on the host (`rules_name`)
     ports: tuple[int, ...]
     allow: tuple[str, ...]  # addresses (or names the host resolves) of every host of the run
+    launcher: tuple[str, ...] = ()  # the launcher's addresses, for its join checks
     ssh_client: bool = True  # also admit the address the guard's SSH session comes from
+    jump_host: bool = False  # the SSH session comes through a jump host (not admitted)
 
     def request(self, run_id: str) -> dict:
         """The JSON request the guard reads on its stdin."""
@@ -84,7 +89,7 @@ class HostRules:
             "run_id": run_id,
             "name": self.name,
             "ports": list(self.ports),
-            "allow": list(self.allow),
+            "allow": sorted(set(self.allow) | set(self.launcher)),
             "allow_client": self.ssh_client,
             "heartbeat_s": HEARTBEAT_TIMEOUT_S,
         }
@@ -92,10 +97,15 @@ class HostRules:
     def describe(self) -> str:
         """The rules in one line, as `plan` prints them."""
         ports = ", ".join(str(p) for p in self.ports)
-        client = ", the launcher's SSH address" if self.ssh_client else ""
+        admitted = [", ".join(self.allow)]
+        if self.launcher:
+            admitted.append(f"the launcher ({', '.join(self.launcher)})")
+        if self.ssh_client:
+            admitted.append("the address the launcher's SSH session comes from")
+        jump = "; the jump host is not admitted" if self.jump_host else ""
         return (
             f"{self.host}: nftables table inet {guard.table_name(self.name)}: tcp ports {ports} "
-            f"admit {', '.join(self.allow)}{client} and loopback; drop all others "
+            f"admit {', '.join(admitted)} and loopback{jump}; drop all others "
             f"(iptables chain {guard.chain_name(self.name)} where nft is missing)"
         )
 
@@ -105,15 +115,19 @@ REMOTE = ("ssh", "slurm")
 
 
 def plan_rules(
-    plan: Plan, remote: Collection[str] = REMOTE, also_allow: Collection[str] = ()
+    plan: Plan,
+    remote: Collection[str] = REMOTE,
+    launcher: Collection[str] = (),
+    jumped: Collection[str] = (),
 ) -> dict[str, HostRules]:
     """The rules of every host whose tasks run over a ``remote`` transport (pure).
 
     Every host of the run may reach every task port: TensorFlow's tasks dial each other (MWMS
     all-reduce, PSS workers to ps), and an evaluator or a local task is a peer like any other.
-    ``also_allow`` adds addresses, e.g. the launcher's where no SSH session tells the guard (srun).
+    ``launcher`` adds the launcher's addresses (its join checks); SSH hosts in ``jumped`` are
+    reached through a jump host, whose address (the SSH session's) is not admitted.
     """
-    allow = tuple(sorted({t.host for t in plan.tasks} | set(also_allow)))
+    allow = tuple(sorted({t.host for t in plan.tasks}))
     ports: dict[str, set[int]] = {}
     over_ssh: dict[str, bool] = {}
     for task in plan.tasks:
@@ -126,20 +140,23 @@ def plan_rules(
             rules_name(plan.run_id, plan.run_dir, host),
             tuple(sorted(p)),
             allow,
-            over_ssh[host],
+            tuple(sorted(launcher)),
+            ssh_client=over_ssh[host] and host not in jumped,
+            jump_host=over_ssh[host] and host in jumped,
         )
         for host, p in sorted(ports.items())
     }
 
 
-def run_rules(plan: Plan) -> dict[str, HostRules]:
-    """`plan_rules` of a run, with the launcher's addresses admitted on hosts not reached by SSH.
+def run_rules(plan: Plan, jumped: Collection[str] = ()) -> dict[str, HostRules]:
+    """`plan_rules` of a run, with the launcher's addresses admitted on every remote host.
 
-    The launcher connects to every task port (the join check); a Slurm node's guard cannot tell
-    where the launcher is, so the launcher names the address it connects from to each such host.
+    The launcher connects to every task port (the join check) from the address its route to the
+    host leaves from. A Slurm node's guard cannot tell where that is, nor can an SSH host's guard
+    behind a jump host (its session comes from the jump host), so the launcher names it.
     """
-    others = sorted({t.host for t in plan.tasks if t.transport in REMOTE and t.transport != "ssh"})
-    return plan_rules(plan, also_allow=launcher_addresses(others))
+    hosts = sorted({t.host for t in plan.tasks if t.transport in REMOTE})
+    return plan_rules(plan, launcher=launcher_addresses(hosts), jumped=jumped)
 
 
 def launcher_addresses(hosts: Collection[str]) -> list[str]:
@@ -173,6 +190,8 @@ def plan_json(mode: str, rules: Mapping[str, HostRules]) -> dict:
                 "table": guard.table_name(r.name),
                 "ports": list(r.ports),
                 "allow": list(r.allow),
+                "launcher": list(r.launcher),
+                "ssh_client": r.ssh_client,
             }
             for name, r in rules.items()
         }

@@ -41,7 +41,10 @@ def test_outsider_is_shut_out_while_nodes_connect_and_kill_9_leaves_no_rule(
         assert plan.returncode == 0, plan.stderr
         rule = next(line for line in plan.stdout.splitlines() if f"  {node1.name}: " in line)
         # The launcher's own address (the join check connects from it), not an SSH session's.
-        assert f"admit {lab.controller_address}, {node1.name}, {node2.name} and loopback" in rule
+        assert (
+            f"admit {node1.name}, {node2.name}, the launcher ({lab.controller_address}) and "
+            "loopback;"
+        ) in rule
         with open(tmp / "out.txt", "w") as out:
             launcher = subprocess.Popen(
                 lab.command(_launcher("up", str(spec))), cwd=tmp, env=env, stdout=out, stderr=out
