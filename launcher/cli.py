@@ -166,13 +166,14 @@ def plan(
     `auto` ports are picked as `up` would pick them; `up` picks again when it starts.
     """
     from distlaunch.launcher import firewall
+    from distlaunch.launcher.transports.ssh import jumped_hosts
     from distlaunch.launcher.up import build_plan, choose_run
 
     loaded = load_spec(spec, _options(overrides, only_hosts, exclude_hosts))
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
     data = the_plan.to_json()
-    rules = firewall.run_rules(the_plan)
-    data["network"] = firewall.plan_json(loaded.spec.network.protect, the_plan.run_id, rules)
+    rules = firewall.run_rules(the_plan, jumped_hosts(loaded.hosts))
+    data["network"] = firewall.plan_json(loaded.spec.network.protect, rules)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -192,7 +193,7 @@ def plan(
             "the end):"
         )
         for rule in rules.values():
-            click.echo(f"  {rule.describe(the_plan.run_id)}")
+            click.echo(f"  {rule.describe()}")
     elif rules:
         click.echo('firewall: off ("network": {"protect": "off"}): remote task ports stay open')
     else:

@@ -166,7 +166,7 @@ class HostsLaunch:
             # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
             return firewall.start_guard(argv, {contract.RUN_ID: plan.run_id})
 
-        rules = firewall.plan_rules(plan)
+        rules = firewall.run_rules(plan, ssh.jumped_hosts(session.hosts))
         return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, start)
 
 

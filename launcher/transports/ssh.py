@@ -86,6 +86,12 @@ def hosts_from_record(data: Mapping) -> dict[str, Host]:
     return {name: Host.model_validate(host) for name, host in data.get("hosts", {}).items()}
 
 
+def jumped_hosts(hosts: Mapping[str, Host]) -> list[str]:
+    """The SSH hosts among ``hosts`` that ssh reaches through a jump host (`Session.through_jump_host`)."""
+    session = Session({n: h for n, h in hosts.items() if h.transport == "ssh"})
+    return [name for name in sorted(session.hosts) if session.through_jump_host(name)]
+
+
 def last_message(stderr: str) -> str:
     """The line of ssh's (or the remote command's) stderr that says what went wrong; "" if none."""
     lines = [
@@ -163,6 +169,22 @@ class Session:
             timeout=timeout if timeout is not None else host.connect_timeout_s + 60,
         )
 
+    def through_jump_host(self, name: str) -> bool:
+        """Whether ssh reaches host ``name`` through a jump host (ProxyJump or ProxyCommand, from
+        the spec's options or the user's ssh config): `ssh -G` prints the options it would use and
+        connects nowhere. Its guard then sees the jump host as the SSH session's source."""
+        host = self.hosts[name]
+        argv = ["ssh", "-G", *self._options(name, 0, control=False), "--", host.address_of(name)]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return False
+        for line in done.stdout.decode(errors="replace").splitlines():
+            key, _, value = line.partition(" ")
+            if key in ("proxyjump", "proxycommand") and value.strip().lower() != "none":
+                return True
+        return False
+
     def close(self) -> None:
         """End every master connection this session opened and remove the control dir."""
         if self._control_dir is None:
@@ -189,14 +211,8 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _options(self, name: str, slot: int) -> list[str]:
+    def _options(self, name: str, slot: int, control: bool = True) -> list[str]:
         host = self.hosts[name]
-        with self._lock:
-            if self._control_dir is None:
-                # Short, private and per run: a socket path must fit in 108 bytes, and whoever can
-                # reach a control socket can run commands on the host.
-                self._control_dir = tempfile.mkdtemp(prefix="distlaunch-ssh-")
-            self._masters.add((name, slot))
         # The spec's own options first: ssh keeps the first value it is given for an option, so
         # they override the defaults below (owned options are refused by the spec).
         opts: list[str] = []
@@ -215,6 +231,16 @@ class Session:
             f"ConnectTimeout={host.connect_timeout_s}",
             "-o",
             f"StrictHostKeyChecking={host.host_key_checking}",
+        ]
+        if not control:
+            return opts
+        with self._lock:
+            if self._control_dir is None:
+                # Short, private and per run: a socket path must fit in 108 bytes, and whoever can
+                # reach a control socket can run commands on the host.
+                self._control_dir = tempfile.mkdtemp(prefix="distlaunch-ssh-")
+            self._masters.add((name, slot))
+        opts += [
             "-o",
             "ControlMaster=auto",
             # Per host name, not only per user@address:port (%C): two names for one machine may
