@@ -1,0 +1,360 @@
+"""`distlaunch.launch` and `distlaunch.up`: a cluster spec started from Python, and its `Run` handle.
+
+The spec is loaded and the run chosen here, in the caller (a bad spec raises SpecError, a bad run
+id UsageError, with the CLI's one line; nothing starts). The run itself is supervised by a
+launcher process of its own (launcher/api_child.py: the supervisor needs a main thread), which
+lives no longer than the caller: the handle holds its stdin, and the caller's exit (even a
+SIGKILL) closes it, which stops the run. Its output is read by a thread here and written to the
+caller's ``console`` (sys.stdout by default, looked up at each write: a notebook's cell, pytest's
+capture), line by line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from distlaunch.launcher import api_child, evidence, rundir
+from distlaunch.launcher.api_types import Failure, FailureKind, RunFailed, RunResult, failure_kind
+from distlaunch.launcher.control import logs as control_logs
+from distlaunch.launcher.control.requests import request_restart
+from distlaunch.launcher.control.status import run_state, status_rows
+from distlaunch.launcher.spec import LoadedSpec, Spec, load_spec, load_spec_data
+from distlaunch.launcher.spec_sources import SpecOptions
+from distlaunch.launcher.state import RunRecord
+from distlaunch.launcher.summary import LOG_SCAN_LINES, tail
+from distlaunch.launcher.up import choose_run
+from distlaunch.worker import contract
+
+# A spec: a JSON/YAML file, the spec as data (relative paths against the working directory), or
+# the typed model.
+SpecInput = str | os.PathLike[str] | Mapping[str, Any] | Spec
+# Where a run's output goes: "stdout" (sys.stdout at each write), a text stream, or None (the
+# run dir only).
+ConsoleTarget = Literal["stdout"] | TextIO | None
+# After the launcher process exits, how long its output may still take to arrive.
+_DRAIN_S = 5.0
+# How long `stop` waits for the launcher's teardown (TERM, grace, KILL of every task) beyond
+# the spec's grace.
+_STOP_MARGIN_S = 30.0
+
+_live: set[Run] = set()  # runs whose launcher may still run: stopped at the caller's exit
+
+
+class Run:
+    """A run started by `launch`: its state, tasks and logs while it runs, and its result."""
+
+    def __init__(
+        self,
+        loaded: LoadedSpec,
+        run_id: str,
+        run_dir: Path,
+        request: bytes,
+        console: ConsoleTarget,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self._grace_s = loaded.spec.timeouts.grace_s
+        self._console = console
+        self._errors: list[str] = []  # the launcher's `distlaunch: error:` lines
+        self._result: RunResult | None = None
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "distlaunch.launcher.api_child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=os.getcwd(),
+            env=None if env is None else {**os.environ, **env},
+            # A Ctrl-C in the caller's terminal reaches the caller only; the caller stops the run.
+            start_new_session=True,
+        )
+        _live.add(self)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(request)
+        self._proc.stdin.flush()  # kept open: EOF tells the launcher its caller is gone
+        self._reader = threading.Thread(target=self._echo, name=f"distlaunch-{run_id}", daemon=True)
+        self._reader.start()
+
+    def __repr__(self) -> str:
+        return f"<distlaunch.Run {self.run_id} {self.state}>"
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        """Leaving the block stops the run if it still runs."""
+        self.stop()
+
+    @property
+    def state(self) -> str:
+        """ "starting" (no run.json yet), "running", "stopping", "succeeded", "failed",
+        "interrupted", or "lost" (its launcher died)."""
+        if self._result is not None:
+            return self._result.state
+        record = RunRecord.find(self.run_dir)
+        return run_state(record) if record is not None else "starting"
+
+    @property
+    def result(self) -> RunResult | None:
+        """How the run ended; None while it runs."""
+        if self._result is None and self._proc.poll() is not None:
+            self._finish()
+        return self._result
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """One row per task, as `distlaunch status --json` lists them (task, state, pid, port,
+        attempt, restarts, uptime_s, exit); empty before the run has started."""
+        record = RunRecord.find(self.run_dir)
+        return status_rows(record) if record is not None else []
+
+    def logs(self, task: str) -> str:
+        """The log of ``task`` (``worker-1`` or ``worker:1``) in its latest attempt ("" before it
+        started); UsageError for a task the run does not have."""
+        if RunRecord.find(self.run_dir) is None:
+            return ""  # not started yet
+        (path,) = control_logs.log_files(self.run_dir, task)
+        try:
+            return path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def restart(self, task: str) -> str:
+        """Restart ``task`` the way its strategy needs (an MWMS task restarts the gang), outside
+        the restart budget, as `distlaunch restart` does; return its name."""
+        return request_restart(self.run_dir, task)
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Wait for the run to end and return its result; TimeoutError after ``timeout`` seconds
+        (the run goes on)."""
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"run {self.run_id} still runs after {timeout:g} s") from None
+        return self._finish()
+
+    def stop(self) -> RunResult:
+        """Stop the run (every task TERM, grace, KILL, as Ctrl-C does) and return its result;
+        a run that has ended only returns its result."""
+        if self._proc.poll() is None:
+            try:
+                self._proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self._proc.wait(self._grace_s + _STOP_MARGIN_S)
+            except subprocess.TimeoutExpired:
+                # A launcher that does not stop in time: closing its stdin is its last word...
+                self._proc.kill()  # ...and its tasks die with it (their parent-death signal)
+                self._proc.wait()
+        return self._finish()
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _echo(self) -> None:
+        """Copy the launcher's output, line by line, to the console; keep its error lines."""
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            if line.startswith("distlaunch: error: "):
+                self._errors.append(line.rstrip("\n").removeprefix("distlaunch: error: "))
+            target = sys.stdout if self._console == "stdout" else self._console
+            if target is None:
+                continue
+            try:
+                target.write(line)
+                target.flush()
+            except (OSError, ValueError):
+                pass  # a console that is closed: the run dir has every line
+
+    def _finish(self) -> RunResult:
+        with self._lock:
+            if self._result is None:
+                self._reader.join(_DRAIN_S)
+                self._result = _result_of(self.run_dir, self._proc.returncode, self._errors)
+                if self._proc.stdin is not None:
+                    self._proc.stdin.close()
+                if self._proc.stdout is not None and not self._reader.is_alive():
+                    self._proc.stdout.close()
+                _live.discard(self)
+        return self._result
+
+    @property
+    def error_line(self) -> str | None:
+        """The launcher's own error line, when it could not run the spec (a host that failed its
+        check, a sandbox that cannot be made): nothing was started."""
+        return self._errors[-1] if self._errors else None
+
+
+def launch(
+    spec: SpecInput,
+    *,
+    backend: Literal["local", "compose", "slurm"] | None = None,
+    run_id: str | None = None,
+    resume: bool = False,
+    overrides: tuple[str, ...] | list[str] = (),
+    console: ConsoleTarget = "stdout",
+) -> Run:
+    """Start ``spec`` as `distlaunch up` does and return its `Run` at once.
+
+    ``spec``: a spec file's path, the spec as a dict (relative paths against the working
+    directory), or a typed ``Spec``. ``backend`` replaces the spec's; ``overrides`` are `--set`
+    values (``"tasks.worker.count=4"``); ``run_id`` names the run (an existing run with that id is
+    resumed); ``resume`` continues the spec's latest unfinished run. ``console``: where the
+    tasks' prefixed lines and the launcher's messages go (default sys.stdout; None: the run dir
+    only). A bad spec raises SpecError, a bad run id UsageError: nothing starts.
+    """
+    return _launch(spec, backend, run_id, resume, tuple(overrides), console, {})
+
+
+def up(
+    spec: SpecInput,
+    *,
+    backend: Literal["local", "compose", "slurm"] | None = None,
+    run_id: str | None = None,
+    resume: bool = False,
+    overrides: tuple[str, ...] | list[str] = (),
+    console: ConsoleTarget = "stdout",
+) -> RunResult:
+    """`launch`, then wait for the end: return the result of a run that succeeded, else raise
+    RunFailed carrying it (its root-cause failure as data). An interrupt (Ctrl-C) stops the run
+    first."""
+    run = launch(
+        spec, backend=backend, run_id=run_id, resume=resume, overrides=overrides, console=console
+    )
+    return check(run, wait(run))
+
+
+def wait(run: Run) -> RunResult:
+    """``run.wait()``; whatever interrupts the wait (Ctrl-C, a test's timeout) stops the run."""
+    try:
+        return run.wait()
+    except BaseException:
+        run.stop()
+        raise
+
+
+def check(run: Run, result: RunResult) -> RunResult:
+    """``result`` if the run succeeded, else RunFailed with the line the CLI would print."""
+    if result.ok:
+        return result
+    if result.failure is not None:
+        line = result.failure.summary
+    else:
+        line = run.error_line or f"run {run.run_id} {result.state} (exit code {result.exit_code})"
+    raise RunFailed(line, result, str(run.run_dir))
+
+
+def _launch(
+    spec: SpecInput,
+    backend: str | None,
+    run_id: str | None,
+    resume: bool,
+    overrides: tuple[str, ...],
+    console: ConsoleTarget,
+    files: dict[str, bytes],
+    env: Mapping[str, str] | None = None,
+) -> Run:
+    """`launch`, also writing ``files`` (relative paths) into the run dir before any task starts,
+    with ``env`` added to the launcher's environment (its tasks inherit it)."""
+    if backend is not None:
+        # Before validation, as `up --backend`: what a task's `host` may name depends on it.
+        overrides = (*overrides, f"backend={backend}")
+    options = SpecOptions(overrides=overrides)
+    base = os.getcwd()
+    if isinstance(spec, str | os.PathLike):
+        spec_file, spec_data = os.fspath(spec), None
+        loaded = load_spec(spec_file, options)
+    else:
+        if isinstance(spec, Spec):
+            spec = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
+        spec_file, spec_data = None, dict(spec)
+        loaded = load_spec_data(spec_data, Path(base), api_child.DATA_NAME, options)
+    target = choose_run(loaded, run_id, resume)
+    request = api_child.request_line(
+        spec_file=spec_file,
+        spec_data=spec_data,
+        base=base,
+        overrides=overrides,
+        run_id=target.run_id,
+        files=files,
+    )
+    return Run(loaded, target.run_id, target.run_dir, request, console, env)
+
+
+def _result_of(run_dir: Path, returncode: int, errors: list[str]) -> RunResult:
+    """The result of the run whose launcher exited with ``returncode``, from its run.json."""
+    code = returncode if returncode >= 0 else 128 - returncode  # killed by a signal: 128+N
+    record = RunRecord.find(run_dir)
+    if record is None:  # it never started (its error line says why)
+        return RunResult("failed", code, None)
+    return RunResult(run_state(record), code, failure_of(run_dir, record))
+
+
+def failure_of(run_dir: Path, record: RunRecord) -> Failure | None:
+    """The root-cause failure of a run, as data: run.json's failure with the task's exit and its
+    exception from its error file (or the traceback at the end of its log)."""
+    if not record.failure:
+        return None
+    name = str(record.failure.get("task", ""))
+    how = str(record.failure.get("how", ""))
+    summary = str(record.failure.get("summary", ""))
+    task = record.tasks.get(name)
+    if task is None:
+        return Failure(failure_kind(how, False), name, summary, how)
+    error_file = contract.error_path(run_dir, task.attempt, task.role, task.index)
+    error = rundir.read_json(error_file)
+    exc_type = message = text = None
+    if isinstance(error, dict) and error.get("type"):
+        exc_type, message = str(error["type"]), str(error.get("message") or "")
+        text = str(error.get("traceback") or "") or None
+    else:
+        log = tail(
+            str(contract.log_path(run_dir, task.attempt, task.role, task.index)), LOG_SCAN_LINES
+        )
+        found = evidence.from_log(log)
+        if found is not None:
+            exc_type, message = found.type, found.message
+            text = log[log.rfind(evidence.TRACEBACK_START) :]
+    kind = failure_kind(how, exc_type is not None)
+    signal_name = None
+    if kind is FailureKind.SIGNAL or (task.exit_code is not None and task.exit_code < 0):
+        code = -(task.exit_code or 0)
+        signal_name = how.removeprefix("signal ") if how.startswith("signal ") else _sig(code)
+    return Failure(
+        kind=kind,
+        task=name,
+        summary=summary,
+        how=how,
+        exit_code=task.exit_code if (task.exit_code or 0) >= 0 else None,
+        signal=signal_name,
+        exception_type=exc_type,
+        message=message,
+        traceback=text,
+    )
+
+
+def _sig(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+@atexit.register
+def _stop_live_runs() -> None:
+    """The caller is exiting: stop every run it started that still runs (no orphan tasks)."""
+    for run in list(_live):
+        try:
+            run.stop()
+        except Exception:  # noqa: BLE001 - each run gets its stop, whatever the others did
+            pass

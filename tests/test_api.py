@@ -1,0 +1,307 @@
+"""The Python API (`import distlaunch`): launch/up of a spec, and run(fn) on real TensorFlow tasks.
+
+Every test checks that nothing of its runs is left: no process with the run id in its
+environment, no launcher process, no socket on a task's port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+import distlaunch
+from conftest import processes_of_run, wait_for, write_spec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory of its own (run() puts its runs under ./runs); on the way out, every
+    run made under it must have left nothing running."""
+    monkeypatch.chdir(tmp_path)
+    before = set(psutil.Process().children(recursive=True))
+    yield tmp_path
+    for run_json in tmp_path.glob("**/runs/*/run.json"):
+        assert_nothing_left(run_json.parent)
+    launchers = [p for p in psutil.Process().children(recursive=True) if p not in before]
+    assert not [p for p in launchers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def assert_nothing_left(run_dir: Path) -> None:
+    """No process of the run, and no socket on any of its tasks' ports."""
+    record = json.loads((run_dir / "run.json").read_text())
+    assert processes_of_run(record["run_id"]) == []
+    ports = {t["port"] for t in record["tasks"].values()}
+    used = {c.laddr.port for c in psutil.net_connections("inet") if c.laddr}
+    assert not ports & used, f"ports of {record['run_id']} still in use: {ports & used}"
+
+
+def only_run(folder: Path) -> Path:
+    (run_json,) = folder.glob("runs/*/run.json")
+    return run_json.parent
+
+
+# ---- import and bad input -------------------------------------------------------------------
+
+
+def test_import_is_cheap_and_names_are_exported():
+    code = (
+        "import json, sys, distlaunch; "
+        "heavy = [m for m in ('tensorflow', 'pydantic', 'click', 'cloudpickle') if m in sys.modules]; "
+        "print(json.dumps([heavy, sorted(distlaunch.__all__)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    heavy, names = json.loads(out.stdout)
+    assert heavy == []
+    for name in ("launch", "up", "run", "Run", "RunResult", "SpecError", "RunFailed", "TaskError"):
+        assert name in names
+        assert getattr(distlaunch, name) is not None
+
+
+def test_bad_spec_raises_spec_error_and_starts_nothing(here):
+    spec = write_spec(here, tasks={"worker": {"count": "two"}})
+    with pytest.raises(distlaunch.SpecError) as caught:
+        distlaunch.launch(spec)
+    assert str(caught.value) == f'{spec}: $.tasks.worker.count: expected an integer >= 1, got "two"'
+    with pytest.raises(distlaunch.SpecError, match=r"^<spec>: \$\.strategy: "):
+        distlaunch.up({"name": "x", "strategy": "nope", "program": {"module": "m"}, "tasks": {}})
+    assert not (here / "runs").exists()
+
+
+def test_unpicklable_argument_fails_before_anything_starts(here):
+    lock = threading.Lock()
+    with pytest.raises(distlaunch.PicklingError) as caught:
+        distlaunch.run(lambda x, y: None, 1, lock)
+    assert str(caught.value) == (
+        "distlaunch.run: cannot pickle argument 1 (a lock): cannot pickle '_thread.lock' object; "
+        "nothing was started"
+    )
+    with pytest.raises(distlaunch.PicklingError, match="cannot pickle the function .*<lambda>"):
+        distlaunch.run(lambda: lock)
+    with pytest.raises(distlaunch.PicklingError, match="keyword argument 'opt' \\(a lock\\)"):
+        distlaunch.run(print, opt=lock)
+    assert not (here / "runs").exists()
+
+
+# ---- run(fn) on real TensorFlow tasks ------------------------------------------------------
+
+
+def test_run_returns_every_workers_value_and_streams_their_lines(here, capsys):
+    scale = 10.0  # a closure's value travels with the function
+
+    def all_reduce():
+        import tensorflow as tf
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        task = strategy.cluster_resolver.task_id
+        print(f"task {task} has its strategy", flush=True)
+        total = strategy.reduce(
+            "SUM", strategy.run(lambda: tf.constant(float(task + 1) * scale)), axis=None
+        )
+        return {"task": task, "sum": float(total), "tf_config": os.environ["TF_CONFIG"]}
+
+    values = distlaunch.run(all_reduce)
+    assert list(values) == ["worker-0", "worker-1"]
+    assert [v["task"] for v in values.values()] == [0, 1]
+    assert [v["sum"] for v in values.values()] == [30.0, 30.0]
+    assert json.loads(values["worker-1"]["tf_config"])["task"] == {"type": "worker", "index": 1}
+    out = capsys.readouterr().out
+    assert "worker-0 | task 0 has its strategy" in out
+    assert "worker-1 | task 1 has its strategy" in out
+    # ...and the run dir keeps them.
+    run_dir = only_run(here)
+    assert "task 1 has its strategy" in (run_dir / "logs/attempt-0/worker-1.log").read_text()
+
+
+def test_quiet_keeps_output_in_the_run_dir_only(here, capsys):
+    assert distlaunch.run(lambda: print("hello from a task"), workers=1, quiet=True) == {
+        "worker-0": None
+    }
+    assert "hello from a task" not in capsys.readouterr().out
+    assert "hello from a task" in (only_run(here) / "logs/attempt-0/worker-0.log").read_text()
+
+
+class StepFailed(Exception):
+    """Defined in the test module: unpickles in the caller by reference."""
+
+
+def test_a_tasks_exception_is_raised_as_itself_with_its_traceback(here):
+    def step():
+        import tensorflow as tf
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        if strategy.cluster_resolver.task_id == 1:
+            raise StepFailed("loss is nan at step 7")
+        return "fine"
+
+    with pytest.raises(StepFailed, match="^loss is nan at step 7") as caught:
+        distlaunch.run(step)
+    exc = caught.value
+    run_dir = only_run(here)
+    assert f"distlaunch.run: raised in task worker-1 of run {run_dir.name}" in exc.__notes__[0]
+    cause = exc.__cause__
+    assert type(cause).__name__ == "RemoteTraceback"
+    assert 'raise StepFailed("loss is nan at step 7")' in str(cause)
+    assert "test_api.StepFailed: loss is nan at step 7" in str(cause)
+
+
+class NeedsTwoArgs(Exception):
+    """Pickles, but its unpickling calls NeedsTwoArgs(message) and fails."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def test_an_exception_that_does_not_unpickle_becomes_task_error(here):
+    def step():
+        raise NeedsTwoArgs("disk quota", 28)
+
+    with pytest.raises(distlaunch.TaskError) as caught:
+        distlaunch.run(step, workers=1)
+    exc = caught.value
+    assert exc.task == "worker-0"
+    assert exc.type_name == "test_api.NeedsTwoArgs"
+    assert str(exc).startswith("worker-0 raised test_api.NeedsTwoArgs: disk quota")
+    assert 'raise NeedsTwoArgs("disk quota", 28)' in exc.traceback_text
+    assert exc.failure.kind == "exception" and exc.failure.exit_code == 1
+
+
+def test_an_unpicklable_return_value_names_the_task_and_the_type(here):
+    with pytest.raises(distlaunch.PicklingError) as caught:
+        distlaunch.run(lambda: threading.Lock(), workers=1)
+    assert str(caught.value).startswith(
+        "distlaunch.run: worker-0 returned a _thread.lock, which cannot be pickled: "
+    )
+
+
+def test_a_task_killed_during_the_run_raises_task_error_with_the_root_cause(here):
+    from distlaunch.launcher.api_call import start
+
+    def wait_forever():
+        import time
+
+        import tensorflow as tf
+
+        tf.distribute.MultiWorkerMirroredStrategy()
+        print("joined", flush=True)
+        time.sleep(600)
+
+    call = start(wait_forever, quiet=True)
+    run_dir = call.run.run_dir
+    try:
+        wait_for(
+            lambda: all("joined" in call.run.logs(t) for t in ("worker-0", "worker-1")),
+            "both workers to join",
+        )
+        (row,) = [r for r in call.run.tasks if r["task"] == "worker-1"]
+        os.kill(row["pid"], signal.SIGKILL)
+        with pytest.raises(distlaunch.TaskError) as caught:
+            call.result()
+    finally:
+        call.run.stop()
+    exc = caught.value
+    line = json.loads((run_dir / "run.json").read_text())["failure"]["summary"]
+    assert str(exc) == line
+    assert line.startswith(f"run {run_dir.name} failed: worker-1 signal SIGKILL after ")
+    assert exc.failure.kind == "signal" and exc.failure.signal == "SIGKILL"
+
+
+def chief_step(steps: int) -> float:
+    """Runs on the chief of a PSS cluster: builds the strategy, schedules ``steps`` steps that
+    each add 1 to a variable held by a ps. Module level: pickled by reference, imported again in
+    the task through the caller's sys.path."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        total = tf.Variable(0.0)
+
+    @tf.function
+    def step():
+        total.assign_add(1.0)
+
+    for _ in range(steps):
+        coordinator.schedule(step)
+    coordinator.join()
+    return float(total.numpy())
+
+
+def test_pss_runs_on_the_chief_and_returns_its_value(here, capsys):
+    value = distlaunch.run(
+        chief_step, 5, workers=2, ps=1, chief=1, strategy="parameter_server", timeout_s=300
+    )
+    assert value == 5.0
+    out = capsys.readouterr().out
+    assert "serving at" in out  # the ps and worker tasks ran servers, not the function
+
+
+# ---- launch / up of a spec ------------------------------------------------------------------
+
+TASK = """
+import os, sys
+print("task", os.environ["DISTLAUNCH_INDEX"], flush=True)
+if os.environ["DISTLAUNCH_INDEX"] == "1" and "--fail" in sys.argv:
+    raise KeyError("no such column: label")
+"""
+
+
+def test_up_returns_the_result_and_raises_run_failed_with_the_failure(here):
+    (here / "task.py").write_text(TASK)
+    spec = write_spec(here)
+    result = distlaunch.up(str(spec), console=None)
+    assert result.ok and result.state == "succeeded" and result.exit_code == 0
+    assert result.failure is None
+
+    with pytest.raises(distlaunch.RunFailed) as caught:
+        distlaunch.up(spec, overrides=['program.args=["--fail"]'], console=None)
+    failure = caught.value.failure
+    assert caught.value.result.state == "failed" and caught.value.result.exit_code == 1
+    assert failure.kind == "exception" and failure.task == "worker-1"
+    assert failure.exit_code == 1 and failure.signal is None
+    assert failure.exception_type == "KeyError" and failure.message == "'no such column: label'"
+    assert 'raise KeyError("no such column: label")' in failure.traceback
+    assert str(caught.value) == failure.summary
+    assert failure.summary.startswith(f"run {Path(caught.value.run_dir).name} failed: worker-1 ")
+
+
+def test_launch_gives_a_handle_to_watch_and_stop_the_run(here, request):
+    (here / "task.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    lines: list[str] = []
+
+    class Sink:
+        def write(self, text: str) -> None:
+            lines.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    run = distlaunch.launch({**json.loads(write_spec(here).read_text())}, console=Sink())
+    request.addfinalizer(run.stop)
+    assert run.run_dir.parent == here / "runs"
+    wait_for(
+        lambda: (
+            run.state == "running" and all("up" in run.logs(t) for t in ("worker-0", "worker-1"))
+        ),
+        "both tasks up",
+    )
+    assert [r["task"] for r in run.tasks] == ["worker-0", "worker-1"]
+    assert all(psutil.pid_exists(r["pid"]) for r in run.tasks)
+    with pytest.raises(TimeoutError):
+        run.wait(timeout=0.1)
+    assert run.result is None
+    result = run.stop()
+    assert result.state == "interrupted" and result.exit_code == 128 + signal.SIGTERM
+    assert run.state == "interrupted"
+    assert any(line.startswith("worker-1 | up") for line in lines), lines
