@@ -58,7 +58,6 @@ class Run:
         run_dir: Path,
         request: bytes,
         console: ConsoleTarget,
-        env: Mapping[str, str] | None = None,
     ) -> None:
         self.run_id = run_id
         self.run_dir = run_dir
@@ -73,7 +72,6 @@ class Run:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=os.getcwd(),
-            env=None if env is None else {**os.environ, **env},
             # A Ctrl-C in the caller's terminal reaches the caller only; the caller stops the run.
             start_new_session=True,
         )
@@ -213,7 +211,7 @@ def launch(
     tasks' prefixed lines and the launcher's messages go (default sys.stdout; None: the run dir
     only). A bad spec raises SpecError, a bad run id UsageError: nothing starts.
     """
-    return _launch(spec, backend, run_id, resume, tuple(overrides), console, {})
+    return launch_with_files(spec, backend, run_id, resume, tuple(overrides), console, {})
 
 
 def up(
@@ -254,7 +252,7 @@ def check(run: Run, result: RunResult) -> RunResult:
     raise RunFailed(line, result, str(run.run_dir))
 
 
-def _launch(
+def launch_with_files(
     spec: SpecInput,
     backend: str | None,
     run_id: str | None,
@@ -262,10 +260,9 @@ def _launch(
     overrides: tuple[str, ...],
     console: ConsoleTarget,
     files: dict[str, bytes],
-    env: Mapping[str, str] | None = None,
 ) -> Run:
-    """`launch`, also writing ``files`` (relative paths) into the run dir before any task starts,
-    with ``env`` added to the launcher's environment (its tasks inherit it)."""
+    """`launch`, also writing ``files`` (relative paths) into the run dir before any task
+    starts (`distlaunch.run`'s payload)."""
     if backend is not None:
         # Before validation, as `up --backend`: what a task's `host` may name depends on it.
         overrides = (*overrides, f"backend={backend}")
@@ -288,7 +285,7 @@ def _launch(
         run_id=target.run_id,
         files=files,
     )
-    return Run(loaded, target.run_id, target.run_dir, request, console, env)
+    return Run(loaded, target.run_id, target.run_dir, request, console)
 
 
 def _result_of(run_dir: Path, returncode: int, errors: list[str]) -> RunResult:

@@ -129,7 +129,9 @@ def start(
     if spec is None:
         spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy)
     console: api.ConsoleTarget = None if quiet else "stdout"
-    handle = api._launch(spec, None, None, False, tuple(overrides), console, {PAYLOAD: payload})
+    handle = api.launch_with_files(
+        spec, None, None, False, tuple(overrides), console, {PAYLOAD: payload}
+    )
     return Call(handle, fn)
 
 

@@ -305,3 +305,63 @@ def test_launch_gives_a_handle_to_watch_and_stop_the_run(here, request):
     assert result.state == "interrupted" and result.exit_code == 128 + signal.SIGTERM
     assert run.state == "interrupted"
     assert any(line.startswith("worker-1 | up") for line in lines), lines
+
+
+# ---- the caller goes: the run goes with it ---------------------------------------------------
+
+CALLER = """
+import sys
+import distlaunch
+
+def wait_forever():
+    import time
+    print("joined", flush=True)
+    time.sleep(600)
+
+try:
+    distlaunch.run(wait_forever)
+except KeyboardInterrupt:
+    print("caller: interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def _start_caller(folder: Path) -> tuple[subprocess.Popen, Path]:
+    """A Python program calling distlaunch.run, once both its tasks are up; and its run dir."""
+    (folder / "caller.py").write_text(CALLER)
+    with open(folder / "caller.out", "w") as out:
+        caller = subprocess.Popen(
+            [sys.executable, "caller.py"], cwd=folder, stdout=out, stderr=subprocess.STDOUT
+        )
+    wait_for(
+        lambda: (
+            len(
+                [p for p in folder.glob("runs/*/logs/attempt-0/*.log") if "joined" in p.read_text()]
+            )
+            == 2
+        ),
+        "both tasks of the caller's run to start",
+        launcher=caller,
+    )
+    return caller, only_run(folder)
+
+
+def test_ctrl_c_in_the_caller_stops_the_run(here):
+    caller, run_dir = _start_caller(here)
+    caller.send_signal(signal.SIGINT)
+    assert caller.wait(120) == 130
+    assert "caller: interrupted" in (here / "caller.out").read_text()
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
+
+
+def test_a_caller_killed_outright_leaves_no_task_behind(here):
+    caller, run_dir = _start_caller(here)
+    caller.kill()
+    caller.wait()
+    # The launcher sees its stdin close and stops the run as on SIGTERM.
+    wait_for(
+        lambda: json.loads((run_dir / "run.json").read_text())["state"] == "interrupted",
+        "the run to be stopped",
+    )
+    run_id = run_dir.name
+    wait_for(lambda: processes_of_run(run_id) == [], "every process of the run to be gone")
