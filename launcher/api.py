@@ -94,8 +94,8 @@ class Run:
 
     @property
     def state(self) -> str:
-        """ "starting" (no run.json yet), "running", "stopping", "succeeded", "failed",
-        "interrupted", or "lost" (its launcher died)."""
+        """The run's state: "starting" (no run.json yet), "running", "stopping", "succeeded",
+        "failed", "interrupted", or "lost" (its launcher died)."""
         if self._result is not None:
             return self._result.state
         record = RunRecord.find(self.run_dir)
@@ -272,9 +272,7 @@ def launch_with_files(
         spec_file, spec_data = os.fspath(spec), None
         loaded = load_spec(spec_file, options)
     else:
-        if isinstance(spec, Spec):
-            spec = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
-        spec_file, spec_data = None, dict(spec)
+        spec_file, spec_data = None, spec_as_data(spec) if isinstance(spec, Spec) else dict(spec)
         loaded = load_spec_data(spec_data, Path(base), api_child.DATA_NAME, options)
     target = choose_run(loaded, run_id, resume)
     request = api_child.request_line(
@@ -286,6 +284,15 @@ def launch_with_files(
         files=files,
     )
     return Run(loaded, target.run_id, target.run_dir, request, console)
+
+
+def spec_as_data(spec: Spec) -> dict[str, Any]:
+    """A typed spec as the data it validates from (what the launcher process is sent): the
+    values that were set, each role's tasks as their list."""
+    data = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    for role, group in data.get("tasks", {}).items():
+        data["tasks"][role] = group["entries"]
+    return data
 
 
 def _result_of(run_dir: Path, returncode: int, errors: list[str]) -> RunResult:

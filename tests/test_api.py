@@ -19,6 +19,7 @@ import pytest
 
 import distlaunch
 from conftest import processes_of_run, wait_for, write_spec
+from distlaunch.launcher.spec import Spec
 
 pytestmark = pytest.mark.integration
 
@@ -263,6 +264,9 @@ def test_up_returns_the_result_and_raises_run_failed_with_the_failure(here):
     result = distlaunch.up(str(spec), console=None)
     assert result.ok and result.state == "succeeded" and result.exit_code == 0
     assert result.failure is None
+    # The typed spec runs too (relative paths against the working directory, here).
+    typed = Spec.model_validate(json.loads(spec.read_text()))
+    assert distlaunch.up(typed, console=None).ok
 
     with pytest.raises(distlaunch.RunFailed) as caught:
         distlaunch.up(spec, overrides=['program.args=["--fail"]'], console=None)
