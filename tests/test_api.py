@@ -369,3 +369,49 @@ def test_a_caller_killed_outright_leaves_no_task_behind(here):
     )
     run_id = run_dir.name
     wait_for(lambda: processes_of_run(run_id) == [], "every process of the run to be gone")
+
+
+# ---- run(fn, spec=...) on SSH test hosts -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """Two SSH test hosts (network namespaces with an sshd each, sharing this filesystem as a
+    cluster's common mount does); removed afterwards. Run under `flock /tmp/dl-ssh.lock`."""
+    import sshhosts
+
+    reason = sshhosts.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        made = sshhosts.HostLab()
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"cannot make test hosts here: {exc}")
+    with made:
+        yield made
+
+
+def test_run_with_a_spec_of_ssh_hosts_returns_every_tasks_value(lab, here):
+    node1, node2 = lab.hosts
+    spec = {
+        "name": "ssh-call",
+        "strategy": "multi_worker_mirrored",
+        "program": {"module": "replaced.by.run"},
+        "hosts": {h.name: lab.host_entry(h) for h in lab.hosts},
+        "tasks": {"worker": [{"host": node1.name}, {"host": node2.name}]},
+        "shared_dir": "runs",
+        "timeouts": {"grace_s": 2, "startup_s": 120},
+    }
+
+    def where(x):
+        import tensorflow as tf
+
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        task = strategy.cluster_resolver.task_id
+        value = strategy.run(lambda: tf.constant(x + task))
+        address = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][task]
+        return address.rsplit(":", 1)[0], float(strategy.reduce("SUM", value, axis=None))
+
+    values = distlaunch.run(where, 1.0, spec=spec)
+    assert values == {"worker-0": (node1.address, 3.0), "worker-1": (node2.address, 3.0)}
+    assert not any(lab.processes(host) for host in lab.hosts)
