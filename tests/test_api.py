@@ -415,3 +415,64 @@ def test_run_with_a_spec_of_ssh_hosts_returns_every_tasks_value(lab, here):
     values = distlaunch.run(where, 1.0, spec=spec)
     assert values == {"worker-0": (node1.address, 3.0), "worker-1": (node2.address, 3.0)}
     assert not any(lab.processes(host) for host in lab.hosts)
+
+
+# ---- run(fn, spec=...) on a Slurm cluster ----------------------------------------------------
+
+SLURM_CALLER = """
+import json, os, sys
+import distlaunch
+
+def where(x):
+    import socket
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    task = strategy.cluster_resolver.task_id
+    value = strategy.run(lambda: tf.constant(x + task))
+    return socket.gethostname(), float(strategy.reduce("SUM", value, axis=None))
+
+print("values", json.dumps(distlaunch.run(where, 1.0, spec="spec.json", quiet=True)))
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm_lab():
+    """A 2-node Slurm cluster (tests/slurmcluster.py); run under `flock /tmp/dl-slurm.lock`."""
+    from slurmcluster import SlurmLab, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with SlurmLab(2) as cluster:
+        yield cluster
+
+
+def test_run_with_a_slurm_spec_inside_an_allocation(slurm_lab, here):
+    spec = {
+        "name": "slurm-call",
+        "strategy": "multi_worker_mirrored",
+        "backend": "slurm",
+        "program": {"module": "replaced.by.run", "python": sys.executable},
+        "tasks": {"worker": {"count": 2}},
+        "shared_dir": "runs",
+        "timeouts": {"grace_s": 2, "startup_s": 120},
+    }
+    (here / "spec.json").write_text(json.dumps(spec))
+    (here / "caller.py").write_text(SLURM_CALLER)
+    result = slurm_lab.run(
+        ["salloc", "--nodes=2", "--quiet", sys.executable, "caller.py"], cwd=here, timeout=300
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("values ")]
+    node1, node2 = (n.name for n in slurm_lab.nodes)
+    assert json.loads(line.removeprefix("values ")) == {
+        "worker-0": [node1, 3.0],
+        "worker-1": [node2, 3.0],
+    }
+    wait_for(
+        lambda: not slurm_lab.steps() and not any(slurm_lab.processes(n) for n in slurm_lab.nodes),
+        "no step or process left on any node",
+        limit_s=30,
+    )
