@@ -192,7 +192,8 @@ def cluster_spec(
 
 def _run_name(fn: Callable[..., Any]) -> str:
     """``run-<function name>``: what run ids start with."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "", _name(fn).replace("<lambda>", "lambda"))[:48]
+    short = getattr(fn, "__name__", None) or type(fn).__name__  # not the <locals> path
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "", short.replace("<lambda>", "lambda"))[:48]
     return f"run-{name or 'fn'}"
 
 
@@ -207,12 +208,14 @@ def _values(handle: api.Run, result: RunResult, fn: Callable[..., Any]) -> Any:
     assert record is not None
     pss = record.strategy == contract.PSS
     names = [n for n, t in record.tasks.items() if not pss or t.role == contract.CHIEF]
-    values = {name: _value(run_dir, name) for name in names}
+    values = {
+        name: _value(result_path(run_dir, record.tasks[name].attempt, name)) for name in names
+    }
     return values[names[0]] if pss else values
 
 
-def _value(run_dir: Path, task: str) -> Any:
-    data = pickle.loads(result_path(run_dir, task).read_bytes())
+def _value(path: Path) -> Any:
+    data = pickle.loads(path.read_bytes())
     return cloudpickle.loads(data["value"])
 
 
@@ -220,7 +223,9 @@ def _raise_task_failure(handle: api.Run, result: RunResult, fn: Callable[..., An
     failure = result.failure
     assert failure is not None
     task, run_dir = failure.task, str(handle.run_dir)
-    path = result_path(handle.run_dir, task)
+    record = RunRecord.find(handle.run_dir)
+    entry = record.tasks.get(task) if record is not None else None
+    path = result_path(handle.run_dir, entry.attempt if entry else 0, task)
     try:
         data = pickle.loads(path.read_bytes())
     except (OSError, pickle.UnpicklingError, EOFError):

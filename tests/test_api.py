@@ -476,3 +476,28 @@ def test_run_with_a_slurm_spec_inside_an_allocation(slurm_lab, here):
         "no step or process left on any node",
         limit_s=30,
     )
+
+
+def test_restarts_report_each_tasks_latest_attempt(here):
+    def flaky(then_die):
+        import os
+        import signal
+
+        attempt = int(os.environ["DISTLAUNCH_ATTEMPT"])
+        if os.environ["DISTLAUNCH_INDEX"] == "1":
+            if attempt == 0:
+                raise RuntimeError("first attempt fails")
+            if then_die:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return attempt
+
+    restart = {"policy": "on-failure", "max_restarts": 1, "backoff": {"initial_s": 0.1}}
+    # The gang restarts after worker-1's exception; both values are the second attempt's.
+    assert distlaunch.run(flaky, False, restart=restart, quiet=True) == {
+        "worker-0": 1,
+        "worker-1": 1,
+    }
+    # A second attempt killed outright: its signal is the failure, not attempt 0's exception.
+    with pytest.raises(distlaunch.TaskError, match="worker-1 signal SIGKILL") as caught:
+        distlaunch.run(flaky, True, restart=restart, quiet=True)
+    assert caught.value.failure.kind == "signal"

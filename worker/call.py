@@ -30,15 +30,21 @@ from typing import Any
 import cloudpickle
 
 # worker/contract.py's names and layout, spelled out: see the module docstring.
-_RUN_DIR, _ROLE, _INDEX = "DISTLAUNCH_RUN_DIR", "DISTLAUNCH_ROLE", "DISTLAUNCH_INDEX"
+_RUN_DIR, _ROLE, _INDEX, _ATTEMPT = (
+    "DISTLAUNCH_RUN_DIR",
+    "DISTLAUNCH_ROLE",
+    "DISTLAUNCH_INDEX",
+    "DISTLAUNCH_ATTEMPT",
+)
 # The payload and result files, relative to the run dir (launcher/api_call.py reads the same).
 PAYLOAD = "call/payload.pkl"
 RESULTS = "call/results"
 
 
-def result_path(run_dir: Path, task: str) -> Path:
-    """The result file of ``task`` (``worker-1``)."""
-    return run_dir / RESULTS / f"{task}.pkl"
+def result_path(run_dir: Path, attempt: int, task: str) -> Path:
+    """The result file of ``task`` (``worker-1``) in ``attempt``: a restarted task's earlier
+    outcome never stands for its latest."""
+    return run_dir / RESULTS / f"attempt-{attempt}" / f"{task}.pkl"
 
 
 def type_name(kind: type) -> str:
@@ -56,7 +62,7 @@ def main() -> None:
     # beside its notebook) is pickled by reference and imported again here.
     sys.path.extend(p for p in payload["sys_path"] if p not in sys.path)
     fn, args, kwargs = cloudpickle.loads(payload["call"])
-    out = result_path(run_dir, task)
+    out = result_path(run_dir, int(os.environ.get(_ATTEMPT) or 0), task)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
