@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from distlaunch.launcher import api_child, evidence, rundir
-from distlaunch.launcher.api_types import Failure, FailureKind, RunFailed, RunResult, failure_kind
+from distlaunch.launcher.api_types import (
+    Failure,
+    FailureKind,
+    RunFailed,
+    RunResult,
+    StartError,
+    failure_kind,
+)
 from distlaunch.launcher.control import logs as control_logs
 from distlaunch.launcher.control.requests import request_restart
 from distlaunch.launcher.control.status import run_state, status_rows
@@ -44,6 +51,9 @@ _DRAIN_S = 5.0
 # How long `stop` waits for the launcher's teardown (TERM, grace, KILL of every task) beyond
 # the spec's grace.
 _STOP_MARGIN_S = 30.0
+
+# What the launcher process exits with when it could not start the run (the CLI's usage exit).
+START_ERROR_EXIT = 2
 
 _live: set[Run] = set()  # runs whose launcher may still run: stopped at the caller's exit
 
@@ -161,10 +171,16 @@ class Run:
     def _echo(self) -> None:
         """Copy the launcher's output, line by line, to the console; keep its error lines."""
         assert self._proc.stdout is not None
+        in_error = False
         for raw in self._proc.stdout:
             line = raw.decode("utf-8", "replace")
             if line.startswith("distlaunch: error: "):
                 self._errors.append(line.rstrip("\n").removeprefix("distlaunch: error: "))
+                in_error = True
+            elif in_error and line.startswith("  "):  # a HostError's line per host
+                self._errors[-1] += "\n" + line.rstrip("\n")
+            else:
+                in_error = False
             target = sys.stdout if self._console == "stdout" else self._console
             if target is None:
                 continue
@@ -188,8 +204,9 @@ class Run:
 
     @property
     def error_line(self) -> str | None:
-        """The launcher's own error line, when it could not run the spec (a host that failed its
-        check, a sandbox that cannot be made): nothing was started."""
+        """The launcher's own error, as the CLI prints it, when it could not run the spec (a
+        host that failed its check: a line under it per host; a sandbox that cannot be made):
+        nothing was started."""
         return self._errors[-1] if self._errors else None
 
 
@@ -242,13 +259,15 @@ def wait(run: Run) -> RunResult:
 
 
 def check(run: Run, result: RunResult) -> RunResult:
-    """``result`` if the run succeeded, else RunFailed with the line the CLI would print."""
+    """``result`` if the run succeeded; else RunFailed with the line the CLI would print, or
+    StartError when the launcher could not start it."""
     if result.ok:
         return result
     if result.failure is not None:
-        line = result.failure.summary
-    else:
-        line = run.error_line or f"run {run.run_id} {result.state} (exit code {result.exit_code})"
+        raise RunFailed(result.failure.summary, result, str(run.run_dir))
+    line = run.error_line or f"run {run.run_id} {result.state} (exit code {result.exit_code})"
+    if result.exit_code == START_ERROR_EXIT:
+        raise StartError(line)
     raise RunFailed(line, result, str(run.run_dir))
 
 

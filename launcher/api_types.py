@@ -85,6 +85,12 @@ class RunFailed(_CliRunFailed):
         self.run_dir = run_dir
 
 
+class StartError(LaunchError):
+    """The launcher could not start the run: an SSH host that failed its check, a Docker engine
+    or network sandbox that cannot run it (where the CLI exits 2). The message is the CLI's
+    line; nothing was started."""
+
+
 class TaskError(LaunchError):
     """A task of `distlaunch.run` failed and its own exception cannot be raised here: it was
     killed (a signal, the OOM killer, a hang), or its exception does not unpickle here.

@@ -501,3 +501,23 @@ def test_restarts_report_each_tasks_latest_attempt(here):
     with pytest.raises(distlaunch.TaskError, match="worker-1 signal SIGKILL") as caught:
         distlaunch.run(flaky, True, restart=restart, quiet=True)
     assert caught.value.failure.kind == "signal"
+
+
+def test_a_host_that_fails_its_check_raises_start_error_and_starts_nothing(lab, here):
+    node1, node2 = lab.hosts
+    spec = {
+        "name": "ssh-bad",
+        "strategy": "multi_worker_mirrored",
+        "program": {"module": "replaced.by.run"},
+        "hosts": {
+            node1.name: lab.host_entry(node1),
+            node2.name: lab.host_entry(node2, python="/nonexistent/python3"),
+        },
+        "tasks": {"worker": [{"host": node1.name}, {"host": node2.name}]},
+        "shared_dir": "runs",
+    }
+    with pytest.raises(distlaunch.StartError) as caught:
+        distlaunch.run(print, spec=spec, quiet=True)
+    assert node2.name in str(caught.value) and "/nonexistent/python3" in str(caught.value)
+    assert not list(here.glob("runs/*/run.json"))
+    assert not any(lab.processes(host) for host in lab.hosts)

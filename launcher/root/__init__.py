@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         PicklingError,
         RunFailed,
         RunResult,
+        StartError,
         TaskError,
     )
     from distlaunch.launcher.errors import LaunchError, SpecError
@@ -47,6 +48,7 @@ _EXPORTS = {
     "RunFailed": "distlaunch.launcher.api_types",
     "TaskError": "distlaunch.launcher.api_types",
     "PicklingError": "distlaunch.launcher.api_types",
+    "StartError": "distlaunch.launcher.api_types",
     "SpecError": "distlaunch.launcher.errors",
     "LaunchError": "distlaunch.launcher.errors",
 }
@@ -59,6 +61,7 @@ __all__ = [
     "RunFailed",
     "RunResult",
     "SpecError",
+    "StartError",
     "TaskError",
     "launch",
     "run",
