@@ -87,16 +87,28 @@ def test_kill_a_task(tf_cluster):
     with pytest.raises(distlaunch.TaskError, match="worker-0 signal SIGKILL"):
         call.result()
     assert "joined" in tf_cluster.output("worker-0")
+
+
+@pytest.mark.tf_cluster(workers=2)
+def test_restart_a_task(tf_cluster):
+    call = tf_cluster.start(join_then, "sleep")
+    tf_cluster.wait_for_output("worker-1", "joined")
+    assert tf_cluster.restart("worker:1") == "worker-1"
+    # An MWMS task restarts with its gang: both come back as attempt 1 and join again.
+    while not all(r["attempt"] == 1 for r in call.run.tasks):
+        time.sleep(0.05)
+    tf_cluster.wait_for_output("worker-1", "joined")
+    assert call.run.state == "running"
 """
 
 
 def test_failing_user_tests_name_their_run_dirs_and_leave_nothing(pytester: pytest.Pytester):
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
     runs = runs_under(pytester.path)
-    assert len(runs) == 3
+    assert len(runs) == 4
     # The task's exception failed the test as itself, and the report names the run dir.
     assert "ValueError: bad batch shape (7, 3)" in out
     assert "distlaunch.run: raised in task worker-1 of run" in out
@@ -104,6 +116,7 @@ def test_failing_user_tests_name_their_run_dirs_and_leave_nothing(pytester: pyte
     assert "AssertionError: the user's own assertion" in out
     # The call left running by the failed test was stopped at its end, by the fixture.
     states = [json.loads((r / "run.json").read_text())["state"] for r in runs]
-    assert states == ["failed", "interrupted", "failed"]
+    # (the restarted run was stopped at its test's end)
+    assert states == ["failed", "interrupted", "failed", "interrupted"]
     assert "tf_cluster: " not in out  # the fixture found nothing left to clean up
     assert_nothing_left(runs)
