@@ -1,17 +1,21 @@
 """`distlaunch.launch` and `distlaunch.up`: a cluster spec started from Python, and its `Run` handle.
 
-The spec is loaded and the run chosen here, in the caller (a bad spec raises SpecError, a bad run
-id UsageError, with the CLI's one line; nothing starts). The run itself is supervised by a
-launcher process of its own (launcher/api_child.py: the supervisor needs a main thread), which
-lives no longer than the caller: the handle holds its stdin, and the caller's exit (even a
-SIGKILL) closes it, which stops the run. Its output is read by a thread here and written to the
-caller's ``console`` (sys.stdout by default, looked up at each write: a notebook's cell, pytest's
-capture), line by line.
+The run is supervised by a launcher process of its own (launcher/api_child.py: the supervisor
+needs a main thread), which loads the spec and chooses the run as `distlaunch up` does and
+answers before anything starts (launcher/api_protocol.py): a bad spec raises SpecError here, a
+bad run id UsageError, with the CLI's one line. This side imports none of the launcher's heavy
+modules to start a run (the first call of a session pays for them once, in that process); it
+reads the run (api_reads) while the launcher starts. The launcher lives no longer than the
+caller: the handle holds its stdin, and the caller's exit (even a SIGKILL) closes it, which
+stops the run. Its output is read by a thread here and written to the caller's ``console``
+(sys.stdout by default, looked up at each write: a notebook's cell, pytest's capture).
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib
+import json
 import os
 import signal
 import subprocess
@@ -19,30 +23,19 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from distlaunch.launcher import api_child, evidence, rundir
-from distlaunch.launcher.api_types import (
-    Failure,
-    FailureKind,
-    RunFailed,
-    RunResult,
-    StartError,
-    failure_kind,
-)
-from distlaunch.launcher.control import logs as control_logs
-from distlaunch.launcher.control.requests import request_restart
-from distlaunch.launcher.control.status import run_state, status_rows
-from distlaunch.launcher.spec import LoadedSpec, Spec, load_spec, load_spec_data
-from distlaunch.launcher.spec_sources import SpecOptions
-from distlaunch.launcher.state import RunRecord
-from distlaunch.launcher.summary import LOG_SCAN_LINES, tail
-from distlaunch.launcher.up import choose_run
-from distlaunch.worker import contract
+from distlaunch.launcher import api_protocol
+from distlaunch.launcher.api_types import RunFailed, RunResult, StartError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from distlaunch.launcher.spec import Spec
 
 # A spec: a JSON/YAML file, the spec as data (relative paths against the working directory), or
 # the typed model.
-SpecInput = str | os.PathLike[str] | Mapping[str, Any] | Spec
+SpecInput = "str | os.PathLike[str] | Mapping[str, Any] | Spec"
 # Where a run's output goes: "stdout" (sys.stdout at each write), a text stream, or None (the
 # run dir only).
 ConsoleTarget = Literal["stdout"] | TextIO | None
@@ -61,36 +54,46 @@ _live: set[Run] = set()  # runs whose launcher may still run: stopped at the cal
 class Run:
     """A run started by `launch`: its state, tasks and logs while it runs, and its result."""
 
-    def __init__(
-        self,
-        loaded: LoadedSpec,
-        run_id: str,
-        run_dir: Path,
-        request: bytes,
-        console: ConsoleTarget,
-    ) -> None:
-        self.run_id = run_id
-        self.run_dir = run_dir
-        self._grace_s = loaded.spec.timeouts.grace_s
+    def __init__(self, request: bytes, console: ConsoleTarget) -> None:
+        """Start the launcher process with ``request`` and wait for its answer; raise what it
+        refused the run with (SpecError, UsageError, StartError)."""
         self._console = console
         self._errors: list[str] = []  # the launcher's `distlaunch: error:` lines
         self._result: RunResult | None = None
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "distlaunch.launcher.api_child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=os.getcwd(),
-            # A Ctrl-C in the caller's terminal reaches the caller only; the caller stops the run.
-            start_new_session=True,
-        )
+        reply_r, reply_w = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "distlaunch.launcher.api_child", str(reply_w)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(reply_w,),
+                # A Ctrl-C in the caller's terminal reaches the caller only; it stops the run.
+                start_new_session=True,
+            )
+        finally:
+            os.close(reply_w)
         _live.add(self)
         assert self._proc.stdin is not None
         self._proc.stdin.write(request)
         self._proc.stdin.flush()  # kept open: EOF tells the launcher its caller is gone
-        self._reader = threading.Thread(target=self._echo, name=f"distlaunch-{run_id}", daemon=True)
+        self._reader = threading.Thread(target=self._echo, name="distlaunch-run", daemon=True)
         self._reader.start()
+        # While the launcher starts (its imports), this process imports what it reads later.
+        reads()
+        with os.fdopen(reply_r, "rb") as replies:
+            line = replies.readline()
+        reply = json.loads(line) if line else {"event": "gone"}
+        if reply["event"] != "accepted":
+            self._proc.wait()
+            self._finish()
+            if reply["event"] == "refused":
+                raise api_protocol.refusal_error(reply)
+            raise StartError(self.error_line or f"the launcher exited with {self._proc.returncode}")
+        self.run_id: str = reply["run_id"]
+        self.run_dir = Path(reply["run_dir"])
+        self._grace_s: float = reply["grace_s"]
 
     def __repr__(self) -> str:
         return f"<distlaunch.Run {self.run_id} {self.state}>"
@@ -108,8 +111,7 @@ class Run:
         "failed", "interrupted", or "lost" (its launcher died)."""
         if self._result is not None:
             return self._result.state
-        record = RunRecord.find(self.run_dir)
-        return run_state(record) if record is not None else "starting"
+        return reads().state_of(self.run_dir)
 
     @property
     def result(self) -> RunResult | None:
@@ -122,24 +124,17 @@ class Run:
     def tasks(self) -> list[dict[str, Any]]:
         """One row per task, as `distlaunch status --json` lists them (task, state, pid, port,
         attempt, restarts, uptime_s, exit); empty before the run has started."""
-        record = RunRecord.find(self.run_dir)
-        return status_rows(record) if record is not None else []
+        return reads().task_rows(self.run_dir)
 
     def logs(self, task: str) -> str:
         """The log of ``task`` (``worker-1`` or ``worker:1``) in its latest attempt ("" before it
         started); UsageError for a task the run does not have."""
-        if RunRecord.find(self.run_dir) is None:
-            return ""  # not started yet
-        (path,) = control_logs.log_files(self.run_dir, task)
-        try:
-            return path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
+        return reads().log_text(self.run_dir, task)
 
     def restart(self, task: str) -> str:
         """Restart ``task`` the way its strategy needs (an MWMS task restarts the gang), outside
         the restart budget, as `distlaunch restart` does; return its name."""
-        return request_restart(self.run_dir, task)
+        return reads().restart(self.run_dir, task)
 
     def wait(self, timeout: float | None = None) -> RunResult:
         """Wait for the run to end and return its result; TimeoutError after ``timeout`` seconds
@@ -194,7 +189,8 @@ class Run:
         with self._lock:
             if self._result is None:
                 self._reader.join(_DRAIN_S)
-                self._result = _result_of(self.run_dir, self._proc.returncode, self._errors)
+                run_dir = getattr(self, "run_dir", None)  # None: the launcher refused the run
+                self._result = reads().result_of(run_dir, self._proc.returncode)
                 if self._proc.stdin is not None:
                     self._proc.stdin.close()
                 if self._proc.stdout is not None and not self._reader.is_alive():
@@ -285,24 +281,24 @@ def launch_with_files(
     if backend is not None:
         # Before validation, as `up --backend`: what a task's `host` may name depends on it.
         overrides = (*overrides, f"backend={backend}")
-    options = SpecOptions(overrides=overrides)
-    base = os.getcwd()
     if isinstance(spec, str | os.PathLike):
         spec_file, spec_data = os.fspath(spec), None
-        loaded = load_spec(spec_file, options)
+    elif isinstance(spec, Mapping):
+        spec_file, spec_data = None, dict(spec)
+    elif hasattr(spec, "model_dump"):  # the typed Spec (not imported here: pydantic is heavy)
+        spec_file, spec_data = None, spec_as_data(spec)
     else:
-        spec_file, spec_data = None, spec_as_data(spec) if isinstance(spec, Spec) else dict(spec)
-        loaded = load_spec_data(spec_data, Path(base), api_child.DATA_NAME, options)
-    target = choose_run(loaded, run_id, resume)
-    request = api_child.request_line(
+        raise TypeError(f"expected a spec path, dict or Spec, got a {type(spec).__name__}")
+    request = api_protocol.request_line(
         spec_file=spec_file,
         spec_data=spec_data,
-        base=base,
+        base=os.getcwd(),
         overrides=overrides,
-        run_id=target.run_id,
+        run_id=run_id,
+        resume=resume,
         files=files,
     )
-    return Run(loaded, target.run_id, target.run_dir, request, console)
+    return Run(request, console)
 
 
 def spec_as_data(spec: Spec) -> dict[str, Any]:
@@ -314,63 +310,10 @@ def spec_as_data(spec: Spec) -> dict[str, Any]:
     return data
 
 
-def _result_of(run_dir: Path, returncode: int, errors: list[str]) -> RunResult:
-    """The result of the run whose launcher exited with ``returncode``, from its run.json."""
-    code = returncode if returncode >= 0 else 128 - returncode  # killed by a signal: 128+N
-    record = RunRecord.find(run_dir)
-    if record is None:  # it never started (its error line says why)
-        return RunResult("failed", code, None)
-    return RunResult(run_state(record), code, failure_of(run_dir, record))
-
-
-def failure_of(run_dir: Path, record: RunRecord) -> Failure | None:
-    """The root-cause failure of a run, as data: run.json's failure with the task's exit and its
-    exception from its error file (or the traceback at the end of its log)."""
-    if not record.failure:
-        return None
-    name = str(record.failure.get("task", ""))
-    how = str(record.failure.get("how", ""))
-    summary = str(record.failure.get("summary", ""))
-    task = record.tasks.get(name)
-    if task is None:
-        return Failure(failure_kind(how, False), name, summary, how)
-    error_file = contract.error_path(run_dir, task.attempt, task.role, task.index)
-    error = rundir.read_json(error_file)
-    exc_type = message = text = None
-    if isinstance(error, dict) and error.get("type"):
-        exc_type, message = str(error["type"]), str(error.get("message") or "")
-        text = str(error.get("traceback") or "") or None
-    else:
-        log = tail(
-            str(contract.log_path(run_dir, task.attempt, task.role, task.index)), LOG_SCAN_LINES
-        )
-        found = evidence.from_log(log)
-        if found is not None:
-            exc_type, message = found.type, found.message
-            text = log[log.rfind(evidence.TRACEBACK_START) :]
-    kind = failure_kind(how, exc_type is not None)
-    signal_name = None
-    if kind is FailureKind.SIGNAL or (task.exit_code is not None and task.exit_code < 0):
-        code = -(task.exit_code or 0)
-        signal_name = how.removeprefix("signal ") if how.startswith("signal ") else _sig(code)
-    return Failure(
-        kind=kind,
-        task=name,
-        summary=summary,
-        how=how,
-        exit_code=task.exit_code if (task.exit_code or 0) >= 0 else None,
-        signal=signal_name,
-        exception_type=exc_type,
-        message=message,
-        traceback=text,
-    )
-
-
-def _sig(number: int) -> str | None:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return None
+def reads() -> ModuleType:
+    """launcher/api_reads.py, imported on first use: it reads run.json and logs with the
+    launcher's modules, heavier than this one's."""
+    return importlib.import_module("distlaunch.launcher.api_reads")
 
 
 @atexit.register

@@ -23,7 +23,6 @@ import cloudpickle
 
 from distlaunch.launcher import api
 from distlaunch.launcher.api_types import PicklingError, RemoteTraceback, RunResult, TaskError
-from distlaunch.launcher.state import RunRecord
 from distlaunch.worker import contract
 from distlaunch.worker.call import PAYLOAD, result_path
 
@@ -199,18 +198,14 @@ def _run_name(fn: Callable[..., Any]) -> str:
 
 def _values(handle: api.Run, result: RunResult, fn: Callable[..., Any]) -> Any:
     """Every task's return value; or the first failure raised, as the module docstring says."""
-    run_dir = handle.run_dir
-    record = RunRecord.find(run_dir)
     if not result.ok:
         if result.failure is not None:
             _raise_task_failure(handle, result, fn)
         api.check(handle, result)
-    assert record is not None
-    pss = record.strategy == contract.PSS
-    names = [n for n, t in record.tasks.items() if not pss or t.role == contract.CHIEF]
-    values = {
-        name: _value(result_path(run_dir, record.tasks[name].attempt, name)) for name in names
-    }
+    strategy, tasks = api.reads().task_attempts(handle.run_dir)
+    pss = strategy == contract.PSS
+    names = [n for n, (role, _) in tasks.items() if not pss or role == contract.CHIEF]
+    values = {n: _value(result_path(handle.run_dir, tasks[n][1], n)) for n in names}
     return values[names[0]] if pss else values
 
 
@@ -223,9 +218,8 @@ def _raise_task_failure(handle: api.Run, result: RunResult, fn: Callable[..., An
     failure = result.failure
     assert failure is not None
     task, run_dir = failure.task, str(handle.run_dir)
-    record = RunRecord.find(handle.run_dir)
-    entry = record.tasks.get(task) if record is not None else None
-    path = result_path(handle.run_dir, entry.attempt if entry else 0, task)
+    _, tasks = api.reads().task_attempts(handle.run_dir)
+    path = result_path(handle.run_dir, tasks[task][1] if task in tasks else 0, task)
     try:
         data = pickle.loads(path.read_bytes())
     except (OSError, pickle.UnpicklingError, EOFError):

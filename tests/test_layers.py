@@ -35,6 +35,7 @@ LAYER_OF = {
     "distlaunch.launcher.evidence": "spec",
     "distlaunch.launcher.hints": "spec",
     "distlaunch.launcher.api_types": "spec",  # the API's results and errors: plain data
+    "distlaunch.launcher.api_protocol": "spec",  # the API's caller <-> launcher process lines
     # plan: pure decisions made from the spec
     "distlaunch.launcher.plan": "plan",
     "distlaunch.launcher.ports": "plan",
@@ -63,6 +64,7 @@ LAYER_OF = {
     # the Python API: launch/up/run, the package root, the pytest plugin
     "distlaunch.launcher.api": "api",
     "distlaunch.launcher.api_call": "api",
+    "distlaunch.launcher.api_reads": "api",
     "distlaunch": "api",  # the root's own modules are each listed: it is no prefix
     "distlaunch.pytest_plugin": "api",
 }
