@@ -538,3 +538,24 @@ def test_a_host_that_fails_its_check_raises_start_error_and_starts_nothing(lab, 
     assert node2.name in str(caught.value) and "/nonexistent/python3" in str(caught.value)
     assert not list(here.glob("runs/*/run.json"))
     assert not any(lab.processes(host) for host in lab.hosts)
+
+
+def test_env_reaches_every_task_and_timeout_s_ends_a_run_that_hangs(here):
+    def read(name):
+        import os
+
+        return os.environ[name]
+
+    values = distlaunch.run(read, "MY_SETTING", env={"MY_SETTING": "on"}, quiet=True)
+    assert values == {"worker-0": "on", "worker-1": "on"}
+
+    def hang():
+        import time
+
+        time.sleep(600)
+
+    with pytest.raises(
+        distlaunch.TaskError, match=r"time limit of 2 s \(timeouts\.run_s\)"
+    ) as caught:
+        distlaunch.run(hang, workers=1, timeout_s=2, quiet=True)
+    assert caught.value.failure.kind == "timeout"
