@@ -179,16 +179,22 @@ def _watch(verdicts: Verdicts, address: tuple[str, int], name: str) -> None:
 def run_and_tell(program: list[str]) -> int:
     """Run ``program``, then serve its result to the servers (see the module docstring); return
     its exit code (128+N for a signal N)."""
-    stopped = []
-    child = subprocess.Popen(program)
+    stopped: list[int] = []
+    children: list[subprocess.Popen] = []
 
     def pass_on(signum: int, _frame: object) -> None:
         stopped.append(signum)
-        child.send_signal(signum)
+        for child in children:
+            child.send_signal(signum)
 
+    # Before the child starts: as a pod's PID 1 this process ignores a signal it has no handler
+    # for, and a stop must reach the program.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, pass_on)
-    returncode = child.wait()
+    children.append(subprocess.Popen(program))
+    if stopped:  # a stop that came while it started
+        children[0].send_signal(stopped[0])
+    returncode = children[0].wait()
     code = 128 - returncode if returncode < 0 else returncode
     tf_config = os.environ.get(contract.TF_CONFIG, "{}")
     address = _address(tf_config)
