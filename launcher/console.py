@@ -170,35 +170,91 @@ def _same_file(a: BinaryIO, b: BinaryIO) -> bool:
 
 
 # TensorFlow's start-up noise, hidden from the console (never from the log files) unless the
-# spec says "tf_log_level": "all": every C++ INFO line, in absl's format (`I0000 00:00:17...
+# spec says "tf_log_level": "all": every C++ INFO record, in absl's format (`I0000 00:00:17...
 # 123 file.cc:31] ...`) or TensorFlow's own (`2024-01-01 12:00:00.1: I tensorflow/...`), and
 # the known harmless warnings: oneDNN's notice, the CUDA/cuDNN/cuFFT/cuBLAS probes of a machine
 # without a GPU, cpu_feature_guard (and the line it continues on), and absl's pre-init notice.
-TF_NOISE = re.compile(
-    rb"^(?:"
-    rb"I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] [^\n]*"
-    rb"|\d{4}-\d\d-\d\d [\d:.]+: I [\w/.]+:\d+\] [^\n]*"
-    rb"|(?:[WE]\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: [WE] )[\w/.]+:\d+\] (?:"
+#
+# A C++ record is one write of the task, so its lines are never interleaved with the program's
+# own; a multi-line record goes on in one of two shapes, dropped with it:
+# - a protobuf dump (`SessionOptions: goo.gle/debugstr` then `device_count {` ...): protobuf's
+#   DebugString heads every dump with a `goo.gle/debug...` marker and never holds an empty line,
+#   and the record ends with one (the dump's newline, then the record's);
+# - a status with its op context (`... End of sequence` then `\t [[{{node ...}}]]`): lines that
+#   start with a tab.
+_RECORD = (
+    rb"(?:I\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "
+    rb"|\d{4}-\d\d-\d\d [\d:.]+: I [\w/.]+:\d+\] "
+    rb"|(?:[WE]\d{4} [\d:.]+ +\d+ |\d{4}-\d\d-\d\d [\d:.]+: [WE] )[\w/.]+:\d+\] (?="
     rb"Unable to register cu\w+ factory|failed call to cuInit|Could not find cuda drivers"
     rb"|computation placer already registered|TF-TRT Warning: Could not find TensorRT"
     rb"|This TensorFlow binary is optimized|Input of GeneratorDatasetOp::Dataset will not be "
-    rb"optimized)[^\n]*"
-    rb"|/job:\w+/replica:\d+/task:\d+"  # an INFO line's straggler list
-    rb"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
-    rb"|To enable the following instructions: [^\n]*with the appropriate compiler flags\."
-    rb"|[^\n]*oneDNN custom operations are on[^\n]*"
-    rb")\n",
+    rb"optimized))"
+)
+# protobuf picks one of these markers at random (debugonly, debugproto, debugstr).
+_PROTO_MARK = rb"goo\.gle/debug(?:only|proto|str)"
+TF_NOISE = re.compile(
+    rb"^(?:"
+    + _RECORD
+    + rb"(?:(?P<proto>[^\n]*"
+    + _PROTO_MARK
+    + rb"[^\n]*\n(?:[^\n]+\n)*)(?P<proto_end>\n)?"
+    + rb"|[^\n]*\n(?P<tab>(?:\t[^\n]*\n)*))"
+    rb"|/job:\w+/replica:\d+/task:\d+\n"  # an INFO line's straggler list
+    rb"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR\n"
+    rb"|To enable the following instructions: [^\n]*with the appropriate compiler flags\.\n"
+    rb"|[^\n]*oneDNN custom operations are on[^\n]*\n"
+    rb")",
     re.MULTILINE,
 )
+# The tab lines that go on with a record cut off at the end of a piece (see QuietFilter).
+_TAB_LINES = re.compile(rb"(?:\t[^\n]*\n)*")
 # Bytes every TF_NOISE line holds: a chunk without them is echoed without running the regex.
-_NOISE_HINTS = (b"] ", b"absl::", b"rebuild TensorFlow", b"oneDNN")
+_NOISE_HINTS = (b"] ", b"absl::", b"rebuild TensorFlow", b"oneDNN", b"/job:")
+
+
+class QuietFilter:
+    """Drops TensorFlow's start-up noise (TF_NOISE) from one task's output, given in pieces of
+    complete lines: a multi-line record cut off between two pieces is dropped whole."""
+
+    def __init__(self) -> None:
+        # The shape of the dropped record that the last piece ended in, which may go on in the
+        # next one: "proto" (until an empty line), "tab" (while lines start with a tab), or None.
+        self._open: str | None = None
+
+    def filter(self, body: bytes) -> bytes:
+        """``body`` (complete lines) without TensorFlow's noise."""
+        if self._open == "proto":  # it ends with the first empty line
+            if body.startswith(b"\n"):
+                end = 1
+            else:
+                end = body.find(b"\n\n") + 2
+                if end < 2:
+                    return b""
+            self._open, body = None, body[end:]
+        elif self._open == "tab":
+            end = _TAB_LINES.match(body).end()
+            if end == len(body):
+                return b""
+            self._open, body = None, body[end:]
+        if not any(hint in body for hint in _NOISE_HINTS):
+            return body
+        self._open = None
+        return TF_NOISE.sub(self._drop, body)
+
+    def _drop(self, match: re.Match[bytes]) -> bytes:
+        # A record that reaches the end of the piece may go on in the next one.
+        if match.end() == len(match.string):
+            if match.group("proto") is not None and match.group("proto_end") is None:
+                self._open = "proto"
+            elif match.group("tab") is not None:
+                self._open = "tab"
+        return b""
 
 
 def hide_tf_noise(body: bytes) -> bytes:
     """``body`` (complete lines) without TensorFlow's start-up noise (see TF_NOISE)."""
-    if any(hint in body for hint in _NOISE_HINTS):
-        return TF_NOISE.sub(b"", body)
-    return body
+    return QuietFilter().filter(body)
 
 
 _ERASE_LINE = b"\r\x1b[K"
@@ -255,6 +311,7 @@ class LogFollower:
         self._partial = b""
         self._progress = b""  # the progress state echoed last
         self._closed = False
+        self._quiet = QuietFilter() if console.quiet_tf else None
 
     def skip_to_end(self) -> None:
         """Start following from the file's current end (what is there already is not echoed)."""
@@ -298,8 +355,8 @@ class LogFollower:
             body = data[:cut]
             if b"\r" in body:  # a line that a progress bar rewrote: only its final state shows
                 body = b"\n".join(_latest(line) for line in body[:-1].split(b"\n")) + b"\n"
-            if self.console.quiet_tf:
-                body = hide_tf_noise(body)
+            if self._quiet is not None:
+                body = self._quiet.filter(body)
             if _has_long_line(body):  # rare: only then a Python loop per line
                 body = b"".join(_pieces(line) for line in body[:-1].split(b"\n"))
             # One C-level replace per chunk instead of a Python loop per line.
@@ -327,8 +384,8 @@ class LogFollower:
             pass
         self._closed = True
         last = _latest(self._partial) + b"\n"
-        if self.console.quiet_tf:
-            last = hide_tf_noise(last)
+        if self._quiet is not None:
+            last = self._quiet.filter(last)
         if last.strip():
             self.console.out.write(self.prefix + last)
         self._partial = b""

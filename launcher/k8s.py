@@ -11,7 +11,10 @@ What it decides, per run:
 - restart rules mapped onto what a Job can express: backoffLimit for the budget, a
   podFailurePolicy that fails the Job on non-retryable exit codes and does not count evictions.
   A Job retries its own pods only: MWMS needs the whole gang restarted, which only a JobSet can
-  do (``jobset=True``: ``failurePolicy.maxRestarts`` recreates every Job of the set).
+  do (``jobset=True``: ``failurePolicy.maxRestarts`` recreates every Job of the set);
+- with plain Jobs, a PSS run's servers end with the chief (nothing else stops them): the chief
+  runs under `distlaunch.worker.chief_result`, which tells them its result, and their env says
+  when it is final (`end_with_chief`). A JobSet's end stops them instead.
 
 Everything else comes from the plan (`plan.make_plan` with container addresses): argv, the
 program's env, the distlaunch contract. Nothing here touches a cluster or the machine.
@@ -35,7 +38,7 @@ from distlaunch.launcher import rundir, tfconfig
 from distlaunch.launcher.errors import SpecError, UsageError
 from distlaunch.launcher.plan import IMAGE_PYTHON, TaskPlan, make_plan
 from distlaunch.launcher.spec import IMAGE_REF, K8S_LABEL, LoadedSpec, task_json_path
-from distlaunch.worker import contract, k8s_entry
+from distlaunch.worker import chief_result, contract, k8s_entry
 
 # Every task's TensorFlow server port: each pod has its own IP, so one port serves all.
 PORT = 2222
@@ -145,11 +148,12 @@ def manifests(
         for role, entries in roles.items()
     }
     meta = {"namespace": namespace} if namespace else {}
+    end = None if jobset else end_with_chief(loaded)
     jobs = {}
     for role, entries in roles.items():
         cluster = tfconfig.tf_config(addresses, role, 0)["cluster"]
         pod = _pod_template(
-            loaded, plan.task(contract.task_name(role, 0)), name, image, cluster, jobset
+            loaded, plan.task(contract.task_name(role, 0)), name, image, cluster, jobset, end
         )
         jobs[role] = _job_spec(loaded, role, len(entries), pod, jobset)
     labels = {RUN_LABEL: name}
@@ -186,7 +190,7 @@ def manifests(
                 for role, job in jobs.items()
             ),
         )
-    return Manifests(objects, name, run_dir, _notes(loaded, name, namespace, jobset))
+    return Manifests(objects, name, run_dir, _notes(loaded, jobset))
 
 
 def to_yaml(objects: tuple[dict[str, Any], ...]) -> str:
@@ -208,6 +212,20 @@ def _hostname(name: str, role: str, index: int, jobset: bool) -> str:
     return f"{name}-{role}-0-{index}" if jobset else f"{name}-{role}-{index}"
 
 
+def end_with_chief(loaded: LoadedSpec) -> chief_result.EndRule | None:
+    """How a PSS run's servers end with the chief in plain Jobs, where nothing else stops them:
+    the chief Job's retries and the exit codes it never retries (None for MWMS)."""
+    spec = loaded.spec
+    if spec.strategy != contract.PSS:
+        return None
+    retries = spec.restart.max_restarts if spec.restart.policy == "on-failure" else 0
+    return chief_result.EndRule(retries, _final_codes(loaded))
+
+
+def _final_codes(loaded: LoadedSpec) -> tuple[int, ...]:
+    return tuple(sorted({c for c in loaded.spec.restart.non_retryable_exit_codes if 0 < c < 256}))
+
+
 def _pod_template(
     loaded: LoadedSpec,
     task: TaskPlan,
@@ -215,8 +233,10 @@ def _pod_template(
     image: str,
     cluster: dict,
     jobset: bool,
+    end: chief_result.EndRule | None,
 ) -> dict[str, Any]:
-    """The pod of every task of ``task``'s role: the entrypoint, the program, the role's env."""
+    """The pod of every task of ``task``'s role: the entrypoint, the program, the role's env;
+    with ``end``, the chief tells the servers its result and they end with it."""
     spec = loaded.spec
     gpus = len(task.gpus)
     env = [
@@ -236,6 +256,9 @@ def _pod_template(
     if jobset:
         field = f"metadata.labels['{JOBSET_ATTEMPT_LABEL}']"
         env.append({"name": contract.ATTEMPT, "valueFrom": {"fieldRef": {"fieldPath": field}}})
+    tells = end is not None and task.role == contract.CHIEF
+    if end is not None and task.role in (contract.PS, contract.WORKER):
+        env.append({"name": contract.END_WITH_CHIEF, "value": _literal(end.to_env())})
     umask = ["--umask", f"{rundir.PRIVATE_UMASK:03o}"] if spec.permissions == "private" else []
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -246,6 +269,7 @@ def _pod_template(
             k8s_entry.__name__,
             *umask,
             "--",
+            *([IMAGE_PYTHON, "-m", chief_result.__name__, "--"] if tells else []),
             *(_literal(a) for a in task.argv),
         ],
         "env": env,
@@ -295,7 +319,7 @@ def _job_spec(loaded: LoadedSpec, role: str, count: int, pod: dict, jobset: bool
         spec.strategy == contract.PSS and role == contract.WORKER
     )
     rules: list[dict[str, Any]] = []
-    codes = sorted({c for c in spec.restart.non_retryable_exit_codes if 0 < c < 256})
+    codes = list(_final_codes(loaded))
     if codes:
         rules.append(
             {
@@ -396,10 +420,9 @@ def _jobset(
     }
 
 
-def _notes(loaded: LoadedSpec, name: str, namespace: str | None, jobset: bool) -> tuple[str, ...]:
+def _notes(loaded: LoadedSpec, jobset: bool) -> tuple[str, ...]:
     """What the user must do or know that the manifests cannot say."""
     spec = loaded.spec
-    ns = f" -n {namespace}" if namespace else ""
     notes = []
     if not spec.kubernetes.pvc:
         notes.append(
@@ -408,13 +431,7 @@ def _notes(loaded: LoadedSpec, name: str, namespace: str | None, jobset: bool) -
         )
     if jobset:
         return tuple(notes)
-    if spec.strategy == contract.PSS:
-        notes.append(
-            f"the chief's Job decides the run; ps and worker pods never end on their own: once "
-            f"`kubectl{ns} wait --for=condition=complete --timeout=-1s job/{name}-chief` returns, run "
-            f"`kubectl{ns} delete job -l '{RUN_LABEL}={name},{ROLE_LABEL} in (ps,worker)'` (or use --jobset)"
-        )
-    elif spec.restart.policy == "on-failure":
+    if spec.strategy != contract.PSS and spec.restart.policy == "on-failure":
         notes.append(
             "a Job retries a failed pod alone, but MWMS needs every training task restarted together: "
             "use --jobset for a gang restart"

@@ -4,6 +4,7 @@ of a lost peer, OOM kills and crash loops."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -343,6 +344,24 @@ wait_for_ever()
 """
 
 
+def _python_elsewhere(root: Path) -> Path:
+    """This interpreter, with its packages, as ``root/bin/python``: a folder without py-spy.
+
+    A link to a venv's python outside the venv is not that venv (Python finds its venv by the
+    pyvenv.cfg beside or above the path it was started by): in a venv, ``root`` becomes a venv
+    of the same packages (its pyvenv.cfg, and its lib linked to the venv's).
+    """
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").symlink_to(sys.executable)
+    if sys.prefix != sys.base_prefix:
+        venv = Path(sys.prefix)
+        shutil.copy(venv / "pyvenv.cfg", root / "pyvenv.cfg")
+        for lib in ("lib", "lib64"):
+            if (venv / lib).is_dir():
+                (root / lib).symlink_to(venv / lib)
+    return root / "bin" / "python"
+
+
 @pytest.mark.timeout(200)
 def test_stacks_fall_back_to_the_tasks_faulthandler_when_py_spy_cannot_read_it(tmp):
     (tmp / "task.py").write_text(SLEEPS_IN_ITS_CODE)
@@ -360,11 +379,9 @@ def test_stacks_fall_back_to_the_tasks_faulthandler_when_py_spy_cannot_read_it(t
         # No py-spy on PATH nor beside the interpreter (a link to it in a folder of its own,
         # since py-spy may be installed beside the real one): the launcher cannot attach.
         bare = {**os.environ, "PATH": "/usr/bin:/bin"}
-        (tmp / "bin").mkdir()
-        (tmp / "bin" / "python").symlink_to(sys.executable)
         shown = subprocess.run(
             [
-                str(tmp / "bin" / "python"),
+                str(_python_elsewhere(tmp / "env")),
                 "-m",
                 "distlaunch.launcher",
                 "stacks",

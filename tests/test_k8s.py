@@ -195,6 +195,11 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
         (container,) = pod["containers"]
         env = pod_env(container)
         command = [expand(c, env) for c in container["command"]]
+        # With plain Jobs, nothing stops a PSS run's servers: its chief tells them its result
+        # (distlaunch.worker.chief_result) and they end with it (tests/test_servers_end.py).
+        ends = strategy == "parameter_server" and not jobset
+        tells = ["python", "-m", "distlaunch.worker.chief_result", "--"]
+        assert (contract.END_WITH_CHIEF in env) == (ends and role in ("ps", "worker"))
         # The entrypoint, then the program exactly as the spec says it (payloads and all).
         assert command == [
             "python",
@@ -203,6 +208,7 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
             "--umask",
             "077",
             "--",
+            *(tells if ends and role == "chief" else []),
             "python",
             "-m",
             "distlaunch.worker.bootstrap",
@@ -394,12 +400,8 @@ def test_the_command_writes_a_private_file_and_bad_flags_exit_2(tmp):
         "Job",
     ]
     assert {o["metadata"]["namespace"] for o in objects} == {"ml"}
-    # PSS: the chief's Job decides; how the servers' Jobs are removed is said, not hidden.
-    assert "kubectl -n ml wait --for=condition=complete --timeout=-1s job/r1-chief" in done.stderr
-    assert (
-        "kubectl -n ml delete job -l 'distlaunch.io/run=r1,distlaunch.io/role in (ps,worker)'"
-        in done.stderr
-    )
+    # PSS: the servers' Jobs end with the chief's; nothing is left for the user to delete.
+    assert "kubectl" not in done.stderr
     for flag in (
         ["--namespace", "Bad_NS"],
         ["--image", 'x; touch "$DL_CANARY"'],
@@ -562,9 +564,6 @@ class PodRunner:
         """The container's exit code once it has ended."""
         return int(docker("wait", container).strip())
 
-    def running(self, container: str) -> bool:
-        return docker("inspect", "--format", "{{.State.Running}}", container).strip() == "true"
-
     def logs(self, container: str) -> str:
         done = subprocess.run(
             ["docker", "logs", container], capture_output=True, text=True, check=False
@@ -655,11 +654,6 @@ def test_pss_pods_train_and_the_chief_decides(pods_on_docker, tmp, capsys):
         "ps": [f"{run_id}-ps-0.{run_id}:2222"],
     }
     assert (pods_on_docker.pvc / run_id / "checkpoints" / "checkpoint").is_file()
-    # The servers never end on their own: that is why the README's cleanup deletes their Jobs.
-    servers = [c for host, c in pods.items() if host != f"{run_id}-chief-0"]
-    assert all(pods_on_docker.running(c) for c in servers)
+    # How the servers end with it: tests/test_servers_end.py.
     with capsys.disabled():
-        print(
-            f"\nk8s pods on docker (PSS): chief exited 0 ({final[-1]}); "
-            f"{len(servers)} server pods still running until their Jobs are deleted"
-        )
+        print(f"\nk8s pods on docker (PSS): chief exited 0 ({final[-1]})")

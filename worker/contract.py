@@ -27,6 +27,10 @@ METRICS_FILE = "DISTLAUNCH_METRICS_FILE"
 # distlaunch.worker.k8s_entry builds TF_CONFIG with the index Kubernetes gives the pod.
 CLUSTER = "DISTLAUNCH_CLUSTER"
 JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"  # set by Kubernetes in every pod of an Indexed Job
+# Parameter-server ps and worker tasks that no launcher stops (Kubernetes Jobs, a compose file run
+# by hand): they end with the chief's result (distlaunch.worker.chief_result; JSON: the chief's
+# retries and final exit codes). Unset, a server serves until it is stopped.
+END_WITH_CHIEF = "DISTLAUNCH_END_WITH_CHIEF"
 
 # Values of STRATEGY and KERAS.
 MWMS = "multi_worker_mirrored"

@@ -14,14 +14,15 @@ from typing import Any, NoReturn
 
 import tensorflow as tf
 
-from . import contract, progress
+from . import chief_result, contract, progress
 
 # How often the chief checks whether its scheduled steps are done while it waits for them.
 _POLL_S = 0.01
 
 
 def serve_forever() -> NoReturn:
-    """Start this ps or worker task's TensorFlow server, report "ready" and serve until killed.
+    """Start this ps or worker task's TensorFlow server, report "ready" and serve until killed,
+    or, where no launcher stops it (END_WITH_CHIEF), until the chief's result is final.
 
     The launcher stops the task with SIGTERM when the chief is done; the process must then end
     at once. `server.join()` blocks in C++, where a Python signal handler would never run, so
@@ -41,6 +42,7 @@ def serve_forever() -> NoReturn:
     # The launcher may count a task whose heartbeat goes stale as hung: keep beating while the
     # main thread is blocked in join().
     progress.BackgroundHeartbeat().start()
+    chief_result.watch_in_background(name)
     server.join()
     raise RuntimeError(f"the TensorFlow server of {name} stopped")
 

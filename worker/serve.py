@@ -2,7 +2,8 @@
 
 The launcher runs this instead of the user's program on ps and worker tasks when the program
 never starts a TensorFlow server itself (the tutorials' chief-side code): those tasks only serve,
-and the chief runs the program. It serves until the launcher stops it, like `dw.strategy()` does.
+and the chief runs the program. It serves until the launcher stops it, like `dw.strategy()` does
+(or, where no launcher runs, until the chief's result: see distlaunch.worker.chief_result).
 """
 
 from __future__ import annotations

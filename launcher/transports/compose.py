@@ -184,7 +184,8 @@ def open_transport(
     project = compose.project_name(plan.run_id)
     file = run_dir / COMPOSE_FILE
     user = f"{os.getuid()}:{os.getgid()}"
-    data = compose.compose_file(loaded, plan, image.tag, user)
+    # `up` stops the servers itself: they serve until it does, as on every backend.
+    data = compose.compose_file(loaded, plan, image.tag, user, supervised=True)
     write_compose_file(file, data)
     service_env = {task.name: dict(task.env) for task in plan.tasks}
     transport = ComposeTransport(project, file, log, service_env)

@@ -20,9 +20,9 @@ from typing import Any
 from distlaunch.launcher import rundir
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.isolation import Isolation
-from distlaunch.launcher.plan import Plan, make_plan
+from distlaunch.launcher.plan import IMAGE_PYTHON, Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LoadedSpec, task_json_path
-from distlaunch.worker import contract
+from distlaunch.worker import chief_result, contract
 
 # Every task's TensorFlow server port, inside its own container.
 SERVICE_PORT = 2222
@@ -58,11 +58,16 @@ def container_name(project: str, task: str) -> str:
     return f"{project}-{task}"
 
 
-def compose_file(loaded: LoadedSpec, plan: Plan, image: str, user: str) -> dict[str, Any]:
+def compose_file(
+    loaded: LoadedSpec, plan: Plan, image: str, user: str, supervised: bool = False
+) -> dict[str, Any]:
     """The compose file of ``plan`` (a `compose_plan`): one service per task, running ``image`` as ``user``.
 
     ``user`` is "uid:gid": the tasks write checkpoints and status files into the shared dir on
     the host, which should belong to whoever ran the launcher, as with the local backend.
+    ``supervised``: `distlaunch up` runs the file and stops a PSS run's servers itself. A file
+    run by hand has nobody to do it: its chief tells the ps and worker tasks its result and they
+    end with it (distlaunch.worker.chief_result), so `docker compose up` ends.
     """
     volumes = [
         {
@@ -82,13 +87,15 @@ def compose_file(loaded: LoadedSpec, plan: Plan, image: str, user: str) -> dict[
         f"import os, sys; os.umask(0o{rundir.PRIVATE_UMASK:03o}); os.execvp(sys.argv[1], sys.argv[1:])",
     ]
     private = loaded.spec.permissions == "private"
+    end = None if supervised else end_with_chief(loaded)
     services = {
         task.name: {
             "image": image,
             **({"entrypoint": entrypoint} if private else {}),
-            "command": [_literal(arg) for arg in task.argv],  # exec form: no shell in between
+            # exec form: no shell in between
+            "command": [_literal(arg) for arg in _told_argv(task, end)],
             "working_dir": _literal(task.cwd),
-            "environment": {key: _literal(value) for key, value in task.env.items()},
+            "environment": {key: _literal(value) for key, value in _env(task, end).items()},
             "user": user,
             # docker-init as PID 1 passes SIGTERM on (a bare python as PID 1 ignores it) and
             # reaps whatever the program forks.
@@ -101,6 +108,30 @@ def compose_file(loaded: LoadedSpec, plan: Plan, image: str, user: str) -> dict[
         for task in plan.tasks
     }
     return {"services": services, "networks": {NETWORK: {"internal": True}}}
+
+
+def end_with_chief(loaded: LoadedSpec) -> chief_result.EndRule | None:
+    """How a PSS run's servers end with the chief when the file runs by hand (None for MWMS):
+    compose never restarts the chief (`restart_policy`), so its first failure is final."""
+    if loaded.spec.strategy != contract.PSS:
+        return None
+    codes = tuple(sorted({c for c in loaded.spec.restart.non_retryable_exit_codes if 0 < c < 256}))
+    return chief_result.EndRule(0, codes)
+
+
+def _told_argv(task: TaskPlan, end: chief_result.EndRule | None) -> tuple[str, ...]:
+    """The task's argv; with ``end``, the chief's runs under chief_result, which tells the
+    servers its result."""
+    if end is None or task.role != contract.CHIEF:
+        return task.argv
+    return (IMAGE_PYTHON, "-m", chief_result.__name__, "--", *task.argv)
+
+
+def _env(task: TaskPlan, end: chief_result.EndRule | None) -> dict[str, str]:
+    """The task's env; with ``end``, a ps or worker task's says how it ends with the chief."""
+    if end is None or task.role not in (contract.PS, contract.WORKER):
+        return dict(task.env)
+    return {**task.env, contract.END_WITH_CHIEF: end.to_env()}
 
 
 def mounts(loaded: LoadedSpec) -> list[tuple[Path, bool]]:
