@@ -666,7 +666,7 @@ def _exit_now(code: object) -> NoReturn:
     """Exit with ``code`` as sys.exit would, without Python's finalization.
 
     By now every task is gone and every record written; what is left is the interpreter tearing
-    down its modules (pydantic's and click's), 0.1 s on a quiet machine and over 0.5 s on a busy
+    down its modules (click's and the launcher's), 0.1 s on a quiet machine and over 0.5 s on a busy
     one, added to every command (and to `up`'s teardown). The atexit handlers still run (the
     terminal's echo drains there), then the standard streams are flushed. Every thread the
     launcher starts is a daemon or joined before this. A crash (an uncaught exception other than
