@@ -9,15 +9,18 @@ file, the JSON path and, where it is known, the line.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from distlaunch.launcher.errors import SpecError, UsageError
+
+# yaml is imported by what reads YAML (a .yaml spec, a --set value): a JSON spec's start skips it.
+if TYPE_CHECKING:
+    import yaml
 
 # A YAML spec may expand to at most this many nodes: anchors and aliases can otherwise make a
 # small file expand exponentially ("billion laughs").
@@ -88,26 +91,33 @@ def json_path(loc: Iterable[str | int]) -> str:
     return out
 
 
-class _Loader(yaml.SafeLoader):
+@functools.cache
+def _loader() -> type[yaml.SafeLoader]:
     """SafeLoader with YAML 1.2 booleans: only true/false are booleans. YAML 1.1 also reads
     yes/no/on/off as booleans, which would turn `host_key_checking: yes` into true."""
+    import yaml
 
+    class Loader(yaml.SafeLoader):
+        pass
 
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool",
-    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-    list("tTfF"),
-)
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool",
+        re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+        list("tTfF"),
+    )
+    return Loader
 
 
 def read_yaml(text: str, shown: str) -> Source:
     """Parse a YAML spec into plain data, with the line of every value; SpecError on a syntax
     error, a duplicate key, a non-string key or a file that expands too far."""
-    loader = _Loader(text)
+    import yaml
+
+    loader = _loader()(text)
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
@@ -127,7 +137,7 @@ def read_yaml(text: str, shown: str) -> Source:
 
 
 def _plain(
-    loader: _Loader,
+    loader: yaml.SafeLoader,
     node: yaml.Node,
     loc: tuple[str | int, ...],
     lines: dict[str, int],
@@ -136,6 +146,8 @@ def _plain(
     mark: yaml.Mark | None = None,
 ) -> Any:
     """The data of ``node``, recording each path's line (``mark``: where its key is written)."""
+    import yaml
+
     budget[0] -= 1
     path = json_path(loc)
     if budget[0] < 0:
@@ -186,8 +198,10 @@ def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
     parts = key.strip().split(".")
     if not sep or not all(re.fullmatch(r"[A-Za-z0-9_.-]+", p) for p in parts):
         raise UsageError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. tasks.worker.count=4")
+    import yaml
+
     try:
-        value = yaml.load(value_text, Loader=_Loader) if value_text.strip() else ""
+        value = yaml.load(value_text, Loader=_loader()) if value_text.strip() else ""
     except yaml.YAMLError as exc:
         raise UsageError(f"--set {text}: the value is not valid YAML/JSON: {exc}") from None
     loc = tuple(int(p) if p.isdigit() else p for p in parts)
