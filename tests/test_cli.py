@@ -54,7 +54,7 @@ def test_shared_dir_is_accepted_after_and_before_the_subcommand(tmp: Path) -> No
 # Imported by no command before its first task starts (`--help`, and `up` of a JSON spec on
 # this machine): each costs the launcher's start milliseconds (bench/startup.py), TensorFlow
 # seconds; they are imported where they are used (a YAML spec, a resumed run, a stacks capture).
-NOT_AT_START = ("pydantic", "yaml", "psutil", "tensorflow", "concurrent.futures")
+NOT_AT_START = ("pydantic", "yaml", "psutil", "portpicker", "tensorflow", "concurrent.futures")
 
 
 def _loaded_after(code: str) -> set[str]:
