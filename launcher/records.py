@@ -392,7 +392,7 @@ def _type_schema(kind: Any, field: Field | None, defs: dict[str, Any]) -> dict[s
         base, *marks = get_args(kind)
         parsed = [mark.schema for mark in marks if isinstance(mark, Parsed)]
         if parsed:
-            return dict(parsed[0])
+            return _sorted(parsed[0])
         out = _type_schema(base, field, defs)
         for mark in marks:
             out = mark.schema(out)
@@ -420,3 +420,12 @@ def _type_schema(kind: Any, field: Field | None, defs: dict[str, Any]) -> dict[s
         out = {"type": {str: "string", bool: "boolean", int: "integer", float: "number"}[kind]}
     out = field.schema(out) if field is not None else out
     return dict(sorted(out.items()))
+
+
+def _sorted(schema: Any) -> Any:
+    """``schema`` with every object's keys in order, as the generated parts have them."""
+    if isinstance(schema, dict):
+        return {key: _sorted(schema[key]) for key in sorted(schema)}
+    if isinstance(schema, list):
+        return [_sorted(item) for item in schema]
+    return schema
