@@ -175,13 +175,14 @@ def plan(
     """
     from distlaunch.launcher import firewall
     from distlaunch.launcher.spec import load_spec
+    from distlaunch.launcher.transports.ssh import jumped_hosts
     from distlaunch.launcher.up import build_plan, choose_run
 
     loaded = load_spec(spec, _options(overrides, only_hosts, exclude_hosts))
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
     data = the_plan.to_json()
-    rules = firewall.run_rules(the_plan)
-    data["network"] = firewall.plan_json(loaded.spec.network.protect, the_plan.run_id, rules)
+    rules = firewall.run_rules(the_plan, jumped_hosts(loaded.hosts))
+    data["network"] = firewall.plan_json(loaded.spec.network.protect, rules)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -193,11 +194,7 @@ def plan(
     if data["program"]["serve_reason"]:
         click.echo(f"roles: {data['program']['serve_reason']}")
     click.echo(
-        "standbys: on (one warm interpreter per local task for restarts; "
-        '"restart": {"standby": false} turns them off)'
-        if data["standby"]
-        else "standbys: off"
-        + ("" if data["program"]["uses_tensorflow"] else " (the program imports no TensorFlow)")
+        _standby_line(data, loaded.spec.restart.policy != "never" and loaded.spec.restart.standby)
     )
     if data["network"]["hosts"]:
         click.echo(
@@ -205,7 +202,7 @@ def plan(
             "the end):"
         )
         for rule in rules.values():
-            click.echo(f"  {rule.describe(the_plan.run_id)}")
+            click.echo(f"  {rule.describe()}")
     elif rules:
         click.echo('firewall: off ("network": {"protect": "off"}): remote task ports stay open')
     else:
@@ -223,6 +220,31 @@ def plan(
         click.echo("  env:")
         for key, value in task["env"].items():
             click.echo(f"    {_shell_join([f'{key}={value}'])}")
+
+
+def _standby_line(data: dict, wanted: bool) -> str:
+    """`plan`'s line on warm standbys (``wanted``: the spec's restart settings ask for them): on
+    or off, and what the program's env writes before its TensorFlow import make of them."""
+    program = data["program"]
+    cold = program["standby_cold"]
+    if not data["standby"]:
+        if not wanted:
+            return "standbys: off"
+        if not program["uses_tensorflow"]:
+            return "standbys: off (the program imports no TensorFlow)"
+        return f"standbys: off (restarts are cold: {cold})" if cold else "standbys: off"
+    if cold:  # PSS: the servers get standbys, the program does not
+        return f"standbys: on for the servers; the program restarts cold: {cold}"
+    first = (
+        f"; each first sets what the program sets before importing TensorFlow: "
+        f"{', '.join(program['standby_env'])}"
+        if program["standby_env"]
+        else ""
+    )
+    return (
+        f"standbys: on (one warm interpreter per local task for restarts{first}; "
+        '"restart": {"standby": false} turns them off)'
+    )
 
 
 @cli.command()

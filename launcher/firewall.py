@@ -6,15 +6,25 @@ must keep them open to its peers, so each remote host gets a firewall for the ru
 task ports admit the run's own hosts and loopback only (`plan_rules`, pure, what `plan` shows).
 
 The host owns its rules, not the launcher: a guard (`distlaunch.worker.guard`) per host installs
-one nftables table named after the run (an iptables chain where nft is missing) and deletes it
+one nftables table (an iptables chain where nft is missing) and deletes it
 when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
 however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
 that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` works through
 any remote transport: it only needs a local process per host whose stdin and stdout reach the
 guard there, waiting for its request (`start_guard` of ``ssh HOST 'exec PYTHON -m ...'`` for SSH
 hosts; on Slurm nodes the node's preflight probe, a job step, goes on as its guard).
-Over SSH the guard admits the launcher by the address its session comes from (SSH_CONNECTION);
-a job step has no such thing, so `run_rules` names the launcher's own addresses.
+
+The rules of one run on one host have a name of their own (`rules_name`: the run id and a digest
+of the run id, the run dir's path and the host): runs that share an id (``nightly`` in two shared
+dirs) or whose ids differ only in characters nft cannot take (``run-1``, ``run.1``) never share a
+table, so no run's guard replaces or deletes another run's rules. run.json keeps the names, for
+`distlaunch down`.
+
+The launcher checks that tasks joined by connecting to their ports, so every guard admits the
+launcher's own addresses (`run_rules`: the source addresses of its routes to the hosts). Over SSH
+the guard also admits the address the session comes from (SSH_CONNECTION: the launcher's, also
+through NAT), except for a host reached through a jump host (ProxyJump or ProxyCommand), where
+that address is the jump host's.
 
 Changing a host's firewall needs root or CAP_NET_ADMIN there. Where a guard cannot, the spec's
 ``network.protect`` decides: ``auto`` goes on and says which ports stay open, ``required`` stops
@@ -23,9 +33,11 @@ before any task starts (HostError, exit 2), ``off`` starts no guard.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
+import re
 import selectors
 import socket
 import subprocess
@@ -50,33 +62,51 @@ ANSWER_TIMEOUT_S = 60.0
 CLOSE_TIMEOUT_S = guard.LINGER_S + 10.0
 
 
+def rules_name(run_id: str, run_dir: str, host: str) -> str:
+    """The name of run ``run_id``'s rules on ``host`` (table ``inet distlaunch_<name>``): the run
+    id in letters, digits and ``_``, then a digest of the exact run id, the run dir's real path
+    and the host. Unique per run and host; a resumed run (the same dir) gets its own name again."""
+    identity = "\0".join((run_id, os.path.realpath(run_dir), host))
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return f"{re.sub(r'[^A-Za-z0-9_]', '_', run_id)}_{digest}"
+
+
 @dataclass(frozen=True)
 class HostRules:
     """What one host's guard must do: ports of the run's tasks there admit ``allow`` only."""
 
     host: str  # the host's name in the spec
+    name: str  # the rules' name on the host (`rules_name`)
     ports: tuple[int, ...]
     allow: tuple[str, ...]  # addresses (or names the host resolves) of every host of the run
+    launcher: tuple[str, ...] = ()  # the launcher's addresses, for its join checks
     ssh_client: bool = True  # also admit the address the guard's SSH session comes from
+    jump_host: bool = False  # the SSH session comes through a jump host (not admitted)
 
     def request(self, run_id: str) -> dict:
         """The JSON request the guard reads on its stdin."""
         return {
             "run_id": run_id,
+            "name": self.name,
             "ports": list(self.ports),
-            "allow": list(self.allow),
+            "allow": sorted(set(self.allow) | set(self.launcher)),
             "allow_client": self.ssh_client,
             "heartbeat_s": HEARTBEAT_TIMEOUT_S,
         }
 
-    def describe(self, run_id: str) -> str:
+    def describe(self) -> str:
         """The rules in one line, as `plan` prints them."""
         ports = ", ".join(str(p) for p in self.ports)
-        client = ", the launcher's SSH address" if self.ssh_client else ""
+        admitted = [", ".join(self.allow)]
+        if self.launcher:
+            admitted.append(f"the launcher ({', '.join(self.launcher)})")
+        if self.ssh_client:
+            admitted.append("the address the launcher's SSH session comes from")
+        jump = "; the jump host is not admitted" if self.jump_host else ""
         return (
-            f"{self.host}: nftables table inet {guard.table_name(run_id)}: tcp ports {ports} admit "
-            f"{', '.join(self.allow)}{client} and loopback; drop all others "
-            f"(iptables chain {guard.chain_name(run_id)} where nft is missing)"
+            f"{self.host}: nftables table inet {guard.table_name(self.name)}: tcp ports {ports} "
+            f"admit {', '.join(admitted)} and loopback{jump}; drop all others "
+            f"(iptables chain {guard.chain_name(self.name)} where nft is missing)"
         )
 
 
@@ -85,15 +115,19 @@ REMOTE = ("ssh", "slurm")
 
 
 def plan_rules(
-    plan: Plan, remote: Collection[str] = REMOTE, also_allow: Collection[str] = ()
+    plan: Plan,
+    remote: Collection[str] = REMOTE,
+    launcher: Collection[str] = (),
+    jumped: Collection[str] = (),
 ) -> dict[str, HostRules]:
     """The rules of every host whose tasks run over a ``remote`` transport (pure).
 
     Every host of the run may reach every task port: TensorFlow's tasks dial each other (MWMS
     all-reduce, PSS workers to ps), and an evaluator or a local task is a peer like any other.
-    ``also_allow`` adds addresses, e.g. the launcher's where no SSH session tells the guard (srun).
+    ``launcher`` adds the launcher's addresses (its join checks); SSH hosts in ``jumped`` are
+    reached through a jump host, whose address (the SSH session's) is not admitted.
     """
-    allow = tuple(sorted({t.host for t in plan.tasks} | set(also_allow)))
+    allow = tuple(sorted({t.host for t in plan.tasks}))
     ports: dict[str, set[int]] = {}
     over_ssh: dict[str, bool] = {}
     for task in plan.tasks:
@@ -101,19 +135,28 @@ def plan_rules(
             ports.setdefault(task.host_name, set()).add(task.port)
             over_ssh[task.host_name] = task.transport == "ssh"
     return {
-        host: HostRules(host, tuple(sorted(p)), allow, over_ssh[host])
+        host: HostRules(
+            host,
+            rules_name(plan.run_id, plan.run_dir, host),
+            tuple(sorted(p)),
+            allow,
+            tuple(sorted(launcher)),
+            ssh_client=over_ssh[host] and host not in jumped,
+            jump_host=over_ssh[host] and host in jumped,
+        )
         for host, p in sorted(ports.items())
     }
 
 
-def run_rules(plan: Plan) -> dict[str, HostRules]:
-    """`plan_rules` of a run, with the launcher's addresses admitted on hosts not reached by SSH.
+def run_rules(plan: Plan, jumped: Collection[str] = ()) -> dict[str, HostRules]:
+    """`plan_rules` of a run, with the launcher's addresses admitted on every remote host.
 
-    The launcher connects to every task port (the join check); a Slurm node's guard cannot tell
-    where the launcher is, so the launcher names the address it connects from to each such host.
+    The launcher connects to every task port (the join check) from the address its route to the
+    host leaves from. A Slurm node's guard cannot tell where that is, nor can an SSH host's guard
+    behind a jump host (its session comes from the jump host), so the launcher names it.
     """
-    others = sorted({t.host for t in plan.tasks if t.transport in REMOTE and t.transport != "ssh"})
-    return plan_rules(plan, also_allow=launcher_addresses(others))
+    hosts = sorted({t.host for t in plan.tasks if t.transport in REMOTE})
+    return plan_rules(plan, launcher=launcher_addresses(hosts), jumped=jumped)
 
 
 def launcher_addresses(hosts: Collection[str]) -> list[str]:
@@ -138,15 +181,17 @@ def launcher_addresses(hosts: Collection[str]) -> list[str]:
     return sorted(found)
 
 
-def plan_json(mode: str, run_id: str, rules: Mapping[str, HostRules]) -> dict:
+def plan_json(mode: str, rules: Mapping[str, HostRules]) -> dict:
     """The firewall part of `plan --json`: the mode and each host's rules."""
     hosts = {}
     if mode != OFF:
         hosts = {
             name: {
-                "table": guard.table_name(run_id),
+                "table": guard.table_name(r.name),
                 "ports": list(r.ports),
                 "allow": list(r.allow),
+                "launcher": list(r.launcher),
+                "ssh_client": r.ssh_client,
             }
             for name, r in rules.items()
         }
@@ -161,6 +206,7 @@ class HostState:
     ports: tuple[int, ...]
     protected: bool
     why: str = ""  # why not, when not protected
+    name: str = ""  # the rules' name on the host (`rules_name`), for `down`
     how: str = "nftables"  # or "iptables", where nft is missing
     table: str = ""  # the nftables table, or the iptables chain
     allowed: tuple[str, ...] = ()  # the addresses the guard admits, as the host resolved them
@@ -174,6 +220,8 @@ class HostState:
     def to_json(self) -> dict:
         """The host's entry in run.json's ``network.hosts``."""
         data: dict = {"protected": self.protected, "ports": list(self.ports)}
+        if self.name:
+            data["name"] = self.name
         if self.protected:
             data.update(how=self.how, table=self.table, allowed=list(self.allowed))
         else:
@@ -258,6 +306,7 @@ def _states(network: Mapping) -> list[HostState]:
             tuple(h.get("ports", ())),
             bool(h.get("protected")),
             h.get("why", ""),
+            name=h.get("name", ""),
             how=h.get("how", "nftables"),
             table=h.get("table", ""),
         )
@@ -282,7 +331,10 @@ def protect(
     if mode == OFF or not rules:
         yield Protection(
             mode,
-            tuple(HostState(r.host, r.ports, False, "protection is off") for r in rules.values()),
+            tuple(
+                HostState(r.host, r.ports, False, "protection is off", r.name)
+                for r in rules.values()
+            ),
         )
         return
     guards = Guards(run_id, rules, start)
@@ -412,19 +464,22 @@ class Guards:
         return answers
 
     def _state(self, name: str, answer: dict | None) -> HostState:
-        ports = self.rules[name].ports
+        ports, rules = self.rules[name].ports, self.rules[name].name
         if answer is not None and answer.get("protected"):
             return HostState(
                 name,
                 ports,
                 True,
+                name=rules,
                 how=str(answer.get("how", "nftables")),
                 table=str(answer.get("table", "")),
                 allowed=tuple(answer.get("allowed", ())),
             )
         if answer is not None:
-            return HostState(name, ports, False, str(answer.get("why", "the guard gave no reason")))
-        return HostState(name, ports, False, f"its guard did not answer: {self._stderr(name)}")
+            why = str(answer.get("why", "the guard gave no reason"))
+            return HostState(name, ports, False, why, rules)
+        why = f"its guard did not answer: {self._stderr(name)}"
+        return HostState(name, ports, False, why, rules)
 
     def _stderr(self, name: str) -> str:
         proc = self._procs[name]

@@ -21,6 +21,7 @@ Kubernetes expands ``$(VAR)`` there and reads ``$$`` as a literal ``$``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -49,6 +50,8 @@ JOBSET_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 # A pod's hostname <name>-<role>-<index> (JobSet: <name>-<role>-0-<index>) must fit a DNS
 # label (63): this leaves room for "-evaluator-0-" and a four-digit index.
 MAX_NAME = 44
+# Hex digits of the run id's digest in the name of a run whose id is not a DNS label as it is.
+_DIGEST = 8
 # Variables the entrypoint sets from the pod's index; the manifest cannot know them.
 PER_TASK_ENV = (
     contract.TF_CONFIG,
@@ -74,14 +77,23 @@ class Manifests:
 def object_name(run_id: str) -> str:
     """The run's name in Kubernetes: a DNS label starting with a letter, short enough for hostnames.
 
-    A long run id keeps its head and its tail (time and random suffix), which tell runs apart.
+    A run id that is such a label already is its own name. Any other is lowercased, with runs of
+    other characters made one ``-``, plus a digest of the exact run id: ``exp.1``, ``Exp-1`` and
+    ``exp_1`` are three runs (three run dirs) and get three names, so no run's Service, Jobs or
+    NetworkPolicy (which admits pods by this name as a label) are another run's. A long run id
+    keeps its head and its tail (time and random suffix), which tell runs apart.
     """
     name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", run_id.lower())).strip("-")
+    if name == run_id and name[:1].isalpha() and len(name) <= MAX_NAME:
+        return name
     if not name[:1].isalpha():
-        name = f"r-{name}"
-    if len(name) > MAX_NAME:
-        name = f"{name[: MAX_NAME - 21].rstrip('-')}-{name[-20:].lstrip('-')}"
-    return name
+        name = f"r-{name}".rstrip("-")
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:_DIGEST]
+    if len(name) + 1 + _DIGEST <= MAX_NAME:
+        return f"{name}-{digest}"
+    tail = name[-20:].lstrip("-")
+    head = name[: MAX_NAME - _DIGEST - len(tail) - 2].rstrip("-")
+    return f"{head}-{digest}-{tail}"
 
 
 def check_image(image: str) -> str:

@@ -74,7 +74,7 @@ class Plan:
     isolation: Isolation = HOST_NETWORK
     program: ProgramChoice = ProgramChoice(contract.KERAS3, "")
     # Local tasks get warm standbys (launcher/standby.py): a restart policy, not switched off, and
-    # a program that imports TensorFlow (or PSS servers that run it).
+    # a program that imports TensorFlow after env writes a standby can repeat (or PSS servers).
     standby: bool = False
 
     def task(self, name: str) -> TaskPlan:
@@ -226,7 +226,7 @@ def make_plan(
         program=program,
         standby=restart.policy != "never"
         and restart.standby
-        and (program.uses_tensorflow or program.serve_ps_workers)
+        and (program.warm_restarts or program.serve_ps_workers)
         and any(t.transport == "local" for t in tasks),
     )
 

@@ -13,6 +13,10 @@ module's, located the way ``python -m`` would find it, without importing it or i
   runs the program. Programs that import ``distlaunch.worker`` or create a
   ``tf.distribute.Server`` do the split themselves and run on every task.
 
+It also finds what the program writes to its environment before its first TensorFlow import
+(launcher/program_env.py): what a warm standby repeats for its own imports, or why the program
+restarts cold.
+
 The source is parsed with ``ast``: comments, strings and names that merely contain "keras" never
 count. Nothing here runs the program or touches a process; a source that cannot be found or
 parsed leaves the spec's meaning as it was before auto existed (Keras 3, program on every task).
@@ -22,18 +26,20 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
+from distlaunch.launcher import program_env
+from distlaunch.launcher.program_env import StandbyEnv
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.worker import contract
 
 AUTO = "auto"
 # The module ps and worker tasks run when the program does not serve by itself.
 SERVE_MODULE = "distlaunch.worker.serve"
-# Imports that load TensorFlow (distlaunch.worker builds the strategy).
-_TF_MODULES = ("tensorflow", "keras", "tf_keras", "distlaunch")
+_TF_MODULES = program_env.TF_MODULES
 UPSTREAM = {
     contract.MWMS: ("MultiWorkerMirroredStrategy", "keras-team/keras#20585"),
     contract.PSS: ("ParameterServerStrategy", "keras-team/keras#18624"),
@@ -52,6 +58,7 @@ class Facts:
     server_line: int | None = None  # creates a tf.distribute.Server itself
     # imports TensorFlow, a Keras or distlaunch.worker: what a warm standby imports in advance
     imports_tensorflow: bool = False
+    standby_env: StandbyEnv = StandbyEnv()  # what it writes to the env before that import
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,14 @@ class ProgramChoice:
     # False only when the source shows no TensorFlow import: a warm standby would then spend an
     # import (and its memory) the program never makes
     uses_tensorflow: bool = True
+    # the env the program writes before that import: a standby repeats it for its own imports, or
+    # (standby_env.cold says why) cannot, and the program restarts cold
+    standby_env: StandbyEnv = StandbyEnv()
+
+    @property
+    def warm_restarts(self) -> bool:
+        """Whether a warm standby can stand in for the program (launcher/standby.py)."""
+        return self.uses_tensorflow and not self.standby_env.cold
 
     def start_note(self, strategy: str) -> str | None:
         """The one line `up` prints when auto switched the program to tf_keras, else None."""
@@ -84,6 +99,9 @@ class ProgramChoice:
             "serve_ps_workers": self.serve_ps_workers,
             "serve_reason": self.serve_reason,
             "uses_tensorflow": self.uses_tensorflow,
+            # names only: a value written in the source may be a secret
+            "standby_env": sorted({w.name for w in self.standby_env.writes}),
+            "standby_cold": self.standby_env.cold,
         }
 
 
@@ -95,13 +113,35 @@ def choose(loaded: LoadedSpec) -> ProgramChoice:
     facts = None
     if source is not None:
         try:
-            facts = scan(source, where)
+            facts = scan(source, where, _program_dir(loaded))
         except (SyntaxError, ValueError) as exc:
             where = f"{where} does not parse ({exc.__class__.__name__})"
     keras, reason, auto = _keras(program.keras, facts, where, loaded.spec.strategy)
     serve, serve_reason = _serving(facts, where, loaded.spec.strategy)
     uses_tf = facts is None or facts.imports_tensorflow
-    return ProgramChoice(keras, reason, auto, serve, serve_reason, uses_tf)
+    env = (
+        facts.standby_env
+        if facts is not None
+        else StandbyEnv(
+            cold=f"what the program sets before importing TensorFlow is unknown ({where})"
+        )
+    )
+    return ProgramChoice(keras, reason, auto, serve, serve_reason, uses_tf, env)
+
+
+def standby_env(rest: Sequence[str], cwd: str) -> StandbyEnv:
+    """What a standby for a task running ``SCRIPT ARGS...`` or ``-m MODULE ARGS...`` (``rest``)
+    from ``cwd`` must write to its env before its imports, read from the program's source now."""
+    path = module_file(rest[1], Path(cwd)) if rest[0] == "-m" else Path(cwd, rest[0])
+    if path is None:
+        return StandbyEnv(cold=f"module {rest[1]} is not found by this Python")
+    # Where `python -m` or `python SCRIPT` puts sys.path[0].
+    folder = Path(cwd) if rest[0] == "-m" else path.resolve().parent
+    try:
+        source = path.read_text(encoding="utf-8")
+        return scan(source, str(path), folder).standby_env
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as exc:
+        return StandbyEnv(cold=f"{path} cannot be read ({exc.__class__.__name__})")
 
 
 def program_source(loaded: LoadedSpec) -> tuple[str | None, str]:
@@ -117,6 +157,24 @@ def program_source(loaded: LoadedSpec) -> tuple[str | None, str]:
         return path.read_text(encoding="utf-8"), str(path)
     except (OSError, UnicodeDecodeError) as exc:
         return None, f"{path} cannot be read ({exc.__class__.__name__})"
+
+
+def _program_dir(loaded: LoadedSpec) -> Path:
+    """The program's sys.path[0]: the script's folder, or the workdir for a module."""
+    return loaded.script.resolve().parent if loaded.script is not None else loaded.workdir
+
+
+def _own_module(name: str, folder: Path | None) -> tuple[str, str] | None:
+    """The source and file of module ``name`` where it is the program's own (in ``folder``)."""
+    if folder is None:
+        return None
+    path = module_file(name, folder)
+    if path is None or not path.resolve().is_relative_to(folder.resolve()):
+        return None
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def module_file(name: str, workdir: Path) -> Path | None:
@@ -161,8 +219,10 @@ def _find(fullname: str, path: list[str]) -> ModuleSpec | None:
     return None
 
 
-def scan(source: str, filename: str = "<program>") -> Facts:
-    """Return what ``source`` shows about Keras and serving (SyntaxError if it does not parse)."""
+def scan(source: str, filename: str = "<program>", folder: Path | None = None) -> Facts:
+    """Return what ``source`` shows about Keras, serving and its env writes before TensorFlow
+    (SyntaxError if it does not parse); ``folder``: the program's sys.path[0], where its own
+    modules are."""
     tree = ast.parse(source, filename)
     tf_names = {"tensorflow"}  # names bound to the tensorflow module: `import tensorflow as tf`
     tf_keras: list[int] = []
@@ -209,6 +269,9 @@ def scan(source: str, filename: str = "<program>") -> Facts:
         imports_distlaunch=imports_distlaunch,
         server_line=min(server, default=None),
         imports_tensorflow=imports_tensorflow,
+        standby_env=program_env.before_tensorflow(
+            tree, filename, lambda name: _own_module(name, folder)
+        ),
     )
 
 

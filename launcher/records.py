@@ -242,9 +242,13 @@ class Record:
         values = {name: getattr(self, name) for name in self.fields()}
         return self._make({**values, **changes}, self.model_fields_set | frozenset(changes))
 
-    def model_dump(self, mode: Literal["python", "json"] = "python") -> dict[str, Any]:
-        """The record as plain data (in "json" mode tuples become lists)."""
-        return {name: _data(getattr(self, name), mode == "json") for name in self.fields()}
+    def model_dump(
+        self, mode: Literal["python", "json"] = "python", exclude_unset: bool = False
+    ) -> dict[str, Any]:
+        """The record as plain data (in "json" mode tuples become lists); with ``exclude_unset``
+        only the fields the data named, in this record and the records it holds."""
+        names = [n for n in self.fields() if not exclude_unset or n in self.model_fields_set]
+        return {name: _data(getattr(self, name), mode == "json", exclude_unset) for name in names}
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is frozen")
@@ -274,14 +278,14 @@ def _checked(check: Callable[[Any], Any], value: Any, loc: tuple[str | int, ...]
         raise Invalid(loc, "value_error", f"Value error, {exc}", value, exc) from None
 
 
-def _data(value: Any, json: bool) -> Any:
+def _data(value: Any, json: bool, exclude_unset: bool) -> Any:
     if isinstance(value, Record):
-        return value.model_dump("json" if json else "python")
+        return value.model_dump("json" if json else "python", exclude_unset)
     if isinstance(value, list | tuple):
-        items = [_data(v, json) for v in value]
+        items = [_data(v, json, exclude_unset) for v in value]
         return items if json or isinstance(value, list) else tuple(items)
     if isinstance(value, dict):
-        return {k: _data(v, json) for k, v in value.items()}
+        return {k: _data(v, json, exclude_unset) for k, v in value.items()}
     return value
 
 

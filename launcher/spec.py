@@ -7,6 +7,7 @@ path and what was expected, so the CLI can print one line and exit 2.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -588,6 +589,22 @@ def load_spec(path: str | Path, options: SpecOptions = SpecOptions()) -> LoadedS
         apply_overrides(source, options.overrides, shown)
         expand(source, file.resolve().parent, shown, options)
         return _validate(source.raw, file, shown)
+    except SpecError as exc:
+        raise source.locate(exc) from None
+
+
+def load_spec_data(
+    raw: Mapping[str, Any], base: Path, shown: str, options: SpecOptions = SpecOptions()
+) -> LoadedSpec:
+    """Validate and resolve a spec given as data (the Python API's dict), relative paths against
+    ``base``; errors name ``shown`` where a file's would name the file. ``raw`` is not changed."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(shown, "$", f"expected a mapping, got {type(raw).__name__}")
+    source = Source(raw=copy.deepcopy(dict(raw)), file=shown)
+    try:
+        apply_overrides(source, options.overrides, shown)
+        expand(source, base.resolve(), shown, options)
+        return _validate(source.raw, base / shown, shown)
     except SpecError as exc:
         raise source.locate(exc) from None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +23,15 @@ from distlaunch.launcher.errors import SpecError, UsageError
 if TYPE_CHECKING:
     import yaml
 
-# A YAML spec may expand to at most this many nodes: anchors and aliases can otherwise make a
-# small file expand exponentially ("billion laughs").
-MAX_NODES = 200_000
+# Bounds on what a YAML spec or a `--set` value may cost before anything reads it as a spec:
+# anchors and aliases can otherwise make a small text expand exponentially ("billion laughs").
+MAX_YAML_BYTES = 1 << 20  # the text, checked before parsing
+MAX_OVERRIDE_BYTES = 64 << 10  # one `--set` value
+MAX_NODES = 200_000  # nodes composed, and values once aliases expand
+# Bytes once aliases expand: every value's JSON path (a spec file keeps one per value, for its
+# line) and string, counted at each place an alias puts it.
+MAX_EXPANDED_BYTES = 16 << 20
+MAX_KEY_CHARS = 256  # no spec key is longer; a longer one would flood the error that names it
 # Keys a host-file line may set after its name (`node1 slots=4`).
 HOSTFILE_KEYS = ("slots",)
 
@@ -91,14 +98,32 @@ def json_path(loc: Iterable[str | int]) -> str:
     return out
 
 
+class _TooBig(Exception):
+    """The YAML text composes to more than MAX_NODES nodes."""
+
+
 @functools.cache
 def _loader() -> type[yaml.SafeLoader]:
-    """SafeLoader with YAML 1.2 booleans: only true/false are booleans. YAML 1.1 also reads
-    yes/no/on/off as booleans, which would turn `host_key_checking: yes` into true."""
+    """The loader class, made on first use (with yaml's import)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
-        pass
+        """SafeLoader with YAML 1.2 booleans: only true/false are booleans. YAML 1.1 also reads
+        yes/no/on/off as booleans, which would turn `host_key_checking: yes` into true.
+
+        It also stops composing after MAX_NODES nodes (an alias adds none: it is the anchored
+        node again; what aliases expand to is counted by `_Expander`)."""
+
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.composed = 0
+
+        def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+            """Compose the next node, counting it."""
+            self.composed += 1
+            if self.composed > MAX_NODES:
+                raise _TooBig
+            return super().compose_node(parent, index)
 
     Loader.yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
@@ -114,104 +139,168 @@ def _loader() -> type[yaml.SafeLoader]:
 
 def read_yaml(text: str, shown: str) -> Source:
     """Parse a YAML spec into plain data, with the line of every value; SpecError on a syntax
-    error, a duplicate key, a non-string key or a file that expands too far."""
+    error, a duplicate key, a non-string or overlong key, or a text that is or expands too big."""
+    if len(text) > MAX_YAML_BYTES or len(text.encode()) > MAX_YAML_BYTES:
+        size = len(text.encode())
+        raise SpecError(shown, "$", f"expected a YAML spec of at most 1 MiB, got {size} bytes")
+    node = _compose(text, shown)
+    if node is None:
+        raise SpecError(shown, "$", "expected a mapping (the file is empty)")
+    source = Source(raw=None, file=shown)
+    source.raw = _Expander(shown, source.lines).plain(node, ())
+    return source
+
+
+def _compose(text: str, shown: str) -> yaml.Node | None:
+    """The node tree of ``text`` (aliases still shared); SpecError on a syntax error or too many
+    nodes."""
     import yaml
 
     loader = _loader()(text)
     try:
-        node = loader.get_single_node()
+        return loader.get_single_node()
+    except _TooBig:
+        raise SpecError(shown, "$", f"expected at most {MAX_NODES} YAML nodes") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{shown}:{mark.line + 1}" if mark else shown
-        raise SpecError(where, "$", f"invalid YAML: {exc.problem or exc.context}") from None
+        problem = cut(exc.problem or exc.context or "", 120)
+        raise SpecError(where, "$", f"invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(shown, "$", f"invalid YAML: {exc}") from None
+        raise SpecError(shown, "$", f"invalid YAML: {cut(str(exc), 120)}") from None
     finally:
         loader.dispose()
-    if node is None:
-        raise SpecError(shown, "$", "expected a mapping (the file is empty)")
-    source = Source(raw=None, file=shown)
-    budget = [MAX_NODES]
-    source.raw = _plain(loader, node, (), source.lines, budget, shown)
-    return source
 
 
-def _plain(
-    loader: yaml.SafeLoader,
-    node: yaml.Node,
-    loc: tuple[str | int, ...],
-    lines: dict[str, int],
-    budget: list[int],
-    shown: str,
-    mark: yaml.Mark | None = None,
-) -> Any:
-    """The data of ``node``, recording each path's line (``mark``: where its key is written)."""
-    import yaml
+class _Expander:
+    """Turns a YAML node tree into plain data, expanding aliases within MAX_NODES values and
+    MAX_EXPANDED_BYTES, and records the line of every JSON path in ``lines``."""
 
-    budget[0] -= 1
-    path = json_path(loc)
-    if budget[0] < 0:
-        raise SpecError(shown, path, f"expected at most {MAX_NODES} values (aliases expand)")
-    lines.setdefault(path, (mark or node.start_mark).line + 1)
-    if isinstance(node, yaml.MappingNode):
-        out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = loader.construct_object(key_node)
-            if not isinstance(key, str):
-                raise SpecError(
-                    f"{shown}:{key_node.start_mark.line + 1}",
-                    path,
-                    f"expected string keys, got {key!r}",
-                )
-            if key in out:
-                raise SpecError(
-                    f"{shown}:{key_node.start_mark.line + 1}",
-                    json_path((*loc, key)),
-                    f"key {key!r} appears twice; expected it once",
-                )
-            out[key] = _plain(
-                loader,
-                value_node,
-                (*loc, key),
-                lines,
-                budget,
-                shown,
-                key_node.start_mark,
+    def __init__(self, shown: str, lines: dict[str, int]) -> None:
+        self.shown = shown
+        self.lines = lines
+        self.nodes = MAX_NODES
+        self.bytes = MAX_EXPANDED_BYTES
+        import yaml
+
+        # The loader's resolver gave each scalar its tag; constructing it is SafeLoader's.
+        self.constructor = yaml.constructor.SafeConstructor()
+
+    def plain(
+        self, node: yaml.Node, loc: tuple[str | int, ...], mark: yaml.Mark | None = None
+    ) -> Any:
+        """The data of ``node`` at ``loc`` (``mark``: where its key is written)."""
+        import yaml
+
+        path = json_path(loc)
+        self.nodes -= 1
+        self.bytes -= len(path) + (len(node.value) if isinstance(node.value, str) else 0)
+        if self.nodes < 0 or self.bytes < 0:
+            raise SpecError(
+                f"{self.shown}:{node.start_mark.line + 1}",
+                short_path(path),
+                f"expected at most {MAX_NODES} values and {MAX_EXPANDED_BYTES >> 20} MiB "
+                "once aliases expand",
             )
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [
-            _plain(loader, child, (*loc, i), lines, budget, shown)
-            for i, child in enumerate(node.value)
-        ]
-    value = loader.construct_object(node)
-    if not isinstance(value, (str, int, float, bool, type(None))):
-        # A timestamp or binary: no spec value is one; say so as a string at its path.
-        return str(value)
-    return value
+        self.lines.setdefault(path, (mark or node.start_mark).line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = self._key(key_node, loc)
+                if key in out:
+                    raise SpecError(
+                        f"{self.shown}:{key_node.start_mark.line + 1}",
+                        short_path(json_path((*loc, key))),
+                        f"key {preview(key)} appears twice; expected it once",
+                    )
+                out[key] = self.plain(value_node, (*loc, key), key_node.start_mark)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.plain(child, (*loc, i)) for i, child in enumerate(node.value)]
+        value = self.constructor.construct_object(node)
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            # A timestamp or binary: no spec value is one; say so as a string at its path.
+            return str(value)
+        return value
+
+    def _key(self, node: yaml.Node, loc: tuple[str | int, ...]) -> str:
+        """The string a key node holds; SpecError for any other key or an overlong one."""
+        import yaml
+
+        where = f"{self.shown}:{node.start_mark.line + 1}"
+        if not isinstance(node, yaml.ScalarNode):  # never constructed: it may be an alias tree
+            raise SpecError(
+                where, short_path(json_path(loc)), f"expected string keys, got a {node.id}"
+            )
+        key = self.constructor.construct_object(node)
+        if not isinstance(key, str):
+            raise SpecError(
+                where, short_path(json_path(loc)), f"expected string keys, got {preview(key)}"
+            )
+        if len(key) > MAX_KEY_CHARS:
+            raise SpecError(
+                where,
+                short_path(json_path(loc)),
+                f"expected keys of at most {MAX_KEY_CHARS} characters, got {preview(key)}",
+            )
+        return key
+
+
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxlevel, _PREVIEW.maxlist, _PREVIEW.maxdict = 2, 3, 3
+_PREVIEW.maxstring = _PREVIEW.maxother = 40
+
+
+def preview(value: Any, limit: int = 40) -> str:
+    """``value`` as an error message shows it: its repr, cut to about ``limit`` characters (a
+    string says its length); never walks more than a few items of a list or mapping."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    return _PREVIEW.repr(value)
+
+
+def cut(text: str, limit: int = 60) -> str:
+    """``text`` as an error message echoes it: its start and length when long."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def short_path(path: str) -> str:
+    """A JSON path as an error message shows it: its start and end when long."""
+    return path if len(path) <= 120 else f"{path[:60]}...{path[-56:]}"
 
 
 def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
-    """Split ``key.path=value`` into path parts and a value read as a YAML/JSON scalar or list;
-    UsageError when it is not of that form."""
+    """Split ``key.path=value`` into path parts and a value read as a YAML/JSON scalar or list
+    (within the bounds of a YAML spec); UsageError when it is not of that form."""
     key, sep, value_text = text.partition("=")
     parts = key.strip().split(".")
+    shown = f"--set {cut(text)}"
     if not sep or not all(re.fullmatch(r"[A-Za-z0-9_.-]+", p) for p in parts):
-        raise UsageError(f"--set {text!r}: expected KEY.PATH=VALUE, e.g. tasks.worker.count=4")
-    import yaml
-
-    try:
-        value = yaml.load(value_text, Loader=_loader()) if value_text.strip() else ""
-    except yaml.YAMLError as exc:
-        raise UsageError(f"--set {text}: the value is not valid YAML/JSON: {exc}") from None
-    loc = tuple(int(p) if p.isdigit() else p for p in parts)
+        raise UsageError(
+            f"--set {preview(text, 60)}: expected KEY.PATH=VALUE, e.g. tasks.worker.count=4"
+        )
+    if len(value_text.encode()) > MAX_OVERRIDE_BYTES:
+        raise UsageError(f"{shown}: expected a value of at most {MAX_OVERRIDE_BYTES >> 10} KiB")
+    value: Any = ""
+    if value_text.strip():
+        try:
+            node = _compose(value_text, shown)
+            value = _Expander(shown, {}).plain(node, ()) if node is not None else None
+        except SpecError as exc:
+            raise UsageError(f"{shown}: the value: {exc.message}") from None
+        except RecursionError:
+            raise UsageError(f"{shown}: the value is nested too deeply") from None
+    loc = tuple(int(p) if p.isdecimal() and p.isascii() else p for p in parts)
     return loc, value
 
 
 def apply_overrides(source: Source, overrides: Iterable[str], shown: str) -> None:
     """Write each ``key.path=value`` into the raw spec, creating objects on the way."""
-    for text in overrides:
-        loc, value = parse_override(text)
+    for full in overrides:
+        loc, value = parse_override(full)
+        text = cut(full)  # as error messages echo it
         node = source.raw
         for i, part in enumerate(loc[:-1]):
             nxt = loc[i + 1]
@@ -271,7 +360,7 @@ def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
             raise SpecError(
                 where,
                 "$.hostfile",
-                f"expected a host name or IPv4 address, got {name!r}",
+                f"expected a host name or IPv4 address, got {preview(name)}",
             )
         if name in seen:
             raise SpecError(where, "$.hostfile", f"host {name!r} appears twice; expected it once")
@@ -282,13 +371,14 @@ def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
                 raise SpecError(
                     where,
                     "$.hostfile",
-                    f"expected slots=N after the host name, got {word!r}",
+                    f"expected slots=N after the host name, got {preview(word)}",
                 )
-            if not value.isdigit() or int(value) < 1:
+            # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+            if not re.fullmatch(r"[0-9]{1,9}", value) or int(value) < 1:
                 raise SpecError(
                     where,
                     "$.hostfile",
-                    f"expected slots to be an integer >= 1, got {value!r}",
+                    f"expected slots to be an integer >= 1, got {preview(value)}",
                 )
             slots = int(value)
         out.append((name, slots, number))

@@ -10,11 +10,15 @@ task, works while the GIL is held or the main thread sits in C++, and with ``--n
 C++ frames TensorFlow waits in. Hand-made ptrace or gdb scripts would be worse at all of that.
 
 This module runs py-spy, parses its text and summarises it; it writes only the stacks files it
-is asked to, and never signals or stops a task.
+is asked to, and never stops a task. A capture goes where the task runs: each transport names
+its tasks' source (`Transport.stacks`), which the supervisor and `distlaunch stacks` both ask.
+The only signal ever sent is the faulthandler fallback's SIGUSR2, to the task's program itself
+(never to an ssh, srun or compose client standing for it), once its handler is in place.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,7 +28,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +40,9 @@ from distlaunch.worker import contract
 DUMP_TIMEOUT_S = 60.0
 # How long a task may take to write its faulthandler dump after the signal.
 SIGNAL_TIMEOUT_S = 5.0
+# How long the remote helper may take to answer a stacks query: py-spy with native frames, then
+# without, then the faulthandler, plus a connection or a job step to get there.
+HELPER_TIMEOUT_S = 2 * DUMP_TIMEOUT_S + SIGNAL_TIMEOUT_S + 30
 STACKS_DIR = "stacks"
 
 # `Thread 30246 (idle): "MainThread"`
@@ -264,8 +271,9 @@ def where(threads: Sequence[Thread]) -> Where | None:
     return Where(user, None, main.name)
 
 
-# Where one task's dump comes from: a callable that returns py-spy's text or raises StackError
-# (`local` for a process on this machine; an SSH host's helper for a remote one).
+# Where one task's dump comes from: a callable that returns py-spy's text or raises StackError.
+# Each transport says where its tasks' come from (`Transport.stacks`): `local` for a program on
+# this machine, `helper` for the remote helper run where the task runs (SSH, Slurm, a container).
 Source = Callable[[], str]
 
 
@@ -312,8 +320,9 @@ def _children(pid: int) -> list[int]:
 
 
 def local(pid: int, native: bool = True, fallback: Path | None = None) -> Source:
-    """The source of a task running on this machine as ``pid`` (as this machine's /proc sees it);
-    when py-spy cannot read it, the task's own faulthandler dump into ``fallback`` (if any)."""
+    """The source of a program running on this machine as ``pid`` (as this machine's /proc sees
+    it); when py-spy cannot read it, the program's own faulthandler dump into ``fallback`` (if
+    any). ``pid`` must be the task's program itself: it is the one signalled."""
 
     def source() -> str:
         try:
@@ -322,6 +331,33 @@ def local(pid: int, native: bool = True, fallback: Path | None = None) -> Source
             if fallback is None or not fallback.exists():
                 raise
             return signalled(pid, fallback, str(exc))
+
+    return source
+
+
+def helper(argv: Sequence[str], run_id: str, task: str, native: bool, at: str) -> Source:
+    """The source of ``task`` read where it runs by the remote helper that ``argv`` starts there
+    (worker/remote.py's stacks query: py-spy on that host, else the program's faulthandler).
+    ``at`` (the host, node or container) heads the one line that says why there are none."""
+    line = json.dumps({"stacks": {"run_id": run_id, "task": task, "native": native}}) + "\n"
+
+    def source() -> str:
+        try:
+            done = subprocess.run(
+                list(argv),
+                input=line.encode(),
+                capture_output=True,
+                timeout=HELPER_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise StackError(f"{at}: no answer within {HELPER_TIMEOUT_S:g} s") from None
+        except OSError as exc:
+            raise StackError(f"{at}: {exc}") from None
+        if done.returncode != 0:
+            why = _last_line(done.stderr.decode(errors="replace"))
+            raise StackError(f"{at}: {why or f'exit code {done.returncode}'}")
+        return done.stdout.decode(errors="replace")
 
     return source
 
@@ -391,21 +427,28 @@ def stacks_folder(run_dir: Path, stamp: str | None = None) -> Path:
     raise StackError(f"too many captures named {stamp} in {base}")
 
 
-def hung(captures: Sequence[Capture]) -> list[Capture]:
-    """The tasks stuck in their own code while others wait in TensorFlow for them.
+def hung(captures: Sequence[Capture], among: Collection[str] | None = None) -> list[Capture]:
+    """The tasks stuck in their own code while others wait in TensorFlow for them; with ``among``
+    (the tasks known to be silent), only those can be named: a task that still prints or beats
+    is in its own code because it works.
 
     When every task waits in TensorFlow (a lost peer, a deadlock inside TensorFlow) none is named.
     """
     read = [c for c in captures if c.where is not None]
     own = [c for c in read if c.where.waits_in is None]
-    return own if len(own) < len(read) or len(read) == 1 else []
+    if not (len(own) < len(read) or len(read) == 1):
+        return []
+    return [c for c in own if among is None or c.task in among]
 
 
-def summary(captures: Sequence[Capture], silent: bool = False) -> list[str]:
+def summary(
+    captures: Sequence[Capture], silent: bool = False, among: Collection[str] | None = None
+) -> list[str]:
     """The lines that say where every task is. When the tasks are known to be ``silent`` (the
-    watchdog, a stale heartbeat), the hung ones come first, marked ``hung``; a task of a healthy
-    run is in its own code most of the time, so nothing else is called hung."""
-    stuck = hung(captures) if silent else []
+    watchdog, a stale heartbeat; ``among``: which of them), the hung ones come first, marked
+    ``hung``; a task of a healthy run is in its own code most of the time, so nothing else is
+    called hung."""
+    stuck = hung(captures, among) if silent else []
     lines = [f"hung: {c.line()}" for c in stuck]
     lines += [c.line() for c in captures if c not in stuck]
     return lines
@@ -426,6 +469,12 @@ def _is_library(file: str) -> bool:
 
 def _short(frame: Frame) -> str:
     return f"{frame.function} ({Path(frame.where).name}:{frame.line})"
+
+
+def _last_line(stderr: str) -> str:
+    """The line of a helper's stderr (or of ssh's, srun's, docker's) that says what went wrong."""
+    lines = [x.strip() for x in stderr.splitlines() if x.strip() and not x.startswith("Warning:")]
+    return lines[-1].removeprefix("distlaunch.worker.remote: ") if lines else ""
 
 
 def _first_error(stderr: str) -> str:

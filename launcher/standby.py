@@ -3,13 +3,17 @@ become the task's next attempt, so that a restart costs a cluster join and a che
 not a new Python importing TensorFlow (3.7-5 s per process on the development machine).
 
 A standby is the task's next attempt started early and held at the door. It runs the task's own
-command through the bootstrap (``bootstrap.py --standby FD SCRIPT ARGS...``; a PSS server task's
-``-m distlaunch.worker.serve`` likewise), under taskinit like every task (its own PID namespace,
-the run's network namespace, the parent-death signal: it dies with the launcher and nothing it
-starts outlives it), and with exactly the env, cwd and output of that attempt: the same
-TF_CONFIG, the next DISTLAUNCH_ATTEMPT and error file, that attempt's log. Whatever TensorFlow
-reads from the env at import is thus already right, and the program cannot tell (the bootstrap
-sets ``sys.argv``, ``sys.path[0]`` and ``__main__`` only as a cold start would).
+command, ``bootstrap.py SCRIPT ARGS...`` (a PSS server task's ``-m distlaunch.worker.serve``
+through the bootstrap too), under taskinit like every task (its own PID namespace, the run's
+network namespace, the parent-death signal: it dies with the launcher and nothing it starts
+outlives it), and with exactly the env, cwd and output of that attempt: the same TF_CONFIG, the
+next DISTLAUNCH_ATTEMPT and error file, that attempt's log; plus DISTLAUNCH_STANDBY, which the
+bootstrap removes first: its control socket and the env writes the program makes before its
+TensorFlow import (launcher/program_env.py, read from the source when the standby starts). The
+bootstrap makes those writes for its imports and undoes them, so TensorFlow reads at import
+what a cold start gives it, and the program cannot tell (the bootstrap sets ``sys.argv``,
+``sys.path[0]`` and ``__main__`` only as a cold start would). A program whose writes cannot be
+repeated gets no standby: it restarts cold (`plan` says why).
 
 No trace unless used: its log is an unnamed file (O_TMPFILE) in RUN/logs, linked to the attempt's
 log path when the standby becomes the task; the attempt's other files (stacks, errors) are made
@@ -26,6 +30,7 @@ or starts the task cold.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -33,8 +38,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher import procs, rundir
+from distlaunch.launcher import procs, program_scan, rundir
 from distlaunch.launcher.plan import TaskPlan
+from distlaunch.launcher.program_env import StandbyEnv
 from distlaunch.launcher.program_scan import SERVE_MODULE
 from distlaunch.launcher.transports.netns import Sandbox
 from distlaunch.worker import bootstrap, contract
@@ -53,14 +59,23 @@ class _Standby:
         return self.proc.poll() is None
 
 
-def standby_argv(argv: Sequence[str], fd: int) -> tuple[str, ...] | None:
-    """The standby form of a local task's command, or None for a command it cannot stand in for."""
-    python, *rest = argv
+def standby_start(task: TaskPlan, fd: int) -> tuple[tuple[str, ...], dict[str, str]] | None:
+    """The command and env of a standby for local ``task``, talking on socket ``fd``; None for a
+    task no standby can stand in for (not a bootstrap or server command, or a program whose env
+    writes before its TensorFlow import cannot be repeated)."""
+    python, *rest = task.argv
     if rest[:1] == [bootstrap.__file__]:
-        rest = rest[1:]
-    elif rest[:2] != ["-m", SERVE_MODULE]:
+        argv = tuple(task.argv)
+        env = program_scan.standby_env(rest[1:], task.cwd)
+    elif rest[:2] == ["-m", SERVE_MODULE]:
+        argv = (python, bootstrap.__file__, *rest)
+        env = StandbyEnv()
+    else:
         return None
-    return (python, bootstrap.__file__, bootstrap.STANDBY_FLAG, str(fd), *rest)
+    if env.cold:
+        return None
+    order = {"fd": fd, "env": [w.to_json() for w in env.writes]}
+    return argv, {**task.env, bootstrap.STANDBY_ENV: json.dumps(order)}
 
 
 class Standbys:
@@ -158,12 +173,12 @@ class Standbys:
             return None
         ours, theirs = socket.socketpair()  # both close-on-exec: only the standby gets its end
         try:
-            argv = standby_argv(task.argv, theirs.fileno())
-            if argv is None:
+            start = standby_start(task, theirs.fileno())
+            if start is None:
                 raise OSError(f"no standby for {task.argv[:3]}")
             namespaces = self.sandbox.namespaces() if self.sandbox is not None else None
             proc, tree_fd = procs.spawn_contained(
-                argv, task.env, task.cwd, log_fd, namespaces, pass_fds=[theirs.fileno()]
+                *start, task.cwd, log_fd, namespaces, pass_fds=[theirs.fileno()]
             )
         except OSError:
             os.close(log_fd)

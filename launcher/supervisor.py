@@ -325,23 +325,32 @@ class Supervisor:
 
     def _on_silence(self, task: _Task, silent_s: float) -> RunResult | None:
         """No task output, heartbeat or CPU for silence_s: capture where every task is, then
-        report the task stuck in its own code (the others wait in TensorFlow for it)."""
+        report the silent task stuck in its own code (the others wait in TensorFlow for it)."""
         captures = self._capture_stacks()
-        stuck = stacks.hung(captures)
+        # Who may be named hung: the tasks silent for most of the window too (the hung one went
+        # quiet around when its peers blocked on it); a task that printed or beat since works.
+        now, half = time.monotonic(), (self.timeouts.silence_s or 0) / 2
+        silent = {task.name} | {
+            t.name
+            for t in self.tasks.values()
+            if t.alive and self.watchdog.silent_for(t.name, now) > half
+        }
+        stuck = stacks.hung(captures, silent)
         culprit = self.tasks[stuck[0].task] if stuck else task
         how = (
             f"hung: no log output, heartbeat or CPU progress for {silent_s:.0f} s "
             "(timeouts.silence_s)"
         )
-        where = tuple(stacks.summary(captures, silent=True))
+        where = tuple(stacks.summary(captures, silent=True, among=silent))
         return self._on_hang(culprit, how, where, silent_s)
 
     def _capture_stacks(self) -> list[stacks.Capture]:
-        """Every running task's stacks, into RUN/stacks/<time>/ (Python frames: fast)."""
+        """Every running task's stacks, into RUN/stacks/<time>/ (Python frames: fast), each read
+        where the task runs, as its transport says."""
         sources = {
-            t.name: stacks.local(self._program(t), native=False, fallback=self._signal_file(t))
+            t.name: self.transport.stacks(t.handle, native=False)
             for t in self.tasks.values()
-            if t.alive
+            if t.alive and t.handle is not None
         }
         if not sources:
             return []
@@ -362,10 +371,6 @@ class Supervisor:
         if found is None or found == keeper:
             found = self._programs[task.name] = stacks.program_pid(keeper)
         return found
-
-    def _signal_file(self, task: _Task) -> Path:
-        attempt = task.ledger.entry.attempt
-        return contract.stacks_signal_path(self.run_dir, attempt, task.plan.role, task.plan.index)
 
     def _on_control_requests(self) -> RunResult | None:
         for name in rundir.take_restart_requests(self.run_dir):

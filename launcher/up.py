@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,18 +92,35 @@ def build_plan(loaded: LoadedSpec, target: RunTarget) -> Plan:
     return backend(loaded.spec.backend).plan(loaded, target.run_id, target.run_dir, target.attempt)
 
 
+def claim_and_up(
+    loaded: LoadedSpec,
+    target: RunTarget,
+    console: Console,
+    image: ImageRequest | None = None,
+    requeue: bool = False,
+    before_start: Callable[[Path], None] | None = None,
+) -> None:
+    """`up` holding the run dir's claim (one launcher per run dir, for this launcher's life)."""
+    previous_attempt = target.previous.attempt if target.previous else None
+    with rundir.claim(target.run_dir, previous_attempt, loaded.spec.permissions == "private"):
+        up(loaded, target, console, image, requeue, before_start)
+
+
 def up(
     loaded: LoadedSpec,
     target: RunTarget,
     console: Console,
     image: ImageRequest | None = None,
     requeue: bool = False,
+    before_start: Callable[[Path], None] | None = None,
 ) -> None:
     """Run the job to its end; raise RunFailed or Interrupted (after full teardown) if it did not succeed.
 
     The backend checks its hosts first (HostError, nothing started, when an SSH host is not
     usable), then plans; with the compose backend the tasks run in containers of ``image``;
     with the slurm backend ``requeue`` requeues a batch job stopped by its pre-timeout signal.
+    ``before_start`` gets the run dir once it exists, before any task starts (`distlaunch.run`
+    writes its function there).
     """
     procs.raise_fd_limit()  # a few descriptors per task: hundreds of tasks pass 1024
     private = loaded.spec.permissions == "private"
@@ -111,6 +128,8 @@ def up(
         plan = launch.plan(target.run_id, target.run_dir, target.attempt)
         with _umask(rundir.PRIVATE_UMASK if private else None):
             rundir.make_dirs(target.run_dir, target.attempt, private)
+            if before_start is not None:
+                before_start(target.run_dir)
             record = _new_record(loaded, plan, target)
             verb = "resuming" if target.previous else "starting"
             where = " in containers" if all(t.transport == "compose" for t in plan.tasks) else ""

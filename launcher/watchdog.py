@@ -49,6 +49,11 @@ class Watchdog:
         self._tracks.pop(name, None)
         self.rss.pop(name, None)
 
+    def silent_for(self, name: str, now: float) -> float:
+        """Seconds since ``name`` last made progress, as its samples so far show (0: none yet)."""
+        track = self._tracks.get(name)
+        return now - track.since if track is not None else 0.0
+
     def observe(self, name: str, now: float, sample: Sample) -> float:
         """Record ``sample`` of ``name`` taken at ``now``; return seconds since its progress."""
         # A dying process reads as RSS 0: the last size worth reporting is the one before.

@@ -8,7 +8,8 @@ Layout (N is picked at random so parallel sessions do not collide)::
                                                                     +-- dlsN-o  10.77.N.4 (outsider)
 
 The outsider is a machine on the same network that is no part of any cluster: firewall tests
-check that it cannot reach a run's task ports.
+check that it cannot reach a run's task ports. `HostLab.through` reaches one host through another
+(a jump host, as ProxyJump or ProxyCommand do on real networks).
 
 The bridge lives in a namespace of its own: its netfilter tables are empty, so firewall rules of
 the root namespace (Docker sets FORWARD to DROP) never see host-to-host traffic, and nothing of
@@ -113,6 +114,30 @@ class HostLab:
         }
         entry.update(overrides)
         return entry
+
+    def through(self, jump: TestHost) -> list[str]:
+        """ssh options that reach a host through ``jump`` (its sshd forwards the connection, as a
+        bastion does): the host sees the session come from ``jump``'s address. ProxyCommand, not
+        ProxyJump: the jump connection then gets this lab's key and known_hosts too."""
+        inner = shlex.join(
+            [
+                "ssh",
+                "-i",
+                str(self.identity),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                f"UserKnownHostsFile={self.known_hosts}",
+                "-o",
+                "GlobalKnownHostsFile=/dev/null",
+                "-W",
+                "%h:%p",
+                f"root@{jump.address}",
+            ]
+        )
+        return [f"ProxyCommand={inner}"]
 
     def processes(self, host: TestHost) -> list[psutil.Process]:
         """Every live process in ``host``'s namespace other than its sshd."""

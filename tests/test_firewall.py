@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -102,12 +103,12 @@ def test_each_remote_host_admits_every_host_of_the_run_to_its_own_ports_only() -
     assert sorted(rules) == ["node1", "node2"]  # this machine is no remote host
     assert rules["node1"].ports == (4000,) and rules["node2"].ports == (4001, 4002)
     assert rules["node1"].allow == rules["node2"].allow == ("10.0.0.1", "10.0.0.2", "10.0.0.9")
-    assert firewall.plan_json("off", "r", rules)["hosts"] == {}
+    assert firewall.plan_json("off", rules)["hosts"] == {}
 
 
 def test_the_nft_script_drops_all_but_the_run_and_a_hostile_run_id_stays_a_name() -> None:
-    table = guard.table_name('x"; flush ruleset; }\ntable ip t {')
-    assert table.startswith("distlaunch_x") and table[len("distlaunch_") :].isidentifier()
+    name = firewall.rules_name('x"; flush ruleset; }\ntable ip t {', "/runs/x", "node1")
+    assert guard.NAME.fullmatch(name) and guard.table_name(name).startswith("distlaunch_x")
     script = guard.nft_ruleset("distlaunch_r", (4000, 4001), ["10.0.0.2", "10.0.0.1", "fd00::1"])
     assert "tcp dport { 4000, 4001 } ip saddr { 10.0.0.1, 10.0.0.2 } accept" in script
     assert "tcp dport { 4000, 4001 } ip6 saddr { fd00::1 } accept" in script
@@ -143,10 +144,11 @@ def test_a_bad_protect_value_is_one_line_and_plan_shows_the_rules(tmp: Path) -> 
     plan = distlaunch("plan", str(write_spec(tmp, hosts=hosts, tasks=tasks)))
     assert plan.returncode == 0, plan.stderr
     assert "node2: nftables table inet distlaunch_t_" in plan.stdout
-    assert (
-        "tcp ports 4001 admit 10.1.0.1, 10.1.0.2, the launcher's SSH address and loopback"
-        in plan.stdout
-    )
+    assert re.search(
+        r"tcp ports 4001 admit 10\.1\.0\.1, 10\.1\.0\.2, the launcher \([0-9a-f.:, ]+\), "
+        r"the address the launcher's SSH session comes from and loopback;",
+        plan.stdout,
+    ), plan.stdout
     local = distlaunch("plan", "--json", str(write_spec(tmp)))
     assert json.loads(local.stdout)["network"] == {"protect": "auto", "hosts": {}}
 
@@ -233,6 +235,7 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
     )
     request = {
         "run_id": f"g-{how}",
+        "name": f"g_{how}_1a2b",
         "ports": [4000],
         "allow": ["10.9.9.9"],
         "heartbeat_s": 1,
@@ -241,9 +244,9 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
     proc.stdin.flush()
     answer = json.loads(proc.stdout.readline())
     name = (
-        guard.table_name(request["run_id"])
+        guard.table_name(request["name"])
         if backend == "nftables"
-        else guard.chain_name(request["run_id"])
+        else guard.chain_name(request["name"])
     )
     assert answer == {
         "protected": True,
@@ -273,13 +276,13 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
 
 @pytest.mark.parametrize("backend", ["nftables", "iptables"])
 def test_remove_takes_away_what_a_sigkilled_guard_left(netns_name: str, backend: str) -> None:
-    """`down` runs ``guard --remove RUN_ID`` on a Slurm run's nodes, where a cancelled step
+    """`down` runs ``guard --remove NAME`` on a Slurm run's nodes, where a cancelled step
     SIGKILLs its guard."""
     argv = ["ip", "netns", "exec", netns_name, sys.executable, "-m", "distlaunch.worker.guard"]
     if backend == "iptables":
         argv = _hiding_nft(argv)
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    request = {"run_id": "left", "ports": [4000, 4001], "allow": ["10.9.9.9"]}
+    request = {"run_id": "left", "name": "left_1a2b", "ports": [4000, 4001], "allow": ["10.9.9.9"]}
     proc.stdin.write(json.dumps(request).encode() + b"\n")
     proc.stdin.flush()
     assert json.loads(proc.stdout.readline())["how"] == backend
@@ -288,12 +291,16 @@ def test_remove_takes_away_what_a_sigkilled_guard_left(netns_name: str, backend:
     proc.stdin.close()
     proc.stdout.close()
     assert _rules_left(netns_name)  # what a SIGKILLed guard leaves
-    done = subprocess.run([*argv, "--remove", "left"], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [*argv, "--remove", "left_1a2b"], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stderr
     removed = json.loads(done.stdout)["removed"]
     assert len(removed) == (1 if backend == "nftables" else 2), removed
     assert _rules_left(netns_name) == []
-    again = subprocess.run([*argv, "--remove", "left"], capture_output=True, text=True, check=False)
+    again = subprocess.run(
+        [*argv, "--remove", "left_1a2b"], capture_output=True, text=True, check=False
+    )
     assert json.loads(again.stdout) == {"removed": []}
 
 

@@ -1,6 +1,7 @@
 """The import structure: no module imports a layer above its own, and no import cycle anywhere.
 
-Layers, bottom to top: spec -> plan -> transports -> supervisor -> up -> cli. Every import
+Layers, bottom to top: spec -> plan -> transports -> supervisor -> up -> cli -> api (the Python
+API and the package root `distlaunch`, a front end over the same layers as the command line). Every import
 statement counts, also one inside a function or under TYPE_CHECKING: a lazy import is still a
 dependency. `distlaunch.worker` is below everything and imports no launcher code.
 """
@@ -13,10 +14,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = {"distlaunch.launcher": REPO / "launcher", "distlaunch.worker": REPO / "worker"}
+PACKAGES = {
+    "distlaunch": REPO / "launcher" / "root",  # the package root, kept inside launcher/
+    "distlaunch.launcher": REPO / "launcher",
+    "distlaunch.worker": REPO / "worker",
+}
 
 # Each launcher module's layer. A new module must be placed here (the test says so).
-LAYERS = ("worker", "spec", "plan", "transports", "supervisor", "up", "cli")
+LAYERS = ("worker", "spec", "plan", "transports", "supervisor", "up", "cli", "api")
 LAYER_OF = {
     # spec: what the spec is, and what every layer uses (errors, the run dir, the terminal)
     "distlaunch.launcher": "spec",
@@ -30,12 +35,15 @@ LAYER_OF = {
     "distlaunch.launcher.tfconfig": "spec",
     "distlaunch.launcher.evidence": "spec",
     "distlaunch.launcher.hints": "spec",
+    "distlaunch.launcher.api_types": "spec",  # the API's results and errors: plain data
+    "distlaunch.launcher.api_protocol": "spec",  # the API's caller <-> launcher process lines
     # plan: pure decisions made from the spec
     "distlaunch.launcher.plan": "plan",
     "distlaunch.launcher.ports": "plan",
     "distlaunch.launcher.isolation": "plan",
     "distlaunch.launcher.policy": "plan",
     "distlaunch.launcher.program_scan": "plan",
+    "distlaunch.launcher.program_env": "plan",  # the env a program sets before TensorFlow
     # transports: starting, watching and stopping tasks
     "distlaunch.launcher.procs": "transports",
     "distlaunch.launcher.transports": "transports",
@@ -54,6 +62,13 @@ LAYER_OF = {
     # the command line
     "distlaunch.launcher.cli": "cli",
     "distlaunch.launcher.__main__": "cli",
+    "distlaunch.launcher.api_child": "cli",  # the launcher process of a run started from Python
+    # the Python API: launch/up/run, the package root, the pytest plugin
+    "distlaunch.launcher.api": "api",
+    "distlaunch.launcher.api_call": "api",
+    "distlaunch.launcher.api_reads": "api",
+    "distlaunch": "api",  # the root's own modules are each listed: it is no prefix
+    "distlaunch.pytest_plugin": "api",
 }
 
 
@@ -61,6 +76,8 @@ def _modules() -> dict[str, Path]:
     found = {}
     for package, folder in PACKAGES.items():
         for path in sorted(folder.rglob("*.py")):
+            if package == "distlaunch.launcher" and PACKAGES["distlaunch"] in path.parents:
+                continue  # launcher/root is the package `distlaunch`, not a launcher module
             parts = path.relative_to(folder).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
@@ -100,7 +117,11 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 def _layer(module: str) -> str:
     if module.startswith("distlaunch.worker"):
         return "worker"
+    if module in LAYER_OF:
+        return LAYER_OF[module]
     for prefix in sorted(LAYER_OF, key=len, reverse=True):
+        if prefix == "distlaunch":
+            continue
         if module == prefix or module.startswith(prefix + "."):
             return LAYER_OF[prefix]
     pytest.fail(f"{module} has no layer: add it to LAYER_OF in {__file__}")

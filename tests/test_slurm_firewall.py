@@ -41,7 +41,10 @@ def test_outsider_is_shut_out_while_nodes_connect_and_kill_9_leaves_no_rule(
         assert plan.returncode == 0, plan.stderr
         rule = next(line for line in plan.stdout.splitlines() if f"  {node1.name}: " in line)
         # The launcher's own address (the join check connects from it), not an SSH session's.
-        assert f"admit {lab.controller_address}, {node1.name}, {node2.name} and loopback" in rule
+        assert (
+            f"admit {node1.name}, {node2.name}, the launcher ({lab.controller_address}) and "
+            "loopback;"
+        ) in rule
         with open(tmp / "out.txt", "w") as out:
             launcher = subprocess.Popen(
                 lab.command(_launcher("up", str(spec))), cwd=tmp, env=env, stdout=out, stderr=out
@@ -149,7 +152,8 @@ def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
-        guard.stdin.write(json.dumps({"run_id": "left", "ports": [4000], "allow": []}).encode())
+        request = {"run_id": "left", "name": "left_1a2b", "ports": [4000], "allow": []}
+        guard.stdin.write(json.dumps(request).encode())
         guard.stdin.write(b"\n")
         guard.stdin.flush()
         assert json.loads(guard.stdout.readline())["protected"]
@@ -164,7 +168,7 @@ def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -
             "import json, sys; from distlaunch.launcher.transports import slurm; "
             "slurm.cancel_steps('left', *map(json.loads, sys.argv[1:]))"
         )
-        network = {"hosts": {node.name: {"protected": True}}}
+        network = {"hosts": {node.name: {"protected": True, "name": "left_1a2b"}}}
         done = lab.run(
             [sys.executable, "-c", code, json.dumps({"job_id": job}), json.dumps(network)],
             env=env,

@@ -31,6 +31,7 @@ from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.plan import for_attempt, make_plan
 from distlaunch.launcher.spec import load_spec
 from distlaunch.launcher.standby import Standbys
+from distlaunch.worker import bootstrap
 
 pytestmark = pytest.mark.integration
 
@@ -237,9 +238,16 @@ def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path) -> None:
             "the standby to be ready",
             launcher=launcher,
         )
-        keeper = record["standbys"]["worker-0"]["pid"]
-        standby = [p for p in processes_of_run(record["run_id"]) if p.pid != keeper]
-        assert any("--standby" in p.cmdline() for p in standby)
+        running = [
+            p
+            for p in processes_of_run(record["run_id"])
+            if p.cmdline()[1:] == [bootstrap.__file__, str(tmp / "task.py")]
+        ]
+        # The standby's command line is the task's own; only its initial env tells them apart.
+        standby = [p for p in running if "DISTLAUNCH_STANDBY" in p.environ()]
+        task = [p for p in running if "DISTLAUNCH_STANDBY" not in p.environ()]
+        assert len(standby) == len(task) == 1
+        assert standby[0].cmdline() == task[0].cmdline()
         launcher.kill()
         launcher.wait()
     finally:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import events, write_spec
-from distlaunch.launcher import rundir, supervisor
+from distlaunch.launcher import rundir, stacks, supervisor
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RecordError
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
@@ -117,6 +117,12 @@ class FakeTransport:
         for handle in handles:
             self.killed.append(handle.task.name)
             handle.exit(KILLED)
+
+    def stacks(self, handle: FakeHandle, native: bool) -> stacks.Source:
+        def source() -> str:
+            raise stacks.StackError("a fake task has no program to read")
+
+        return source
 
 
 def make_plan_for(tmp: Path, **spec: object) -> Plan:

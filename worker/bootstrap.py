@@ -4,12 +4,16 @@ The launcher runs ``PYTHON .../distlaunch/worker/bootstrap.py SCRIPT ARGS...`` (
 any interpreter works, also one without distlaunch installed) or, where distlaunch is installed
 (SSH hosts, containers), ``PYTHON -m distlaunch.worker.bootstrap -m MODULE ARGS...``.
 
-A warm standby (launcher/standby.py) runs ``bootstrap.py --standby FD SCRIPT ARGS...`` with the
-env, cwd and output of the task's next attempt: it sets ``sys.argv`` and ``sys.path[0]`` as below,
-imports TensorFlow and the plan's Keras (so TensorFlow reads the same env at import as in a cold
-start), writes ``r`` (ready) on the socket FD and blocks on it. ``g`` (go) closes FD and goes on
-exactly as a cold start does from there; EOF (the launcher discards it) or a failed import ends it
-quietly, and its output, never linked into the run dir, vanishes with it.
+A warm standby (launcher/standby.py) runs the task's own command, with the env, cwd and output
+of the task's next attempt and one more variable, DISTLAUNCH_STANDBY: the socket FD it talks on
+and the env writes the program makes before its TensorFlow import (launcher/program_env.py). It
+removes that variable, sets ``sys.argv`` and ``sys.path[0]`` as below, makes those writes,
+imports TensorFlow and the plan's Keras (so they read the env at import as in a cold start),
+undoes the writes, writes ``r`` (ready) on FD and blocks on it. ``g`` (go) closes FD and goes on
+exactly as a cold start does from there; EOF (the launcher discards it) or a failed import ends
+it quietly, and its output, never linked into the run dir, vanishes with it. Its command line
+(``/proc/PID/cmdline``, ``sys.orig_argv``) is a cold start's; only its initial environment
+(``/proc/PID/environ``) still names DISTLAUNCH_STANDBY.
 
 Before a line of the program runs, an excepthook is in place that writes an uncaught exception to
 DISTLAUNCH_ERROR_FILE. So an import or syntax error in the entry script or module is recorded too,
@@ -32,6 +36,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from types import TracebackType
 
 # The names of worker/contract.py, spelled out: this file imports nothing of distlaunch.
@@ -45,7 +50,9 @@ _ERROR_FILE, _ROLE, _INDEX, _ATTEMPT, _RUN_DIR = (
 # contract.STACKS_SIGNAL_NAME and contract.stacks_signal_path's layout.
 _STACKS_SIGNAL = "SIGUSR2"
 _KERAS, _TF_KERAS = "DISTLAUNCH_KERAS", "tf_keras"  # contract.KERAS, contract.TF_KERAS
-STANDBY_FLAG = "--standby"
+# A standby's only difference from its task: {"fd": control socket, "env": [[op, name, value]]}
+# (op: program_env's set, setdefault, putenv, unset).
+STANDBY_ENV = "DISTLAUNCH_STANDBY"
 READY, GO = b"r", b"g"
 _stack_file = None  # kept open for the life of the task: faulthandler writes to its fd
 # Frames of these files come before the program's own in a traceback and are left out of it.
@@ -58,12 +65,10 @@ _OWN_FILES = {
 
 def main(args: list[str]) -> None:
     """Run ``SCRIPT ARGS...`` or ``-m MODULE ARGS...`` as ``python`` would, the hook installed;
-    after ``--standby FD``, only once the launcher says go (see the module docstring)."""
-    standby = None
-    if args[:1] == [STANDBY_FLAG] and len(args) > 1:
-        standby, args = int(args[1]), args[2:]
+    as a standby, only once the launcher says go (see the module docstring)."""
+    standby = os.environ.pop(STANDBY_ENV, None)
     if not args or args[:1] == ["-m"] and len(args) < 2:
-        sys.exit("usage: bootstrap.py [--standby FD] SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+        sys.exit("usage: bootstrap.py SCRIPT [ARGS...] | -m MODULE [ARGS...]")
     if args[0] == "-m":
         sys.argv = [args[1], *args[2:]]  # argv[0] becomes the module's file, as with `python -m`
         sys.path[0] = os.getcwd()
@@ -71,7 +76,8 @@ def main(args: list[str]) -> None:
         sys.argv = list(args)
         sys.path[0] = os.path.dirname(os.path.realpath(args[0]))
     if standby is not None:
-        wait_as_standby(standby)
+        order = json.loads(standby)
+        wait_as_standby(order["fd"], order["env"])
     install_error_hook()
     install_stack_dump()
     if args[0] == "-m":
@@ -80,14 +86,16 @@ def main(args: list[str]) -> None:
         runpy.run_path(args[0], run_name="__main__")
 
 
-def wait_as_standby(fd: int) -> None:
-    """Import TensorFlow and the plan's Keras, say ready on socket ``fd``, and return on go; exit
-    quietly on anything else (a failed import: the task then restarts cold, and fails there the
-    way the program would)."""
+def wait_as_standby(fd: int, writes: list[list[str]]) -> None:
+    """With the program's env ``writes`` made, import TensorFlow and the plan's Keras, undo the
+    writes, say ready on socket ``fd``, and return on go; exit quietly on anything else (a failed
+    import: the task then restarts cold, and fails there the way the program would)."""
     try:
+        undo = _write_env(writes)
         import tensorflow  # noqa: F401
 
         __import__(_TF_KERAS if os.environ.get(_KERAS) == _TF_KERAS else "keras")
+        undo()
     except BaseException:  # noqa: BLE001 - whatever it was, a cold start does it better
         os._exit(1)
     try:
@@ -101,6 +109,33 @@ def wait_as_standby(fd: int) -> None:
     os.close(fd)
     if go != GO:
         os._exit(0)
+
+
+def _write_env(writes: list[list[str]]) -> Callable[[], None]:
+    """Make the program's env ``writes``; return what puts every name they touch back as it was
+    (in os.environ and in the C environment both), leaving all else as the imports left it."""
+    before = {name: os.environ.get(name) for _, name, _ in writes}
+    for op, name, value in writes:
+        if op == "set":
+            os.environ[name] = value
+        elif op == "setdefault":
+            os.environ.setdefault(name, value)
+        elif op == "putenv":  # the C environment only, as os.putenv leaves os.environ alone
+            os.putenv(name, value)
+        elif op == "unset":
+            os.environ.pop(name, None)
+        else:
+            raise ValueError(f"unknown env write {op!r}")
+
+    def undo() -> None:
+        for name, value in before.items():
+            if value is not None:
+                os.environ[name] = value
+            else:
+                os.environ.pop(name, None)
+                os.unsetenv(name)  # also what putenv wrote, which os.environ never saw
+
+    return undo
 
 
 def install_error_hook() -> None:

@@ -6,12 +6,14 @@ the run's own hosts and loopback, and drops all others. The launcher (or any rem
 runs ``python -m distlaunch.worker.guard`` on each host before any task starts and talks to it
 over stdin, as to `distlaunch.worker.remote`:
 
-- line 1 is a JSON request: ``{"run_id": "...", "ports": [2222, ...], "allow": ["10.0.0.11",
-  "node2", ...], "allow_client": true, "heartbeat_s": 20}``. ``allow`` names the run's hosts
-  (IPv4 or IPv6 addresses, or names this host resolves); ``allow_client`` adds the address the
-  SSH session comes from (``SSH_CONNECTION``), the launcher's, which checks that tasks have
-  joined. EOF in place of the request: a Slurm probe gone on as a guard that the launcher did
-  not need after all (a preflight failed elsewhere); it exits 0 with nothing changed.
+- line 1 is a JSON request: ``{"run_id": "...", "name": "...", "ports": [2222, ...], "allow":
+  ["10.0.0.11", "node2", ...], "allow_client": true, "heartbeat_s": 20}``. ``name`` names this
+  guard's rules (the launcher makes it unique per run dir and host: `distlaunch.launcher.firewall`);
+  ``allow`` names who may connect (IPv4 or IPv6 addresses, or names this host resolves);
+  ``allow_client`` adds the address the SSH session comes from (``SSH_CONNECTION``): the
+  launcher's when it connects directly (through NAT, too). EOF in place of the request: a Slurm
+  probe gone on as a guard that the launcher did not need after all (a preflight failed
+  elsewhere); it exits 0 with nothing changed.
 - it answers one JSON line on stdout: ``{"protected": true, "how": "nftables", "table": "...",
   "allowed": [...]}`` (``how`` is ``iptables`` and ``table`` a chain where nft is missing), or
   ``{"protected": false, "why": "..."}`` and exits (no CAP_NET_ADMIN, no nft nor iptables):
@@ -21,17 +23,20 @@ over stdin, as to `distlaunch.worker.remote`:
   SIGINT arrives. The guard then waits (at most LINGER_S) until no socket listens on the ports any
   more, so the tasks it protects are gone first, and deletes its rules.
 
-The rules are one nftables table per run (``inet distlaunch_<run id>``) with its own input chain:
-nothing else of the host's firewall is read or changed, and deleting the table removes every rule
-of the run at once. Where nft is missing, iptables does the same with a chain of the run
-(``DL-<digest of the run id>``, IPv4 and IPv6) that INPUT jumps to for the task ports. A guard
-that is SIGKILLed cannot clean up: that is the one way to leave its rules behind. ``python -m
-distlaunch.worker.guard --remove RUN_ID`` removes what a guard of that run left on the host (its
+The rules are one nftables table (``inet distlaunch_<name>``) with its own input chain: nothing
+else of the host's firewall is read or changed, and deleting the table removes every rule at once.
+Two runs never share a name, so a guard's first step, replacing a table of its name (what an
+earlier, SIGKILLed guard of the same run and host left), can only touch its own run's rules; and
+it deletes the table by the handle nft gave it, so a table that a later attempt of the run put in
+its place is never removed by the earlier guard. Where nft is missing, iptables does the same with
+a chain (``DL-<digest of the name>``, IPv4 and IPv6) that INPUT jumps to for the task ports. A
+guard that is SIGKILLed cannot clean up: that is the one way to leave its rules behind. ``python
+-m distlaunch.worker.guard --remove NAME`` removes what a guard of that name left on the host (its
 table, or its chains and INPUT's jumps to them); `distlaunch down` runs it on a Slurm run's nodes,
-where a cancelled step or a killed srun SIGKILLs the guard.
+with the names run.json recorded, where a cancelled step or a killed srun SIGKILLs the guard.
 
-Request values are data: ports must be integers, addresses go through `ipaddress`, the run id is
-reduced to ``[A-Za-z0-9_]`` before it names the table. Imports only the standard library, never
+Request values are data: ports must be integers, addresses go through `ipaddress`, a name must be
+``[A-Za-z0-9_]`` only. Imports only the standard library, never
 launcher code.
 """
 
@@ -54,6 +59,9 @@ from pathlib import Path
 from typing import Any
 
 TABLE_PREFIX = "distlaunch_"
+# What a rule name may be: nft reads it as a plain name, and with the prefix it stays far below
+# nft's 256 characters (the launcher's names are at most 128 + 13).
+NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
 # Before the usual filter chains (priority 0): our drop is final whatever they accept.
 CHAIN_PRIORITY = -10
 # How long the guard keeps its rules after its end was asked for while a task port still listens.
@@ -71,9 +79,10 @@ class Unprotected(Exception):
 
 @dataclass(frozen=True)
 class Request:
-    """What one guard protects: the run's table name, the ports on this host, who may connect."""
+    """What one guard protects: the name of its rules, the ports on this host, who may connect."""
 
     run_id: str
+    name: str
     ports: tuple[int, ...]
     allow: tuple[str, ...]
     allow_client: bool = True
@@ -81,13 +90,13 @@ class Request:
 
     @property
     def table(self) -> str:
-        """The nftables table of the run: its id reduced to characters nft reads as a name."""
-        return table_name(self.run_id)
+        """The nftables table of this guard."""
+        return table_name(self.name)
 
 
-def table_name(run_id: str) -> str:
-    """``distlaunch_<run id>`` with every character but letters, digits and ``_`` made ``_``."""
-    return TABLE_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", run_id)
+def table_name(name: str) -> str:
+    """``distlaunch_<name>`` (a name of `NAME`'s characters)."""
+    return TABLE_PREFIX + name
 
 
 def parse(line: bytes) -> Request:
@@ -102,9 +111,13 @@ def parse(line: bytes) -> Request:
         raise ValueError("allow must be a list of addresses or host names")
     if not isinstance(data.get("run_id"), str) or not data["run_id"]:
         raise ValueError("run_id must be a non-empty string")
+    name = data.get("name")
+    if not (isinstance(name, str) and NAME.fullmatch(name)):
+        raise ValueError("name must be 1-200 letters, digits or '_'")
     heartbeat = data.get("heartbeat_s")
     return Request(
         run_id=data["run_id"],
+        name=name,
         ports=tuple(sorted(set(ports))),
         allow=tuple(allow),
         allow_client=bool(data.get("allow_client", True)),
@@ -120,8 +133,8 @@ def nft_ruleset(table: str, ports: tuple[int, ...], allowed: list[str]) -> str:
     """The nftables script that creates ``table``: ``ports`` admit ``allowed`` and loopback only.
 
     Pure, so that `distlaunch plan` shows exactly what a guard installs. ``allowed`` are IP
-    addresses (already resolved); the first line empties a table of that name left by an earlier
-    guard of the same run, in the same atomic transaction.
+    addresses (already resolved); the first line deletes a table of that name left by an earlier
+    guard of the same run and host (names are unique to them), in the same atomic transaction.
     """
     addresses = [ipaddress.ip_address(a) for a in allowed]
     port_set = "{ " + ", ".join(str(p) for p in ports) + " }"
@@ -168,9 +181,9 @@ def program(name: str) -> str | None:
     return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN]))
 
 
-def chain_name(run_id: str) -> str:
-    """The iptables chain of the run: iptables allows 28 characters, so a digest of the run id."""
-    return "DL-" + hashlib.sha256(run_id.encode()).hexdigest()[:24]
+def chain_name(name: str) -> str:
+    """The iptables chain of a guard: iptables allows 28 characters, so a digest of its name."""
+    return "DL-" + hashlib.sha256(name.encode()).hexdigest()[:24]
 
 
 def iptables_scripts(
@@ -227,17 +240,20 @@ def install(request: Request, allowed: list[str]) -> Installed:
             _apply((nft, "-f", "-"), nft_ruleset(request.table, request.ports, allowed)),
             "nft",
         )
+        # By handle: a later guard of the run that replaced this table keeps its own.
+        handle = table_handle(nft, request.table)
+        which = f"handle {handle}" if handle is not None else request.table
         return Installed(
             "nftables",
             request.table,
-            (((nft, "-f", "-"), f"delete table inet {request.table}\n"),),
+            (((nft, "-f", "-"), f"delete table inet {which}\n"),),
         )
     tools = [program("iptables-restore"), program("ip6tables-restore")]
     if None in tools:
         raise Unprotected(
             "neither nft nor iptables-restore and ip6tables-restore are installed here (apt-get install nftables)"
         )
-    chain = chain_name(request.run_id)
+    chain = chain_name(request.name)
     undo: list[tuple[tuple[str, ...], str]] = []
     try:
         for tool, version in zip(tools, (4, 6), strict=True):
@@ -249,6 +265,13 @@ def install(request: Request, allowed: list[str]) -> Installed:
         Installed("iptables", chain, tuple(undo)).remove()
         raise
     return Installed("iptables", chain, tuple(undo))
+
+
+def table_handle(nft: str, table: str) -> int | None:
+    """The handle nft gave ``table`` (``table inet NAME { # handle 7``); None if it is not there."""
+    listed = _apply((nft, "-a", "list", "table", "inet", table), "")
+    found = re.match(r"table inet \S+ \{ # handle (\d+)", listed.stdout)
+    return int(found.group(1)) if listed.returncode == 0 and found else None
 
 
 def _apply(argv: tuple[str, ...], script: str) -> subprocess.CompletedProcess:
@@ -277,16 +300,16 @@ def _check(done: subprocess.CompletedProcess, tool: str) -> None:
     raise Unprotected(f"{tool} refused the rules: {message}")
 
 
-def remove_leftovers(run_id: str) -> list[str]:
-    """Delete the rules a guard of ``run_id`` left on this host; return what was removed (e.g.
-    ``nftables table inet distlaunch_r``). Raise Unprotected when they cannot be removed."""
+def remove_leftovers(name: str) -> list[str]:
+    """Delete the rules a guard named ``name`` left on this host; return what was removed (e.g.
+    ``nftables table inet distlaunch_r_1a2b``). Raise Unprotected when they cannot be removed."""
     removed = []
     nft = program("nft")
-    table = table_name(run_id)
+    table = table_name(name)
     if nft is not None and _apply((nft, "list", "table", "inet", table), "").returncode == 0:
         _check(_apply((nft, "-f", "-"), f"delete table inet {table}\n"), "nft")
         removed.append(f"nftables table inet {table}")
-    chain = chain_name(run_id)
+    chain = chain_name(name)
     for save, restore in (
         ("iptables-save", "iptables-restore"),
         ("ip6tables-save", "ip6tables-restore"),
@@ -364,10 +387,13 @@ def hold(request: Request, stopped: list[int], wake_r: int) -> str:
 def main() -> int:
     """Protect the ports the request on stdin names until told to stop; 0 unless the request was bad.
 
-    With ``--remove RUN_ID``: remove what a guard of that run left here; print
-    ``{"removed": [...]}`` (1 and a ``why`` when that fails).
+    With ``--remove NAME``: remove what a guard of that name left here; print
+    ``{"removed": [...]}`` (1 and a ``why`` when that fails; 2 for a name that is none).
     """
     if sys.argv[1:2] == ["--remove"] and len(sys.argv) == 3:
+        if not NAME.fullmatch(sys.argv[2]):
+            _say(f"--remove: expected a name of letters, digits and '_', got {sys.argv[2]!r}")
+            return 2
         try:
             _answer({"removed": remove_leftovers(sys.argv[2])})
         except Unprotected as exc:
@@ -403,7 +429,7 @@ def main() -> int:
         deadline = time.monotonic() + LINGER_S
         while listening(request.ports) and time.monotonic() < deadline:
             time.sleep(0.1)
-        _say(f"{why}: removing the {installed.how} rules {installed.name}")
+        _say(f"{why}: removing the {installed.how} rules {installed.name} of run {request.run_id}")
     finally:
         installed.remove()
     return 0

@@ -62,7 +62,11 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
         tasks = record.plan.get("tasks") or [{}]
         python = (tasks[0].get("argv") or [sys.executable])[0]
         cancelled = cancel_steps(
-            record.run_id, record.extra["slurm"], record.extra.get("network"), python
+            record.run_id,
+            record.extra["slurm"],
+            record.extra.get("network"),
+            python,
+            [t["name"] for t in tasks if "name" in t],
         )
     leftovers = _processes_of(record, run_dir)
     _stop(leftovers, grace_s)

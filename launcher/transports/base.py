@@ -4,7 +4,7 @@ The supervisor knows nothing else of a backend. A transport starts a planned tas
 handle; the handle says when the task has exited (an fd that turns readable, which the
 supervisor's one `select` watches), how it exited, and whether its TensorFlow server has joined.
 Stopping is the transport's: it knows whether SIGTERM goes to a local process group, a remote
-helper or a container.
+helper or a container; so is reading a task's stacks (`stacks`), for the same reason.
 
 A backend (the spec's `backend`) is one `Backend`: how it plans (`plan`, pure apart from the port
 lookup) and how one `up` opens it (`open`: preflight, then the plan, then a transport, each
@@ -24,6 +24,7 @@ from typing import Protocol
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.plan import Plan, TaskPlan
 from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.stacks import Source
 
 
 class TaskHandle(Protocol):
@@ -63,6 +64,10 @@ class Transport(Protocol):
 
     def kill(self, handles: Sequence[TaskHandle]) -> None:
         """Kill these tasks now (nothing of theirs is worth a grace period)."""
+
+    def stacks(self, handle: TaskHandle, native: bool) -> Source:
+        """Where the task's stacks are read: its program, where it runs (never the local client
+        that stands for a remote task). Calling the source may signal that program alone."""
 
 
 class StandbyPool(Protocol):

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from distlaunch.launcher import procs, rundir
+from distlaunch.launcher import procs, rundir, stacks
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.plan import Plan, TaskPlan
 from distlaunch.launcher.spec import LoadedSpec
@@ -42,6 +42,8 @@ from distlaunch.launcher.transports import compose_file as compose
 from distlaunch.launcher.transports.base import Opened
 from distlaunch.launcher.transports.docker import compose_command, container_pid, docker, run
 from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
+from distlaunch.launcher.transports.ssh import HELPER_MODULE
+from distlaunch.worker import contract
 
 # The run dir's file with every docker and compose command the launcher ran, and their output.
 DOCKER_LOG = "docker.log"
@@ -49,6 +51,15 @@ COMPOSE_FILE = "docker-compose.yml"
 # After its container stopped, a `run` process only removes the container and exits.
 CLIENT_EXIT_S = 10.0
 PROJECT_LABEL = "com.docker.compose.project"
+
+
+def task_stacks(container: str, run_id: str, task: str, native: bool) -> stacks.Source:
+    """Where the stacks of ``task`` are read: in its container, by the remote helper the image
+    has (``docker exec``: py-spy there, as the container's user; where it lacks ptrace rights, the
+    program's own faulthandler, signalled there). The local `compose run` process that stands for
+    the task is never read or signalled: it is not the program."""
+    argv = ["docker", "exec", "-i", container, "python", "-m", HELPER_MODULE]
+    return stacks.helper(argv, run_id, task, native, f"in container {container}")
 
 
 class ComposeHandle(procs.TaskProcess):
@@ -124,6 +135,11 @@ class ComposeTransport:
         """Kill the tasks' containers now and reap their `run` processes."""
         # `docker stop --time 0` sends SIGKILL right after SIGTERM.
         self.stop(handles, 0)
+
+    def stacks(self, handle: ComposeHandle, native: bool) -> stacks.Source:
+        """The task's program, read in its container (see `task_stacks`)."""
+        run_id = handle.task.env.get(contract.RUN_ID, "")
+        return task_stacks(handle.container, run_id, handle.task.name, native)
 
     def down(self, grace_s: float) -> None:
         """Remove every container, network and volume of the project, then check that none is left."""

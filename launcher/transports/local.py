@@ -6,11 +6,37 @@ import os
 import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from distlaunch.launcher import procs, rundir
+from distlaunch.launcher import procs, rundir, stacks
 from distlaunch.launcher.plan import TaskPlan
 from distlaunch.launcher.standby import Standbys
 from distlaunch.launcher.transports.netns import Sandbox, SandboxLost
+from distlaunch.worker import contract
+
+
+def task_stacks(keeper: int, signal_file: Path, native: bool) -> stacks.Source:
+    """Where a local task's stacks are read: py-spy on its program, the process below taskinit's
+    keeper ``keeper`` (the pid the launcher started); where py-spy cannot read it, the program's
+    faulthandler dump into ``signal_file``. The keeper (which would pass a signal on to the
+    program's whole group) is never read or signalled."""
+
+    def source() -> str:
+        program = stacks.program_pid(keeper)
+        if program == keeper:
+            raise stacks.StackError("its program has not started yet")
+        return stacks.local(program, native, signal_file)()
+
+    return source
+
+
+def signal_file(task: TaskPlan) -> Path:
+    """The file the task's faulthandler writes its stacks to, from the environment its bootstrap
+    reads."""
+    env = task.env
+    return contract.stacks_signal_path(
+        Path(env[contract.RUN_DIR]), int(env[contract.ATTEMPT]), task.role, task.index
+    )
 
 
 class LocalHandle(procs.TaskProcess):
@@ -126,3 +152,7 @@ class LocalTransport:
         procs.kill_groups(h.proc for h in handles)
         for handle in handles:
             handle.wait_tree()
+
+    def stacks(self, handle: LocalHandle, native: bool) -> stacks.Source:
+        """The task's program, read here (see `task_stacks`)."""
+        return task_stacks(handle.pid, signal_file(handle.task), native)

@@ -18,6 +18,7 @@ from distlaunch.launcher import firewall, ports, rundir
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.stacks import Source
 from distlaunch.launcher.transports import netns, preflight, ssh
 from distlaunch.launcher.transports.base import Opened, TaskHandle, Transport
 from distlaunch.launcher.transports.local import LocalTransport
@@ -69,6 +70,10 @@ class HostRouter:
         """Kill every handle with its own transport."""
         for handle in handles:
             self._for(handle.task).kill([handle])
+
+    def stacks(self, handle: TaskHandle, native: bool) -> Source:
+        """Where the task's stacks are read, as its own transport says."""
+        return self._for(handle.task).stacks(handle, native)
 
     def _for(self, task: TaskPlan) -> Transport:
         if task.transport != "ssh":
@@ -161,7 +166,7 @@ class HostsLaunch:
             # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
             return firewall.start_guard(argv, {contract.RUN_ID: plan.run_id})
 
-        rules = firewall.plan_rules(plan)
+        rules = firewall.run_rules(plan, ssh.jumped_hosts(session.hosts))
         return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, start)
 
 

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -59,7 +59,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Self
 
-from distlaunch.launcher import firewall, ports, procs, rundir
+from distlaunch.launcher import firewall, ports, procs, rundir, stacks
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import HostError, Interrupted, UsageError
 from distlaunch.launcher.isolation import HOST, Isolation
@@ -84,6 +84,8 @@ KILL_WAIT_S = 5.0
 STEP_PREFIX = "distlaunch"
 # The step of a node's firewall guard is named distlaunch.<run id>.guard.<node>.
 GUARD_STEP = "guard"
+# The step that reads a task's stacks on its node is named distlaunch.<run id>.stacks.<task>.
+STACKS_STEP = "stacks"
 # Set by the batch script `distlaunch sbatch` writes, to the job id: this job exists for this run.
 SUBMITTED_ENV = "DISTLAUNCH_SLURM_JOB"
 ISOLATION = Isolation(
@@ -273,7 +275,8 @@ def python_of(loaded: LoadedSpec) -> str:
 
 
 def step_name(run_id: str, task: str) -> str:
-    """The job step name of a task of a run: `down` and people find the run's steps by it."""
+    """The job step name of a task of a run: `down` and people find the run's steps by it (`down`
+    by the whole name: ``distlaunch.ab.worker-0`` begins like run ``ab.worker-0``'s steps too)."""
     return f"{STEP_PREFIX}.{run_id}.{task}"
 
 
@@ -311,6 +314,24 @@ def srun_argv(job_id: str, node: str, name: str, gpus: int = 0, overlap: bool = 
     if gpus:
         argv.append(f"--gpus-per-task={gpus}")
     return argv
+
+
+def task_stacks(
+    job_id: str,
+    node: str,
+    run_id: str,
+    task: str,
+    helper: Sequence[str],
+    native: bool,
+) -> stacks.Source:
+    """Where the stacks of ``task`` on ``node`` are read: a step of job ``job_id`` on that node
+    (``--overlap``: it takes no CPU from the tasks) running the remote helper's stacks query
+    (``helper``: its command there; py-spy on the node, else the program's own faulthandler).
+    The local srun that stands for the task is never read or signalled: srun passes a signal on
+    to its step, which would end the task."""
+    name = step_name(run_id, f"{STACKS_STEP}.{task}")
+    argv = [*srun_argv(job_id, node, name, overlap=True), *helper]
+    return stacks.helper(argv, run_id, task, native, f"on node {node}")
 
 
 # ---- preflight -------------------------------------------------------------------------------
@@ -576,6 +597,14 @@ class StepTransport:
         if late:
             procs.stop_groups(late, KILL_WAIT_S)
 
+    def stacks(self, handle: StepHandle, native: bool) -> stacks.Source:
+        """The task's program, read on its node (see `task_stacks`)."""
+        task = handle.task
+        helper = helper_argv(self.python, self.helpers.get(task.host_name))
+        return task_stacks(
+            self.alloc.job_id, task.host_name, self.run_id, task.name, helper, native
+        )
+
     def close(self) -> None:
         """Stop the heartbeat (the tasks must be stopped already)."""
         self._quit.set()
@@ -601,40 +630,57 @@ class StepTransport:
 
 
 def cancel_steps(
-    run_id: str, info: Mapping, network: Mapping | None = None, python: str = sys.executable
+    run_id: str,
+    info: Mapping,
+    network: Mapping | None = None,
+    python: str = sys.executable,
+    tasks: Collection[str] = (),
 ) -> list[str]:
-    """Cancel every job step left of Slurm run ``run_id`` (found by name) and remove any firewall
-    rule left on its nodes; with ``submitted``, cancel its whole job. ``info`` is the run's
-    run.json ``slurm`` entry (`Allocation.to_json`), ``network`` its ``network`` entry.
+    """Cancel every job step left of Slurm run ``run_id`` and remove any firewall rule left on its
+    nodes; with ``submitted``, cancel its whole job. ``info`` is the run's run.json ``slurm`` entry
+    (`Allocation.to_json`), ``network`` its ``network`` entry, ``tasks`` its tasks' names.
 
-    The tasks' steps are cancelled first; then the firewall guards get SIGTERM (a cancel would
-    SIGKILL them, leaving their rules), remove their rules once the task ports have closed and end
-    their steps. A guard SIGKILLed earlier (its srun was killed) left its rules: a step on each
-    protected node removes them (`guard.remove_leftovers`), while the job still runs.
-    Returns what was cancelled (``JOB.STEP`` ids, or the job id).
+    Steps are found by their exact names (`run_step_names`): run ``ab``'s are never run
+    ``ab.x``'s. The tasks' steps are cancelled first; then the firewall guards get SIGTERM (a
+    cancel would SIGKILL them, leaving their rules), remove their rules once the task ports have
+    closed and end their steps. A guard SIGKILLed earlier (its srun was killed) left its rules: a
+    step on each protected node removes them by the name run.json recorded
+    (`guard.remove_leftovers`), while the job still runs. Returns what was cancelled (``JOB.STEP``
+    ids, or the job id).
     """
     job = info.get("job_id")
     if not job:
         return []
-    steps = _steps_of(str(job), run_id)
-    guards = [i for i, name in steps.items() if name.startswith(guard_step_name(run_id, ""))]
-    tasks = [i for i in steps if i not in guards]
-    if tasks:
-        subprocess.run(["scancel", "--quiet", *tasks], capture_output=True, check=False)
+    nodes = [str(n) for n in info.get("nodes") or ()]
+    names = run_step_names(run_id, tasks, nodes)
+    guard_names = {guard_step_name(run_id, node) for node in nodes}
+    steps = _steps_of(str(job), names)
+    guards = [i for i, name in steps.items() if name in guard_names]
+    task_steps = [i for i in steps if i not in guards]
+    if task_steps:
+        subprocess.run(["scancel", "--quiet", *task_steps], capture_output=True, check=False)
     if guards:
         subprocess.run(
             ["scancel", "--quiet", "--signal=TERM", *guards], capture_output=True, check=False
         )
         deadline = time.monotonic() + firewall.CLOSE_TIMEOUT_S
-        while set(guards) & set(_steps_of(str(job), run_id)) and time.monotonic() < deadline:
+        while set(guards) & set(_steps_of(str(job), names)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        late = sorted(set(guards) & set(_steps_of(str(job), run_id)))
+        late = sorted(set(guards) & set(_steps_of(str(job), names)))
         if late:
             subprocess.run(["scancel", "--quiet", *late], capture_output=True, check=False)
-    protected = [n for n, h in ((network or {}).get("hosts") or {}).items() if h.get("protected")]
-    if protected:
-        with ThreadPoolExecutor(max_workers=len(protected)) as pool:
-            list(pool.map(lambda node: _remove_rules(str(job), node, run_id, python), protected))
+    left = {
+        node: str(h["name"])
+        for node, h in ((network or {}).get("hosts") or {}).items()
+        if h.get("protected") and h.get("name")
+    }
+    if left:
+        with ThreadPoolExecutor(max_workers=len(left)) as pool:
+            list(
+                pool.map(
+                    lambda node: _remove_rules(str(job), node, run_id, left[node], python), left
+                )
+            )
     cancelled = sorted(steps)
     if info.get("submitted"):
         subprocess.run(["scancel", "--quiet", str(job)], capture_output=True, check=False)
@@ -642,13 +688,21 @@ def cancel_steps(
     return cancelled
 
 
-def _remove_rules(job: str, node: str, run_id: str, python: str) -> None:
-    """Remove what a guard of ``run_id`` left on ``node`` (nothing, mostly), as a job step."""
+def run_step_names(run_id: str, tasks: Collection[str], nodes: Collection[str]) -> set[str]:
+    """Every step name run ``run_id`` gives: its tasks' and its guards' on ``nodes``."""
+    return {step_name(run_id, task) for task in tasks} | {
+        guard_step_name(run_id, node) for node in nodes
+    }
+
+
+def _remove_rules(job: str, node: str, run_id: str, rules: str, python: str) -> None:
+    """Remove what a guard of ``run_id`` left on ``node`` under the name ``rules`` (nothing,
+    mostly), as a job step."""
     name = step_name(run_id, f"{GUARD_STEP}-sweep.{node}")
     argv = [*srun_argv(job, node, name, overlap=True), python, "-m", firewall.GUARD_MODULE]
     try:
         subprocess.run(
-            [*argv, "--remove", run_id],
+            [*argv, "--remove", rules],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=PROBE_TIMEOUT_S,
@@ -658,17 +712,16 @@ def _remove_rules(job: str, node: str, run_id: str, python: str) -> None:
         pass  # the node does not take a step now: nothing more can be done from here
 
 
-def _steps_of(job: str, run_id: str) -> dict[str, str]:
-    """The live steps of ``run_id`` in ``job``: ``JOB.STEP`` id -> step name."""
+def _steps_of(job: str, names: Collection[str]) -> dict[str, str]:
+    """The live steps of ``job`` whose name is one of ``names``: ``JOB.STEP`` id -> step name."""
     listed = subprocess.run(
         ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"],
         capture_output=True,
         text=True,
         check=False,
     )
-    prefix = step_name(run_id, "")
     pairs = (line.split() for line in listed.stdout.splitlines())
-    return {p[0]: p[1] for p in pairs if len(p) == 2 and p[1].startswith(prefix)}
+    return {p[0]: p[1] for p in pairs if len(p) == 2 and p[1] in names}
 
 
 def requeue(alloc: Allocation) -> None:

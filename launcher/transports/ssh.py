@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from distlaunch.launcher import procs, rundir
+from distlaunch.launcher import procs, rundir, stacks
 from distlaunch.launcher.plan import TaskPlan
 from distlaunch.launcher.spec import Host, LoadedSpec
 from distlaunch.worker import contract
@@ -55,6 +55,9 @@ HEARTBEAT_TIMEOUT_S = 20.0
 STOP_MARGIN_S = 5.0
 JOIN_CONNECT_TIMEOUT_S = 0.5
 HELPER_MODULE = "distlaunch.worker.remote"
+# The master connection of the launcher's stacks queries, apart from the tasks': a capture asks
+# about up to 8 tasks of a host at once, which would not fit beside 8 tasks on one master.
+STACKS_SLOT = -1
 # Run files a task writes; on hosts that do not share the run dir the helper creates their folders.
 _TASK_FILES = (contract.ERROR_FILE, contract.STATUS_FILE, contract.METRICS_FILE)
 
@@ -81,6 +84,12 @@ def record(loaded: LoadedSpec, names: Sequence[str]) -> dict:
 def hosts_from_record(data: Mapping) -> dict[str, Host]:
     """The hosts `record` kept."""
     return {name: Host.model_validate(host) for name, host in data.get("hosts", {}).items()}
+
+
+def jumped_hosts(hosts: Mapping[str, Host]) -> list[str]:
+    """The SSH hosts among ``hosts`` that ssh reaches through a jump host (`Session.through_jump_host`)."""
+    session = Session({n: h for n, h in hosts.items() if h.transport == "ssh"})
+    return [name for name in sorted(session.hosts) if session.through_jump_host(name)]
 
 
 def last_message(stderr: str) -> str:
@@ -160,6 +169,22 @@ class Session:
             timeout=timeout if timeout is not None else host.connect_timeout_s + 60,
         )
 
+    def through_jump_host(self, name: str) -> bool:
+        """Whether ssh reaches host ``name`` through a jump host (ProxyJump or ProxyCommand, from
+        the spec's options or the user's ssh config): `ssh -G` prints the options it would use and
+        connects nowhere. Its guard then sees the jump host as the SSH session's source."""
+        host = self.hosts[name]
+        argv = ["ssh", "-G", *self._options(name, 0, control=False), "--", host.address_of(name)]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return False
+        for line in done.stdout.decode(errors="replace").splitlines():
+            key, _, value = line.partition(" ")
+            if key in ("proxyjump", "proxycommand") and value.strip().lower() != "none":
+                return True
+        return False
+
     def close(self) -> None:
         """End every master connection this session opened and remove the control dir."""
         if self._control_dir is None:
@@ -186,14 +211,8 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _options(self, name: str, slot: int) -> list[str]:
+    def _options(self, name: str, slot: int, control: bool = True) -> list[str]:
         host = self.hosts[name]
-        with self._lock:
-            if self._control_dir is None:
-                # Short, private and per run: a socket path must fit in 108 bytes, and whoever can
-                # reach a control socket can run commands on the host.
-                self._control_dir = tempfile.mkdtemp(prefix="distlaunch-ssh-")
-            self._masters.add((name, slot))
         # The spec's own options first: ssh keeps the first value it is given for an option, so
         # they override the defaults below (owned options are refused by the spec).
         opts: list[str] = []
@@ -212,6 +231,16 @@ class Session:
             f"ConnectTimeout={host.connect_timeout_s}",
             "-o",
             f"StrictHostKeyChecking={host.host_key_checking}",
+        ]
+        if not control:
+            return opts
+        with self._lock:
+            if self._control_dir is None:
+                # Short, private and per run: a socket path must fit in 108 bytes, and whoever can
+                # reach a control socket can run commands on the host.
+                self._control_dir = tempfile.mkdtemp(prefix="distlaunch-ssh-")
+            self._masters.add((name, slot))
+        opts += [
             "-o",
             "ControlMaster=auto",
             # Per host name, not only per user@address:port (%C): two names for one machine may
@@ -226,6 +255,18 @@ class Session:
             f"ServerAliveCountMax={ALIVE_COUNT}",
         ]
         return opts
+
+
+def task_stacks(
+    session: Session, host: str, run_id: str, task: str, native: bool, slot: int = 0
+) -> stacks.Source:
+    """Where the stacks of ``task`` on SSH host ``host`` are read: on that host, by the remote
+    helper (py-spy there; else the program's own faulthandler, signalled there). The local ssh
+    client that stands for the task is never read or signalled: it is not the program, and a
+    signal would end it, and with it the task."""
+    python = remote_python(session.hosts[host].python)
+    argv = session.argv(host, f"exec {python} -m {HELPER_MODULE}", slot)
+    return stacks.helper(argv, run_id, task, native, f"on {session.target(host)}")
 
 
 class SshHandle(procs.TaskProcess):
@@ -358,6 +399,12 @@ class SshTransport:
     def kill(self, handles: Sequence[SshHandle]) -> None:
         """Kill the tasks' local ssh clients: the helpers see EOF and SIGKILL their tasks at once."""
         procs.kill_groups(h.proc for h in handles)
+
+    def stacks(self, handle: SshHandle, native: bool) -> stacks.Source:
+        """The task's program, read on its host (see `task_stacks`)."""
+        task = handle.task
+        run_id = task.env.get(contract.RUN_ID, "")
+        return task_stacks(self.session, task.host_name, run_id, task.name, native, STACKS_SLOT)
 
     def close(self) -> None:
         """Stop the heartbeat (the tasks must be stopped already)."""

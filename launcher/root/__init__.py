@@ -1,0 +1,84 @@
+"""distlaunch from Python: start a cluster spec, or run a function on every task of a cluster.
+
+::
+
+    import distlaunch
+
+    def step(scale):
+        import tensorflow as tf
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        return strategy.cluster_resolver.task_id * scale
+
+    distlaunch.run(step, 10, workers=2)   # {"worker-0": 0, "worker-1": 10}
+
+    run = distlaunch.launch("cluster_specs/local2.json")   # a Run handle; returns at once
+    run.wait().state                                        # "succeeded"
+    distlaunch.up("cluster_specs/local2.json")              # blocks; raises RunFailed
+
+Importing this package is cheap: no TensorFlow, and the launcher's modules are imported on first
+use of a name below (PEP 562).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distlaunch.launcher.api import Run, launch, up
+    from distlaunch.launcher.api_call import run
+    from distlaunch.launcher.api_types import (
+        Failure,
+        PicklingError,
+        RunFailed,
+        RunResult,
+        StartError,
+        TaskError,
+    )
+    from distlaunch.launcher.errors import LaunchError, SpecError
+
+# Public name -> module that defines it.
+_EXPORTS = {
+    "launch": "distlaunch.launcher.api",
+    "up": "distlaunch.launcher.api",
+    "Run": "distlaunch.launcher.api",
+    "run": "distlaunch.launcher.api_call",
+    "RunResult": "distlaunch.launcher.api_types",
+    "Failure": "distlaunch.launcher.api_types",
+    "RunFailed": "distlaunch.launcher.api_types",
+    "TaskError": "distlaunch.launcher.api_types",
+    "PicklingError": "distlaunch.launcher.api_types",
+    "StartError": "distlaunch.launcher.api_types",
+    "SpecError": "distlaunch.launcher.errors",
+    "LaunchError": "distlaunch.launcher.errors",
+}
+
+__all__ = [
+    "Failure",
+    "LaunchError",
+    "PicklingError",
+    "Run",
+    "RunFailed",
+    "RunResult",
+    "SpecError",
+    "StartError",
+    "TaskError",
+    "launch",
+    "run",
+    "up",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first access."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """List the lazy public names along with the module's own."""
+    return sorted(set(globals()) | set(_EXPORTS))

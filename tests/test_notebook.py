@@ -1,0 +1,82 @@
+"""distlaunch.run from a Jupyter notebook, executed by a real kernel (nbclient + ipykernel): the
+function is defined in a cell, both tasks' prefixed lines land in the cell's output, the values
+are the cell's result, and a raising function shows its own exception in the cell."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import processes_of_run
+
+nbclient = pytest.importorskip("nbclient", reason="the notebook test needs the test extras")
+nbformat = pytest.importorskip("nbformat", reason="the notebook test needs the test extras")
+pytest.importorskip("ipykernel", reason="the notebook test needs the test extras")
+
+pytestmark = pytest.mark.integration
+
+CELLS = [
+    "import distlaunch\nfactor = 3.0",
+    # A closure over the notebook's `factor`, defined in a cell: it travels by value.
+    """\
+def total(x):
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    task = strategy.cluster_resolver.task_id
+    print(f"task {task} has its strategy", flush=True)
+    value = strategy.run(lambda: tf.constant(x * factor + task))
+    return float(strategy.reduce("SUM", value, axis=None))
+
+distlaunch.run(total, 2.0, workers=2)""",
+    """\
+class CellError(Exception):
+    pass
+
+def bad():
+    raise CellError("raised in a notebook function")
+
+distlaunch.run(bad, workers=1)""",
+]
+
+
+def _text(outputs: list, kind: str) -> str:
+    if kind == "stream":
+        return "".join(o["text"] for o in outputs if o["output_type"] == "stream")
+    return "".join(
+        o["data"].get("text/plain", "") for o in outputs if o["output_type"] == "execute_result"
+    )
+
+
+def test_a_notebook_runs_a_cell_function_on_two_workers(tmp_path: Path):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute()
+    _, run_cell, raise_cell = notebook.cells
+
+    streamed = _text(run_cell.outputs, "stream")
+    assert "worker-0 | task 0 has its strategy" in streamed
+    assert "worker-1 | task 1 has its strategy" in streamed
+    # (2 * 3 + 0) + (2 * 3 + 1) on both workers
+    assert _text(run_cell.outputs, "result") == "{'worker-0': 13.0, 'worker-1': 13.0}"
+
+    (error,) = [o for o in raise_cell.outputs if o["output_type"] == "error"]
+    assert (error["ename"], error["evalue"]) == ("CellError", "raised in a notebook function")
+    traceback = "\n".join(error["traceback"])
+    assert "RemoteTraceback" in traceback and "raise CellError" in traceback
+
+    runs = sorted(tmp_path.glob("runs/*/run.json"))
+    assert len(runs) == 2
+    for run_json in runs:
+        record = json.loads(run_json.read_text())
+        assert processes_of_run(record["run_id"]) == []

@@ -1,0 +1,112 @@
+"""`python -m distlaunch.worker.call`: the program of every task of `distlaunch.run(fn, ...)`.
+
+It loads the function and its arguments from the run dir's payload (written there by the caller
+before any task started), calls it with this task's TF_CONFIG set and no strategy made yet (the
+function builds its strategy as a script would), and writes the outcome to this task's result
+file, which the caller reads after the run:
+
+- ``{"ok": True, "value": <cloudpickle of the return value>}``
+- ``{"ok": False, "kind": "exception", "type", "message", "traceback", "exception": <cloudpickle
+  of the exception, or None when it cannot be pickled>}``; the exception is then raised again, so
+  that the task fails as a script would (the bootstrap's hook writes its error file, exit code 1)
+- ``{"ok": False, "kind": "result", "type", "message"}``: the return value cannot be pickled; the
+  task exits with code 1.
+
+The result file is a plain pickle of that dict, written atomically. This module imports neither
+TensorFlow nor the rest of distlaunch: under ParameterServerStrategy the launcher then runs its
+own server on the ps and worker tasks and this module only on the chief (launcher/program_scan.py),
+and no warm standby imports TensorFlow in advance for it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+# worker/contract.py's names and layout, spelled out: see the module docstring.
+_RUN_DIR, _ROLE, _INDEX, _ATTEMPT = (
+    "DISTLAUNCH_RUN_DIR",
+    "DISTLAUNCH_ROLE",
+    "DISTLAUNCH_INDEX",
+    "DISTLAUNCH_ATTEMPT",
+)
+# The payload and result files, relative to the run dir (launcher/api_call.py reads the same).
+PAYLOAD = "call/payload.pkl"
+RESULTS = "call/results"
+
+
+def result_path(run_dir: Path, attempt: int, task: str) -> Path:
+    """The result file of ``task`` (``worker-1``) in ``attempt``: a restarted task's earlier
+    outcome never stands for its latest."""
+    return run_dir / RESULTS / f"attempt-{attempt}" / f"{task}.pkl"
+
+
+def type_name(kind: type) -> str:
+    """A class's name as a traceback prints it: ``ValueError``, ``mymodule.MyError``."""
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def main() -> None:
+    """Run this task's call; see the module docstring."""
+    run_dir = Path(os.environ[_RUN_DIR])
+    task = f"{os.environ.get(_ROLE) or 'worker'}-{int(os.environ.get(_INDEX) or 0)}"
+    payload = pickle.loads((run_dir / PAYLOAD).read_bytes())
+    # The caller's import path: a function of a module it imported (a test file, a package
+    # beside its notebook) is pickled by reference and imported again here.
+    sys.path.extend(p for p in payload["sys_path"] if p not in sys.path)
+    fn, args, kwargs = cloudpickle.loads(payload["call"])
+    out = result_path(run_dir, int(os.environ.get(_ATTEMPT) or 0), task)
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as exc:
+        _write(out, _exception(exc))
+        raise
+    try:
+        data = cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - whatever pickling raised, it is reported as data
+        kind = type_name(type(value))
+        _write(out, {"ok": False, "kind": "result", "type": kind, "message": str(exc)})
+        sys.stderr.write(
+            f"distlaunch.run: {task} returned a {kind}, which cannot be pickled: {exc}\n"
+        )
+        sys.exit(1)
+    _write(out, {"ok": True, "value": data})
+
+
+def _exception(exc: BaseException) -> dict[str, Any]:
+    try:
+        pickled: bytes | None = cloudpickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - the caller then gets a TaskError with the text below
+        pickled = None
+    return {
+        "ok": False,
+        "kind": "exception",
+        "type": type_name(type(exc)),
+        "message": str(exc),
+        # From the function's own frame: this module's is no news to the user.
+        "traceback": "".join(
+            traceback.format_exception(
+                type(exc), exc, exc.__traceback__ and exc.__traceback__.tb_next
+            )
+        ),
+        "exception": pickled,
+    }
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically: the caller never reads half a result."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(pickle.dumps(data))
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()
