@@ -285,7 +285,7 @@ def launch_with_files(
         spec_file, spec_data = os.fspath(spec), None
     elif isinstance(spec, Mapping):
         spec_file, spec_data = None, dict(spec)
-    elif hasattr(spec, "model_dump"):  # the typed Spec (not imported here: pydantic is heavy)
+    elif hasattr(spec, "model_dump"):  # the typed Spec (not imported here: the caller's start)
         spec_file, spec_data = None, spec_as_data(spec)
     else:
         raise TypeError(f"expected a spec path, dict or Spec, got a {type(spec).__name__}")
@@ -304,7 +304,7 @@ def launch_with_files(
 def spec_as_data(spec: Spec) -> dict[str, Any]:
     """A typed spec as the data it validates from (what the launcher process is sent): the
     values that were set, each role's tasks as their list."""
-    data = spec.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    data = spec.model_dump(mode="json", exclude_unset=True)
     for role, group in data.get("tasks", {}).items():
         data["tasks"][role] = group["entries"]
     return data

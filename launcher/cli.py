@@ -1,4 +1,4 @@
-"""The `distlaunch` command line. The only place where errors become exit codes (`EXIT_CODES`).
+"""The `distlaunch` command line. The only place where errors become exit codes (`exit_codes`).
 
 Exit codes: 0 success, 1 a task failed, 2 bad spec or usage (or an SSH host failed preflight or
 `collect`, Docker cannot start a compose run, or the network sandbox cannot be made: nothing was
@@ -15,12 +15,10 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from distlaunch.launcher import rundir
-from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import (
     HostError,
     Interrupted,
@@ -30,12 +28,13 @@ from distlaunch.launcher.errors import (
     SpecError,
     UsageError,
 )
-from distlaunch.launcher.spec import json_schema, load_spec
-from distlaunch.launcher.spec_sources import SpecOptions
-from distlaunch.launcher.summary import tail
-from distlaunch.launcher.transports.docker import DockerError
-from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG, ImageRequest
-from distlaunch.launcher.transports.netns import SandboxError
+from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG
+
+# Every command imports what it needs in its body: `--help`, and a command's start, pay only
+# for their own (the spec's parsing, the run dir, the supervisor... are imported by those that use them).
+if TYPE_CHECKING:
+    from distlaunch.launcher.console import Console
+    from distlaunch.launcher.spec_sources import SpecOptions
 
 
 class ExitCode(enum.IntEnum):
@@ -47,24 +46,29 @@ class ExitCode(enum.IntEnum):
     SIGNALLED = 128  # plus N: interrupted by signal N, after every task was stopped
 
 
-# Each error's exit code; an error not listed gets its nearest listed base class's.
-EXIT_CODES: dict[type[LaunchError], ExitCode] = {
-    LaunchError: ExitCode.FAILED,
-    RunFailed: ExitCode.FAILED,
-    RecordError: ExitCode.FAILED,
-    SpecError: ExitCode.USAGE,
-    UsageError: ExitCode.USAGE,
-    HostError: ExitCode.USAGE,
-    DockerError: ExitCode.USAGE,
-    SandboxError: ExitCode.USAGE,
-}
+def exit_codes() -> dict[type[LaunchError], ExitCode]:
+    """Each error's exit code; an error not listed gets its nearest listed base class's."""
+    from distlaunch.launcher.transports.docker import DockerError
+    from distlaunch.launcher.transports.netns import SandboxError
+
+    return {
+        LaunchError: ExitCode.FAILED,
+        RunFailed: ExitCode.FAILED,
+        RecordError: ExitCode.FAILED,
+        SpecError: ExitCode.USAGE,
+        UsageError: ExitCode.USAGE,
+        HostError: ExitCode.USAGE,
+        DockerError: ExitCode.USAGE,
+        SandboxError: ExitCode.USAGE,
+    }
 
 
 def exit_code(error: LaunchError) -> int:
     """The exit code for ``error``."""
     if isinstance(error, Interrupted):
         return ExitCode.SIGNALLED + error.signum
-    return next(EXIT_CODES[cls] for cls in type(error).__mro__ if cls in EXIT_CODES)
+    codes = exit_codes()
+    return next(codes[cls] for cls in type(error).__mro__ if cls in codes)
 
 
 @dataclass
@@ -117,6 +121,8 @@ def _options(
     overrides: tuple[str, ...], only_hosts: str = "", exclude_hosts: str = ""
 ) -> SpecOptions:
     """The spec options of the command line's --set, --hosts and --exclude."""
+    from distlaunch.launcher.spec_sources import SpecOptions
+
     return SpecOptions(
         overrides=overrides,
         only_hosts=tuple(n for n in only_hosts.split(",") if n.strip()),
@@ -147,6 +153,8 @@ def cli(ctx: click.Context) -> None:
 @SET
 def validate(spec: str, overrides: tuple[str, ...]) -> None:
     """Check SPEC and print a one-line verdict; exit 2 when it is malformed."""
+    from distlaunch.launcher.spec import load_spec
+
     loaded = load_spec(spec, _options(overrides))
     counts = ", ".join(f"{len(v)} {k}" for k, v in loaded.spec.tasks.by_role().items())
     click.echo(f"{spec}: ok ({loaded.spec.strategy}; {counts})")
@@ -166,6 +174,7 @@ def plan(
     `auto` ports are picked as `up` would pick them; `up` picks again when it starts.
     """
     from distlaunch.launcher import firewall
+    from distlaunch.launcher.spec import load_spec
     from distlaunch.launcher.transports.ssh import jumped_hosts
     from distlaunch.launcher.up import build_plan, choose_run
 
@@ -244,6 +253,7 @@ def _standby_line(data: dict, wanted: bool) -> str:
 def tfconfig(spec: str, task: str) -> None:
     """Print the TF_CONFIG of TASK (e.g. worker:1) for launching it by hand."""
     from distlaunch.launcher import tfconfig as tfc
+    from distlaunch.launcher.spec import load_spec
     from distlaunch.launcher.up import build_plan, choose_run
 
     loaded = load_spec(spec)
@@ -259,6 +269,8 @@ def tfconfig(spec: str, task: str) -> None:
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of the cluster spec."""
+    from distlaunch.launcher.spec import json_schema
+
     click.echo(json.dumps(json_schema(), indent=2))
 
 
@@ -304,6 +316,10 @@ def up(
     exclude_hosts: str,
 ) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
+    from distlaunch.launcher import rundir
+    from distlaunch.launcher.console import Console
+    from distlaunch.launcher.spec import load_spec
+    from distlaunch.launcher.transports.image import ImageRequest
     from distlaunch.launcher.up import choose_run
     from distlaunch.launcher.up import up as run_up
 
@@ -342,6 +358,9 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
     image must exist: `distlaunch up --backend compose` builds it, or
     `docker build -f docker/Dockerfile -t IMAGE .` in this checkout.
     """
+    from distlaunch.launcher import rundir
+    from distlaunch.launcher.console import Console
+    from distlaunch.launcher.spec import load_spec
     from distlaunch.launcher.transports import compose_file as compose
     from distlaunch.launcher.transports.compose import write_compose_file
     from distlaunch.launcher.up import choose_run
@@ -403,7 +422,9 @@ def k8s_manifests(
     them with `kubectl apply -f FILE`.
     """
     from distlaunch.launcher import k8s
+    from distlaunch.launcher.console import Console
     from distlaunch.launcher.rundir import new_run_id
+    from distlaunch.launcher.spec import load_spec
 
     loaded = load_spec(spec)
     settings = loaded.spec.kubernetes
@@ -481,6 +502,9 @@ def sbatch(
 
     The batch script is written to <run_dir>/job.sbatch first (readable, and runnable by hand).
     """
+    from distlaunch.launcher import rundir
+    from distlaunch.launcher.spec import load_spec
+    from distlaunch.launcher.spec_sources import SpecOptions
     from distlaunch.launcher.transports import sbatch as batch
     from distlaunch.launcher.up import choose_run
 
@@ -522,7 +546,7 @@ def sbatch(
 )
 def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
-    from distlaunch.launcher import firewall
+    from distlaunch.launcher import firewall, rundir
     from distlaunch.launcher.control.liveness import launcher_alive
     from distlaunch.launcher.control.status import LOST, run_state, status_rows
     from distlaunch.launcher.state import RunRecord
@@ -576,7 +600,10 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(settings: Settings, run: str | None, task: str | None, lines: int, follow: bool) -> None:
     """Print the last lines of TASK's log (every task's when omitted) in its latest attempt."""
+    from distlaunch.launcher import rundir
+    from distlaunch.launcher.console import Console
     from distlaunch.launcher.control import logs as control_logs
+    from distlaunch.launcher.summary import tail
 
     path = rundir.resolve_run(run, settings.shared_dir)
     for file in control_logs.log_files(path, task):
@@ -598,6 +625,7 @@ def stacks(
 ) -> None:
     """Capture every thread's stack of each running task (or TASK) into RUN/stacks/<time>/ and
     print where each task is."""
+    from distlaunch.launcher import rundir
     from distlaunch.launcher import stacks as stack_dumps
     from distlaunch.launcher.control.stacks import take_stacks
 
@@ -619,6 +647,7 @@ def stacks(
 @click.pass_obj
 def restart(settings: Settings, run: str, task: str) -> None:
     """Restart TASK of the running RUN the way its strategy needs (an MWMS task: the whole gang)."""
+    from distlaunch.launcher import rundir
     from distlaunch.launcher.control.requests import request_restart
 
     path = rundir.resolve_run(run, settings.shared_dir)
@@ -640,6 +669,7 @@ def restart(settings: Settings, run: str, task: str) -> None:
 )
 def down(settings: Settings, run: str, grace: float | None) -> None:
     """Stop RUN (a run id or directory): its launcher if alive, then every leftover process."""
+    from distlaunch.launcher import rundir
     from distlaunch.launcher.control.down import down as run_down
 
     result = run_down(rundir.resolve_run(run, settings.shared_dir), grace)
@@ -663,6 +693,7 @@ def down(settings: Settings, run: str, grace: float | None) -> None:
 @click.pass_obj
 def collect(settings: Settings, run: str) -> None:
     """Copy the run files of RUN's SSH hosts (when they share no run dir) into RUN/hosts/<host>/."""
+    from distlaunch.launcher import rundir
     from distlaunch.launcher.control.collect import collect as run_collect
 
     for got in run_collect(rundir.resolve_run(run, settings.shared_dir)):
@@ -688,7 +719,7 @@ def _exit_now(code: object) -> NoReturn:
     """Exit with ``code`` as sys.exit would, without Python's finalization.
 
     By now every task is gone and every record written; what is left is the interpreter tearing
-    down its modules (pydantic's and click's), 0.1 s on a quiet machine and over 0.5 s on a busy
+    down its modules (click's and the launcher's), 0.1 s on a quiet machine and over 0.5 s on a busy
     one, added to every command (and to `up`'s teardown). The atexit handlers still run (the
     terminal's echo drains there), then the standard streams are flushed. Every thread the
     launcher starts is a daemon or joined before this. A crash (an uncaught exception other than

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import portpicker
-
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.spec import LoadedSpec, task_json_path
 
@@ -64,7 +62,7 @@ def allocate(
                 continue
             if isinstance(entry.port, int):
                 local = loaded.ssh_host(entry.host) is None
-                if local and not private and not portpicker.is_port_free(entry.port):
+                if local and not private and not _portpicker().is_port_free(entry.port):
                     raise SpecError(
                         str(loaded.file),
                         task_json_path(loaded.raw, role, index, "port"),
@@ -81,9 +79,17 @@ def allocate(
                         next_private += 1
                     port = next_private
                 else:
-                    port = portpicker.pick_unused_port()
+                    port = _portpicker().pick_unused_port()
                     while port in taken:
-                        port = portpicker.pick_unused_port()
+                        port = _portpicker().pick_unused_port()
                 taken.add(port)
                 ports[(role, index)] = port
     return ports
+
+
+def _portpicker():
+    """portpicker, imported on first use: an isolated run (every port free) never needs it, and
+    its import (with logging's) is 2 ms of the launcher's start."""
+    import portpicker
+
+    return portpicker

@@ -17,17 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    WithJsonSchema,
-    model_validator,
-)
-
 from distlaunch.launcher.errors import SpecError
+from distlaunch.launcher.records import Field, Invalid, Parsed, Record, after, before
+from distlaunch.launcher.records import json_schema as record_schema
 from distlaunch.launcher.spec_sources import Source, SpecOptions, apply_overrides, expand, read_yaml
 
 ROLES = ("chief", "worker", "ps", "evaluator")
@@ -86,22 +78,21 @@ def _gpus(value: Any) -> int | tuple[int, ...] | None:
 
 Port = Annotated[
     int | str,
-    BeforeValidator(_port),
-    WithJsonSchema(
-        {"oneOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": 65535}]}
+    Parsed(
+        _port, {"oneOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": 65535}]}
     ),
 ]
 Gpus = Annotated[
     int | tuple[int, ...] | None,
-    BeforeValidator(_gpus),
-    WithJsonSchema(
+    Parsed(
+        _gpus,
         {
             "oneOf": [
                 {"type": "null"},
                 {"type": "integer", "minimum": 0},
                 {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},
             ]
-        }
+        },
     ),
 ]
 
@@ -115,13 +106,7 @@ class _PathError(ValueError):
         self.message = message
 
 
-class _Model(BaseModel):
-    # strict: a spec that says "2" where a number belongs is wrong, not coerced. No float is
-    # infinite or NaN: a grace period of Infinity would wait forever.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-class TaskEntry(_Model):
+class TaskEntry(Record):
     """One task of a role: where it runs and what it gets."""
 
     host: str = Field(
@@ -136,13 +121,12 @@ class TaskEntry(_Model):
     )
 
 
-class RoleTasks(_Model):
+class RoleTasks(Record):
     """All tasks of one role. Written in JSON either as `{"count": N, ...}` or as a list of tasks."""
 
     entries: list[TaskEntry] = Field(min_length=1)
 
-    @model_validator(mode="before")
-    @classmethod
+    @before
     def _from_json(cls, data: Any) -> Any:
         # Two spellings: a list of explicit tasks, or a count with settings shared by all.
         if isinstance(data, list):
@@ -173,7 +157,7 @@ class RoleTasks(_Model):
         return len(self.entries)
 
 
-class Tasks(_Model):
+class Tasks(Record):
     """Tasks by role, as TensorFlow names them in TF_CONFIG."""
 
     chief: RoleTasks | None = None
@@ -191,7 +175,7 @@ class Tasks(_Model):
         return out
 
 
-class Program(_Model):
+class Program(Record):
     """What every task runs: a script or a module, with args, env and working dir."""
 
     script: str | None = Field(None, description="Python script path (relative: to the spec).")
@@ -206,7 +190,7 @@ class Program(_Model):
         "program whose source uses tf.keras and never imports keras, else keras3.",
     )
 
-    @model_validator(mode="after")
+    @after
     def _one_entry_point(self) -> Program:
         if (self.script is None) == (self.module is None):
             raise ValueError('expected exactly one of "script" or "module"')
@@ -215,7 +199,7 @@ class Program(_Model):
                 raise _PathError(("env", key), "this variable is set by distlaunch; remove it")
         return self
 
-    @model_validator(mode="after")
+    @after
     def _passable_to_a_process(self) -> Program:
         # These strings become argv, environment and paths verbatim; only what the kernel itself
         # cannot carry is refused (a NUL ends a C string; "=" ends an environment name).
@@ -238,7 +222,7 @@ def _no_nul(value: str | None, loc: tuple[str | int, ...]) -> None:
         raise _PathError(loc, "expected no NUL character: it cannot be passed to a process")
 
 
-class Host(_Model):
+class Host(Record):
     """A machine tasks are placed on by name: this one (`local`) or one reached over SSH."""
 
     transport: Literal["local", "ssh"] = Field(
@@ -279,7 +263,7 @@ class Host(_Model):
         10, ge=1, le=600, description="How long ssh may take to connect."
     )
 
-    @model_validator(mode="after")
+    @after
     def _fits_transport(self) -> Host:
         if self.transport == "local":
             ssh_only = sorted(self.model_fields_set - {"transport", "address"})
@@ -305,7 +289,7 @@ class Host(_Model):
         return self.address or ("127.0.0.1" if self.transport == "local" else name)
 
 
-class Timeouts(_Model):
+class Timeouts(Record):
     """How long the launcher waits before it calls something failed."""
 
     startup_s: float = Field(
@@ -340,14 +324,14 @@ class Timeouts(_Model):
     )
 
 
-class Backoff(_Model):
+class Backoff(Record):
     """Delay before an automatic restart: initial_s, doubled per recent restart, at most max_s."""
 
     initial_s: float = Field(1.0, ge=0)
     max_s: float = Field(30.0, ge=0)
 
 
-class Restart(_Model):
+class Restart(Record):
     """When failed tasks are started again, and how often."""
 
     policy: Literal["never", "on-failure"] = Field(
@@ -384,7 +368,7 @@ IMAGE_REF = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
 K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 
 
-class Kubernetes(_Model):
+class Kubernetes(Record):
     """What `distlaunch k8s` writes into the manifests beyond the tasks themselves."""
 
     namespace: str | None = Field(
@@ -416,7 +400,7 @@ class Kubernetes(_Model):
     )
 
 
-class Network(_Model):
+class Network(Record):
     """How a run across hosts keeps its task ports to itself (local runs: see `isolation`)."""
 
     protect: Literal["auto", "off", "required"] = Field(
@@ -429,7 +413,7 @@ class Network(_Model):
     )
 
 
-class SlurmOptions(_Model):
+class SlurmOptions(Record):
     """How the Slurm backend places tasks on the allocation's nodes."""
 
     tasks_per_node: int | None = Field(
@@ -440,7 +424,7 @@ class SlurmOptions(_Model):
     )
 
 
-class Spec(_Model):
+class Spec(Record):
     """A whole cluster spec as the user wrote it (paths still relative)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
@@ -518,12 +502,12 @@ class Spec(_Model):
         description="Settings of `distlaunch k8s` (the other backends ignore them).",
     )
 
-    @model_validator(mode="after")
+    @after
     def _shared_dir_passable(self) -> Spec:
         _no_nul(self.shared_dir, ("shared_dir",))
         return self
 
-    @model_validator(mode="after")
+    @after
     def _host_names(self) -> Spec:
         for name in self.hosts:
             if name in LOCAL_HOSTS or not re.fullmatch(_HOST_RE, name):
@@ -533,7 +517,7 @@ class Spec(_Model):
                 )
         return self
 
-    @model_validator(mode="after")
+    @after
     def _roles_fit_strategy(self) -> Spec:
         roles = self.tasks.by_role()
         total = sum(len(entries) for entries in roles.values())
@@ -586,7 +570,7 @@ class LoadedSpec:
 
 def json_schema() -> dict[str, Any]:
     """Return the JSON Schema of the cluster spec file."""
-    schema = Spec.model_json_schema()
+    schema = record_schema(Spec)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "distlaunch cluster spec"
     return schema
@@ -666,7 +650,7 @@ def _validate(raw: dict[str, Any], file: Path, shown: str) -> LoadedSpec:
     try:
         try:
             spec = Spec.model_validate(raw)
-        except ValidationError as exc:
+        except Invalid as exc:
             raise _first_error(shown, exc) from None
     except RecursionError:
         # json's own limit let it through, but walking it is still too deep: no spec is.
@@ -924,18 +908,16 @@ def _json_path(loc: tuple[str | int, ...]) -> str:
     return out
 
 
-def _first_error(shown: str, exc: ValidationError) -> SpecError:
-    """Turn pydantic's first error into one line with a JSON path the user can find."""
-    err = exc.errors(include_url=False)[0]
-    loc = tuple(err["loc"])
+def _first_error(shown: str, err: Invalid) -> SpecError:
+    """Turn the first problem into one line with a JSON path the user can find."""
+    loc = err.loc
     # RoleTasks parses lists into "entries": show the path as the user wrote it.
     loc = tuple(
         p for i, p in enumerate(loc) if not (p == "entries" and i >= 2 and loc[i - 2] == "tasks")
     )
-    ctx_error = (err.get("ctx") or {}).get("error")
-    if isinstance(ctx_error, _PathError):
-        return SpecError(shown, _json_path(loc + ctx_error.loc), ctx_error.message)
-    kind = err["type"]
+    if isinstance(err.error, _PathError):
+        return SpecError(shown, _json_path(loc + err.error.loc), err.error.message)
+    kind = err.kind
     if loc[:2] == ("program", "env") and kind != "extra_forbidden":
         # Environment values are often secrets: the message says what was expected, never the value.
         what = "an object of names and string values" if len(loc) == 2 else "a string"
@@ -947,9 +929,9 @@ def _first_error(shown: str, exc: ValidationError) -> SpecError:
     elif kind == "missing":
         msg = "required key is missing"
     elif kind == "value_error":
-        msg = str(ctx_error) if ctx_error else err["msg"]
+        msg = str(err.error)
     else:
-        msg = f"{_lower_first(err['msg'])}, got {_shown(err.get('input'))}"
+        msg = f"{_lower_first(err.msg)}, got {_shown(err.value)}"
     return SpecError(shown, _json_path(loc), msg)
 
 
@@ -968,18 +950,18 @@ def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
         if model is RoleTasks:
             model = TaskEntry if isinstance(part, int) else None
             continue
-        field = getattr(model, "model_fields", {}).get(part) if isinstance(part, str) else None
-        model = _model_in(field.annotation) if field else None
+        found = model.fields().get(part) if isinstance(part, str) else None
+        model = _model_in(found[0]) if found else None
         if model is None:
             return []
-        in_map = get_origin(field.annotation) is dict
+        in_map = get_origin(found[0]) is dict
     if model is RoleTasks:
         return ["count", "host", "port", "gpus"]
-    return list(getattr(model, "model_fields", {}))
+    return list(model.fields())
 
 
 def _model_in(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, Record):
         return annotation
     for arg in get_args(annotation) if get_origin(annotation) else ():
         found = _model_in(arg)

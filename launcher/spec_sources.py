@@ -9,16 +9,19 @@ file, the JSON path and, where it is known, the line.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from distlaunch.launcher.errors import SpecError, UsageError
+
+# yaml is imported by what reads YAML (a .yaml spec, a --set value): a JSON spec's start skips it.
+if TYPE_CHECKING:
+    import yaml
 
 # Bounds on what a YAML spec or a `--set` value may cost before anything reads it as a spec:
 # anchors and aliases can otherwise make a small text expand exponentially ("billion laughs").
@@ -99,34 +102,39 @@ class _TooBig(Exception):
     """The YAML text composes to more than MAX_NODES nodes."""
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 booleans: only true/false are booleans. YAML 1.1 also reads
-    yes/no/on/off as booleans, which would turn `host_key_checking: yes` into true.
+@functools.cache
+def _loader() -> type[yaml.SafeLoader]:
+    """The loader class, made on first use (with yaml's import)."""
+    import yaml
 
-    It also stops composing after MAX_NODES nodes (an alias adds none: it is the anchored node
-    again; what aliases expand to is counted by `_Expander`)."""
+    class Loader(yaml.SafeLoader):
+        """SafeLoader with YAML 1.2 booleans: only true/false are booleans. YAML 1.1 also reads
+        yes/no/on/off as booleans, which would turn `host_key_checking: yes` into true.
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self.composed = 0
+        It also stops composing after MAX_NODES nodes (an alias adds none: it is the anchored
+        node again; what aliases expand to is counted by `_Expander`)."""
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        """Compose the next node, counting it."""
-        self.composed += 1
-        if self.composed > MAX_NODES:
-            raise _TooBig
-        return super().compose_node(parent, index)
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.composed = 0
 
+        def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+            """Compose the next node, counting it."""
+            self.composed += 1
+            if self.composed > MAX_NODES:
+                raise _TooBig
+            return super().compose_node(parent, index)
 
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool",
-    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-    list("tTfF"),
-)
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool",
+        re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+        list("tTfF"),
+    )
+    return Loader
 
 
 def read_yaml(text: str, shown: str) -> Source:
@@ -146,7 +154,9 @@ def read_yaml(text: str, shown: str) -> Source:
 def _compose(text: str, shown: str) -> yaml.Node | None:
     """The node tree of ``text`` (aliases still shared); SpecError on a syntax error or too many
     nodes."""
-    loader = _Loader(text)
+    import yaml
+
+    loader = _loader()(text)
     try:
         return loader.get_single_node()
     except _TooBig:
@@ -171,13 +181,17 @@ class _Expander:
         self.lines = lines
         self.nodes = MAX_NODES
         self.bytes = MAX_EXPANDED_BYTES
-        # _Loader's resolver gave each scalar its tag; constructing it is SafeLoader's.
+        import yaml
+
+        # The loader's resolver gave each scalar its tag; constructing it is SafeLoader's.
         self.constructor = yaml.constructor.SafeConstructor()
 
     def plain(
         self, node: yaml.Node, loc: tuple[str | int, ...], mark: yaml.Mark | None = None
     ) -> Any:
         """The data of ``node`` at ``loc`` (``mark``: where its key is written)."""
+        import yaml
+
         path = json_path(loc)
         self.nodes -= 1
         self.bytes -= len(path) + (len(node.value) if isinstance(node.value, str) else 0)
@@ -211,6 +225,8 @@ class _Expander:
 
     def _key(self, node: yaml.Node, loc: tuple[str | int, ...]) -> str:
         """The string a key node holds; SpecError for any other key or an overlong one."""
+        import yaml
+
         where = f"{self.shown}:{node.start_mark.line + 1}"
         if not isinstance(node, yaml.ScalarNode):  # never constructed: it may be an alias tree
             raise SpecError(

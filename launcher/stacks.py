@@ -29,11 +29,8 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 from distlaunch.launcher import rundir
 from distlaunch.worker import contract
@@ -284,6 +281,8 @@ def program_pid(pid: int) -> int:
     """The pid (as this machine sees it) of the program a local task runs, given the pid the
     launcher started: taskinit's keeper, above the PID namespace's init and the program (see
     launcher/taskinit.py). The keeper's stack would only show it waiting for its child."""
+    import psutil  # not at the top: the launcher's start does not wait for it
+
     current = pid
     try:
         for _ in range(3):  # keeper -> init -> program
@@ -314,6 +313,8 @@ def _children(pid: int) -> list[int]:
     except FileNotFoundError:
         if not os.path.exists(f"/proc/{pid}"):
             return []
+    import psutil
+
     children = psutil.Process(pid).children()
     return [child.pid for child in sorted(children, key=lambda child: child.create_time())]
 
@@ -390,6 +391,8 @@ def capture(
 ) -> list[Capture]:
     """Dump every task in ``sources`` at once, write each to ``RUN/stacks/<stamp>/<task>.txt``
     and return what each shows (or why it could not)."""
+    from concurrent.futures import ThreadPoolExecutor  # not at the top: see program_pid
+
     folder = stacks_folder(run_dir, stamp)
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(sources)))) as pool:
         texts = dict(zip(sources, pool.map(_try, sources.values())))

@@ -11,14 +11,12 @@ from pathlib import Path
 
 from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.console import Console
-from distlaunch.launcher.control.liveness import launcher_alive
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
 from distlaunch.launcher.plan import Plan, masked_spec
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.state import RunRecord, RunState, latest_unfinished
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
-from distlaunch.launcher.transports import compose, compose_file, routing, slurm
 from distlaunch.launcher.transports.base import Backend
 from distlaunch.launcher.transports.image import ImageRequest
 
@@ -60,6 +58,9 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
             f"run dir {run_dir} already exists and holds no run; pick another --run-id"
         )
     rundir.check_existing(run_dir, loaded.spec.permissions == "private")
+    # Only a resumed run asks (psutil): a fresh run's start does not import it.
+    from distlaunch.launcher.control.liveness import launcher_alive
+
     previous = RunRecord.load(run_dir)
     if launcher_alive(previous):
         raise UsageError(
@@ -68,18 +69,27 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
     return RunTarget(run_id, run_dir, previous.attempt + 1, previous)
 
 
-# The backends by kind (the spec's `backend`): a new backend is one entry here and its module.
-BACKENDS: dict[str, Backend] = {
-    "local": Backend(routing.plan, routing.open_launch),
-    "compose": Backend(compose_file.compose_plan, compose.open_launch),
-    "slurm": Backend(slurm.plan, slurm.open_launch),
-}
+def backend(kind: str) -> Backend:
+    """The backend of the spec's `backend` ``kind``: a new backend is one case here and its module.
+
+    Only the run's own backend's module is imported: a start does not wait for the others.
+    """
+    if kind == "compose":
+        from distlaunch.launcher.transports import compose, compose_file
+
+        return Backend(compose_file.compose_plan, compose.open_launch)
+    if kind == "slurm":
+        from distlaunch.launcher.transports import slurm
+
+        return Backend(slurm.plan, slurm.open_launch)
+    from distlaunch.launcher.transports import routing
+
+    return Backend(routing.plan, routing.open_launch)
 
 
 def build_plan(loaded: LoadedSpec, target: RunTarget) -> Plan:
     """The plan `up` would start for ``target``, with no host contacted (`plan`, `tfconfig`)."""
-    backend = BACKENDS[loaded.spec.backend]
-    return backend.plan(loaded, target.run_id, target.run_dir, target.attempt)
+    return backend(loaded.spec.backend).plan(loaded, target.run_id, target.run_dir, target.attempt)
 
 
 def claim_and_up(
@@ -114,9 +124,7 @@ def up(
     """
     procs.raise_fd_limit()  # a few descriptors per task: hundreds of tasks pass 1024
     private = loaded.spec.permissions == "private"
-    with BACKENDS[loaded.spec.backend].open(
-        loaded, console, image=image, requeue=requeue
-    ) as launch:
+    with backend(loaded.spec.backend).open(loaded, console, image=image, requeue=requeue) as launch:
         plan = launch.plan(target.run_id, target.run_dir, target.attempt)
         with _umask(rundir.PRIVATE_UMASK if private else None):
             rundir.make_dirs(target.run_dir, target.attempt, private)

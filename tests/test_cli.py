@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import distlaunch
@@ -47,3 +49,34 @@ def test_shared_dir_is_accepted_after_and_before_the_subcommand(tmp: Path) -> No
     # Without either, runs are looked up under ./runs.
     missing = distlaunch("status", "r-a", cwd=tmp)
     assert missing.returncode == 2 and "under runs" in missing.stderr
+
+
+# Imported by no command before its first task starts (`--help`, and `up` of a JSON spec on
+# this machine): each costs the launcher's start milliseconds (bench/startup.py), TensorFlow
+# seconds; they are imported where they are used (a YAML spec, a resumed run, a stacks capture).
+NOT_AT_START = ("pydantic", "yaml", "psutil", "portpicker", "tensorflow", "concurrent.futures")
+
+
+def _loaded_after(code: str) -> set[str]:
+    """The NOT_AT_START modules a fresh interpreter holds after ``code``."""
+    report = f"print(*sorted(m for m in sys.modules if m in {NOT_AT_START!r}))"
+    result = subprocess.run(
+        [sys.executable, "-c", f"import atexit, sys\natexit.register(lambda: {report})\n{code}"],
+        capture_output=True,
+        text=True,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return set(result.stdout.split("\n")[-2].split())
+
+
+def test_the_start_imports_only_what_it_uses() -> None:
+    help_run = (
+        "from distlaunch.launcher.cli import main\nsys.argv = ['distlaunch', '--help']\nmain()"
+    )
+    assert _loaded_after(help_run) == set()
+    # What `up` of a local JSON spec runs through up to its tasks' start.
+    up_path = (
+        "from distlaunch.launcher import cli, spec, up, supervisor, plan, state\n"
+        "from distlaunch.launcher.transports import routing, local, netns"
+    )
+    assert _loaded_after(up_path) == set()

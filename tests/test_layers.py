@@ -28,6 +28,7 @@ LAYER_OF = {
     "distlaunch.launcher.errors": "spec",
     "distlaunch.launcher.spec": "spec",
     "distlaunch.launcher.spec_sources": "spec",
+    "distlaunch.launcher.records": "spec",  # the typed records the spec is made of
     "distlaunch.launcher.rundir": "spec",
     "distlaunch.launcher.console": "spec",
     "distlaunch.launcher.summary": "spec",

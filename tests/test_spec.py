@@ -251,3 +251,39 @@ def test_every_example_spec_validates():
     for spec in sorted((REPO / "cluster_specs").glob("*.json")):
         result = distlaunch("validate", str(spec))
         assert result.returncode == 0, (spec, result.stderr)
+
+
+def test_values_are_checked_as_written(tmp):
+    # A number field shows the value as written; a pattern's "$" ends the text (a trailing
+    # newline does not match); no number is coerced to an integer; a key must be a string.
+    cases = [
+        (
+            _with(timeouts={"startup_s": 0}),
+            "$.timeouts.startup_s: input should be greater than 0, got 0",
+        ),
+        (
+            _with(name="t\n"),
+            "$.name: string should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$', got \"t\\n\"",
+        ),
+        (
+            _with(restart={"max_restarts": 2.0}),
+            "$.restart.max_restarts: input should be a valid integer, got 2.0",
+        ),
+        (
+            _with(timeouts={"grace_s": float("inf")}),
+            "$.timeouts.grace_s: input should be a finite number, got Infinity",
+        ),
+    ]
+    for text, expected in cases:
+        spec = _spec(tmp, text)
+        with pytest.raises(SpecError) as info:
+            load_spec(spec)
+        assert str(info.value) == f"{spec}: {expected}"
+    yaml_spec = tmp / "spec.yaml"
+    yaml_spec.write_text(
+        "name: t\nstrategy: multi_worker_mirrored\nprogram: {script: task.py}\n"
+        "tasks: {worker: {count: 1}}\nhosts: {1: {}}\n"
+    )
+    with pytest.raises(SpecError) as info:
+        load_spec(yaml_spec)
+    assert "expected string keys, got 1" in str(info.value)

@@ -16,7 +16,6 @@ import json
 import secrets
 import shlex
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -70,6 +69,9 @@ def check(loaded: LoadedSpec, session: Session, umask: int | None) -> list[HostR
     requests = ports.remote_requests(loaded)
     if not requests:
         return []
+    # Here, not at the top: a run with no SSH host starts without it.
+    from concurrent.futures import ThreadPoolExecutor
+
     token_file, token = probe_token(loaded)
     try:
         with ThreadPoolExecutor(max_workers=len(requests)) as pool:
