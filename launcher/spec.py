@@ -12,7 +12,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -20,7 +20,16 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.records import Field, Invalid, Parsed, Record, after, before
 from distlaunch.launcher.records import json_schema as record_schema
-from distlaunch.launcher.spec_sources import Source, SpecOptions, apply_overrides, expand, read_yaml
+from distlaunch.launcher.spec_sources import (
+    Source,
+    SpecOptions,
+    apply_overrides,
+    expand,
+    json_path,
+    preview,
+    read_yaml,
+    short_path,
+)
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 # Environment names the launcher owns; a spec may not set them.
@@ -640,7 +649,7 @@ def _read(file: Path, shown: str) -> Source:
     if dup is not None:
         loc, key = dup
         where = _json_path(loc + (key,))
-        raise SpecError(shown, where, f"key {key!r} appears twice; expected it once")
+        raise SpecError(shown, where, f"key {preview(key)} appears twice; expected it once")
     if not isinstance(raw, dict):
         raise SpecError(shown, "$", "expected a JSON object")
     return Source(raw=raw, file=shown)
@@ -673,20 +682,33 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _exists(path: Path, test: Callable[[Path], bool]) -> bool:
+    """``test(path)``, false where the OS cannot even look (a name longer than NAME_MAX raises
+    ENAMETOOLONG, which ``Path.is_file`` lets through on Python 3.11)."""
+    try:
+        return test(path)
+    except OSError:
+        return False
+
+
 def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedSpec:
     """Resolve relative paths against the spec file's folder and check what must exist."""
     base = file.resolve().parent
     workdir = (base / spec.program.workdir).resolve() if spec.program.workdir else base
-    if not workdir.is_dir():
+    if not _exists(workdir, Path.is_dir):
         raise SpecError(
-            shown, "$.program.workdir", f"expected an existing directory, got {str(workdir)!r}"
+            shown,
+            "$.program.workdir",
+            f"expected an existing directory, got {preview(str(workdir), 80)}",
         )
     script = None
     if spec.program.script is not None:
         script = (base / spec.program.script).resolve()
-        if not script.is_file():
+        if not _exists(script, Path.is_file):
             raise SpecError(
-                shown, "$.program.script", f"expected an existing script file, got {str(script)!r}"
+                shown,
+                "$.program.script",
+                f"expected an existing script file, got {preview(str(script), 80)}",
             )
     elif not re.fullmatch(
         r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", spec.program.module or ""
@@ -902,10 +924,8 @@ def _find_duplicate_key(
 
 
 def _json_path(loc: tuple[str | int, ...]) -> str:
-    out = "$"
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
+    """``loc`` as an error message shows it: a long key (JSON has no key length bound) is cut."""
+    return short_path(json_path(loc))
 
 
 def _first_error(shown: str, err: Invalid) -> SpecError:
@@ -925,7 +945,7 @@ def _first_error(shown: str, err: Invalid) -> SpecError:
         return SpecError(shown, _json_path(loc), message)
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
-        msg = f"unknown key {loc[-1]!r}; expected one of: {', '.join(allowed)}"
+        msg = f"unknown key {preview(loc[-1])}; expected one of: {', '.join(allowed)}"
     elif kind == "missing":
         msg = "required key is missing"
     elif kind == "value_error":

@@ -55,12 +55,12 @@ def _validate(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def _one_short_line(result: subprocess.CompletedProcess, says: str) -> None:
+def _one_short_line(result: subprocess.CompletedProcess, says: str, limit: int = 300) -> None:
     out = result.stdout + result.stderr
     assert result.returncode == 2, out[-2000:]
     line = result.stderr.strip()
     assert "\n" not in line and "Traceback" not in out, out[-2000:]
-    assert len(line) < 300, line[:2000]
+    assert len(line) < limit, line[:2000]
     assert says in line, line
 
 
@@ -116,3 +116,28 @@ def test_a_hostfile_slot_count_is_ascii_digits(tmp: Path, slots: str) -> None:
     )
     result = distlaunch("validate", "spec.yaml", cwd=tmp)
     _one_short_line(result, "hosts.txt:1: $.hostfile: expected slots to be an integer >= 1")
+
+
+JSON_HEAD = '{"name": "t", "strategy": "multi_worker_mirrored", "tasks": {"worker": {"count": 1}}, '
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        # JSON keys have no length bound of their own: the message shows a preview of the key
+        (
+            JSON_HEAD + '"program": {"script": "task.py"}, "%s": 1}' % ("K" * 20_000),
+            "unknown key 'KKKK",
+        ),
+        # a script name longer than the OS takes (ENAMETOOLONG: a traceback before)
+        (
+            JSON_HEAD + '"program": {"script": "%s.py"}}' % ("a" * 300),
+            "$.program.script: expected an existing script file",
+        ),
+    ],
+    ids=["long JSON key", "long script name"],
+)
+def test_long_json_names_end_in_one_line(tmp: Path, text: str, says: str) -> None:
+    (tmp / "spec.json").write_text(text)
+    # An unknown key's line also lists the 19 keys a spec takes (about 250 characters).
+    _one_short_line(_validate(tmp, "spec.json"), says, limit=500)
