@@ -219,11 +219,7 @@ def end_with_chief(loaded: LoadedSpec) -> chief_result.EndRule | None:
     if spec.strategy != contract.PSS:
         return None
     retries = spec.restart.max_restarts if spec.restart.policy == "on-failure" else 0
-    return chief_result.EndRule(retries, _final_codes(loaded))
-
-
-def _final_codes(loaded: LoadedSpec) -> tuple[int, ...]:
-    return tuple(sorted({c for c in loaded.spec.restart.non_retryable_exit_codes if 0 < c < 256}))
+    return chief_result.EndRule(retries, spec.restart.final_exit_codes())
 
 
 def _pod_template(
@@ -319,7 +315,7 @@ def _job_spec(loaded: LoadedSpec, role: str, count: int, pod: dict, jobset: bool
         spec.strategy == contract.PSS and role == contract.WORKER
     )
     rules: list[dict[str, Any]] = []
-    codes = list(_final_codes(loaded))
+    codes = list(loaded.spec.restart.final_exit_codes())
     if codes:
         rules.append(
             {

@@ -367,6 +367,11 @@ class Restart(Record):
         "that has imported TensorFlow) so that a restart skips the import; costs its memory.",
     )
 
+    def final_exit_codes(self) -> tuple[int, ...]:
+        """The non-retryable exit codes a process can exit with (1-255), sorted, once each: what
+        an engine that restarts by itself (compose, Kubernetes) is told never to retry."""
+        return tuple(sorted({c for c in self.non_retryable_exit_codes if 0 < c < 256}))
+
 
 # Kubernetes names: a namespace is a DNS label, a PersistentVolumeClaim a DNS subdomain.
 K8S_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"

@@ -115,8 +115,7 @@ def end_with_chief(loaded: LoadedSpec) -> chief_result.EndRule | None:
     compose never restarts the chief (`restart_policy`), so its first failure is final."""
     if loaded.spec.strategy != contract.PSS:
         return None
-    codes = tuple(sorted({c for c in loaded.spec.restart.non_retryable_exit_codes if 0 < c < 256}))
-    return chief_result.EndRule(0, codes)
+    return chief_result.EndRule(0, loaded.spec.restart.final_exit_codes())
 
 
 def _told_argv(task: TaskPlan, end: chief_result.EndRule | None) -> tuple[str, ...]:
