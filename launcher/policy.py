@@ -1,7 +1,8 @@
 """What a task's exit means for the run: one small object that returns a decision and says why.
 
-The supervisor feeds it events (a task exited, stopped making progress, or a user asked for a
-restart) and the run's history; it answers with an action, the tasks it concerns, a delay and a
+The supervisor feeds it events (a task exited, stopped making progress, a user asked for a
+restart, a deadline passed, the cluster never formed, the evaluator's drain ended) and the run's
+history: every way a run ends is an event decided here; it answers with an action, the tasks it concerns, a delay and a
 reason, which the supervisor logs to events.jsonl. Nothing here touches a process, so scripted
 inputs test every branch.
 """
@@ -53,11 +54,30 @@ class Decision:
     crash_loop: bool = False  # FAIL: the same traceback as the failure before the last restart
 
 
+class EventKind(enum.StrEnum):
+    """What happened to a task; also the kind of a run's failure, as run.json records it."""
+
+    EXITED = "exited"  # its process ended on its own (``returncode``)
+    HUNG = "hung"  # it stopped making progress and was killed (heartbeat_s, silence_s)
+    MANUAL = "manual"  # a user asked for its restart (`distlaunch restart`)
+    STARTUP_TIMEOUT = "startup timeout"  # no TensorFlow server within timeouts.startup_s
+    FORMATION = "formation"  # it never connected to the coordination service (formation_s)
+    RUN_TIMEOUT = "run timeout"  # the run hit timeouts.run_s while it ran or waited to restart
+    DRAINED = "drained"  # training was done and the evaluator finished or ran out of drain time
+
+
+# The launcher's own deadlines: no restart can help a run that hit them.
+_DEADLINES = (EventKind.STARTUP_TIMEOUT, EventKind.FORMATION, EventKind.RUN_TIMEOUT)
+
+
 @dataclass(frozen=True)
 class TaskEvent:
-    """Something happened to a task: it exited (``returncode``), hung, or a restart was asked for.
+    """Something happened to a task (``kind``): it exited (``returncode``), hung, a restart was
+    asked for, a deadline passed, or the evaluator's drain ended.
 
-    ``returncode`` is None for a hang or a manual request; ``error_type`` is the exception type
+    ``returncode`` is the exit code of an EXITED (or DRAINED) task, else None; ``detail`` is the
+    supervisor's words for a deadline or drain (e.g. "did not start ... (timeouts.startup_s)");
+    ``error_type`` is the exception type
     from the task's error file, when it wrote one. ``peer_lost``: its error is a follow-on error of
     another task's death (UnavailableError, "socket closed", the coordination service's).
     ``fingerprint``: its traceback reduced to what repeats in a crash loop (type, message, frames);
@@ -68,10 +88,16 @@ class TaskEvent:
     role: str
     returncode: int | None
     error_type: str | None = None
-    manual: bool = False
+    kind: EventKind = EventKind.EXITED
     peer_lost: bool = False
     fingerprint: str | None = None
     lost_peers: tuple[str, ...] = ()  # the tasks its follow-on error names as lost
+    detail: str = ""
+
+    @property
+    def manual(self) -> bool:
+        """Whether a user asked for this restart."""
+        return self.kind is EventKind.MANUAL
 
 
 @dataclass(frozen=True)
@@ -158,6 +184,12 @@ class RestartPolicy:
         self, event: TaskEvent, exited: Mapping[str, int], history: History, now: float
     ) -> Decision:
         restart_times = history.restart_times
+        if event.kind is EventKind.DRAINED:
+            # Training was done before: the evaluator finished, or its drain time ran out.
+            return Decision(Action.DONE, event.detail)
+        if event.kind in _DEADLINES:
+            # The limits the user set for the whole run: the run ends, whatever the policy.
+            return Decision(Action.FAIL, f"{event.name} {event.detail}")
         server = self.cluster.strategy == contract.PSS and event.role in ("ps", "worker")
         # A PSS server that exits, even with 0, is broken: it is handled like a failure.
         if event.returncode == 0 and not event.manual and not server:
@@ -239,7 +271,7 @@ def _cause(event: TaskEvent, exited: Mapping[str, int], history: History) -> str
 def _describe(event: TaskEvent) -> str:
     if event.manual:
         return "restart requested"
-    if event.returncode is None:
+    if event.kind is EventKind.HUNG:
         return "stopped making progress"
     if event.returncode == 0:
         return "exited on its own (its server must run until the chief is done)"
