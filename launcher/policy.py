@@ -14,6 +14,7 @@ import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from distlaunch.launcher.endings import EventKind
 from distlaunch.worker import contract
 
 # Exceptions that mean the program itself is wrong: starting it again cannot help.
@@ -52,18 +53,6 @@ class Decision:
     # lost a peer: then the first task that failed on its own, or None when none is known yet.
     cause: str | None = None
     crash_loop: bool = False  # FAIL: the same traceback as the failure before the last restart
-
-
-class EventKind(enum.StrEnum):
-    """What happened to a task; also the kind of a run's failure, as run.json records it."""
-
-    EXITED = "exited"  # its process ended on its own (``returncode``)
-    HUNG = "hung"  # it stopped making progress and was killed (heartbeat_s, silence_s)
-    MANUAL = "manual"  # a user asked for its restart (`distlaunch restart`)
-    STARTUP_TIMEOUT = "startup timeout"  # no TensorFlow server within timeouts.startup_s
-    FORMATION = "formation"  # it never connected to the coordination service (formation_s)
-    RUN_TIMEOUT = "run timeout"  # the run hit timeouts.run_s while it ran or waited to restart
-    DRAINED = "drained"  # training was done and the evaluator finished or ran out of drain time
 
 
 # The launcher's own deadlines: no restart can help a run that hit them.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from distlaunch.launcher import evidence, hints
 from distlaunch.launcher.console import hide_tf_noise
-from distlaunch.launcher.policy import EventKind
+from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.rundir import read_json
 
 TAIL_LINES = 20

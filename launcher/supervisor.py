@@ -29,6 +29,7 @@ from pathlib import Path
 
 from distlaunch.launcher import evidence, formation, rundir, stacks
 from distlaunch.launcher.console import Console, LogFollower
+from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.errors import Interrupted
 from distlaunch.launcher.oom import OomKills
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
@@ -36,7 +37,6 @@ from distlaunch.launcher.policy import (
     Action,
     Cluster,
     Decision,
-    EventKind,
     History,
     RestartPolicy,
     RestartRules,

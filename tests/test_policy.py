@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.policy import (
     Action,
     Cluster,
-    EventKind,
     RestartPolicy,
     RestartRules,
     TaskEvent,
