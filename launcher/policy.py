@@ -1,10 +1,10 @@
 """What a task's exit means for the run: one small object that returns a decision and says why.
 
 The supervisor feeds it events (a task exited, stopped making progress, a user asked for a
-restart, a deadline passed, the cluster never formed, the evaluator's drain ended) and the run's
-history: every way a run ends is an event decided here; it answers with an action, the tasks it concerns, a delay and a
-reason, which the supervisor logs to events.jsonl. Nothing here touches a process, so scripted
-inputs test every branch.
+restart, a deadline passed, the cluster never formed, the evaluator's drain ended: every way a
+run ends is an event decided here) and the run's history; it answers with an action, the tasks
+it concerns, a delay and a reason, which the supervisor logs to events.jsonl. Nothing here
+touches a process, so scripted inputs test every branch.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class TaskEvent:
 
     ``returncode`` is the exit code of an EXITED (or DRAINED) task, else None; ``detail`` is the
     supervisor's words for a deadline or drain (e.g. "did not start ... (timeouts.startup_s)");
-    ``error_type`` is the exception type
-    from the task's error file, when it wrote one. ``peer_lost``: its error is a follow-on error of
-    another task's death (UnavailableError, "socket closed", the coordination service's).
+    ``error_type`` is the exception type from the task's error file, when it wrote one.
+    ``peer_lost``: its error is a follow-on error of another task's death (UnavailableError,
+    "socket closed", the coordination service's).
     ``fingerprint``: its traceback reduced to what repeats in a crash loop (type, message, frames);
     ``lost_peers``: the tasks a follow-on error names as lost (TensorFlow lists them).
     """
@@ -142,6 +142,8 @@ class RestartPolicy:
     the ps and the chief (variables live on the ps: the chief restores them from its checkpoint);
     the chief's restarts the chief. The job is done when the chief exits 0.
     The evaluator is a sidecar: its success changes nothing, its failure restarts only itself.
+    The run's own deadlines (startup_s, formation_s, run_s) fail it whatever the rules; the end
+    of the evaluator's drain after training (it finished, or its time ran out) is DONE.
     """
 
     def __init__(self, cluster: Cluster, rules: RestartRules) -> None:
