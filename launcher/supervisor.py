@@ -530,46 +530,57 @@ class Supervisor:
     # ---- periodic checks ------------------------------------------------------------------
 
     def _check_deadlines(self, now: float) -> RunResult | None:
+        """The periodic checks, each of which may end a task or the run (through the policy):
+        the evaluator's drain once training is done, else each task's, the cluster's formation
+        and the run's time limit."""
         if self.drain_until is not None:
             return self._check_drain(now)
         wall = time.time()
         for task in self.tasks.values():
-            if not task.alive or task.plan.role == "evaluator":
-                continue
-            assert task.handle is not None
-            if task.ledger.state is TaskState.STARTING:
-                if task.handle.joined():
-                    self.settled_since = now
-                    joined = {"joined_after_s": round(now - task.started, 3)}
-                    task.ledger.change(TaskState.RUNNING, "joined", joined, port=task.plan.port)
-                elif now - task.started > self.timeouts.startup_s:
-                    how = (
-                        f"did not start its TensorFlow server on port {task.plan.port} "
-                        f"within {self.timeouts.startup_s:g} s (timeouts.startup_s)"
-                    )
-                    return self._on_deadline(task, EventKind.STARTUP_TIMEOUT, how, capture=True)
-            if self.timeouts.heartbeat_s is not None:
-                silent = self._silent_for(task, wall)
-                if silent is not None and silent > self.timeouts.heartbeat_s:
-                    where = tuple(stacks.summary(self._capture_stacks(), silent=True))
-                    return self._on_hang(task, f"no heartbeat for {silent:.0f} s", where, silent)
-            silent = self.watchdog.observe(task.name, now, self._sample(task))
-            if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
-                return self._on_silence(task, silent)
-        result = self._check_formation(now)
-        if result is not None:
-            return result
-        if self.timeouts.run_s is not None and now - self.run_started > self.timeouts.run_s:
-            limit = f"the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"
-            running = [t for t in self.tasks.values() if t.alive]
-            if running:
-                how = f"was still running when {limit}"
-                return self._on_deadline(running[0], EventKind.RUN_TIMEOUT, how, capture=True)
-            # Every task is down, waiting for a restart that is due later.
-            waiting = self.tasks[self.pending[0][1][0]]
-            how = f"was waiting to restart when {limit}"
-            return self._on_deadline(waiting, EventKind.RUN_TIMEOUT, how, capture=False)
+            if task.alive and task.plan.role != "evaluator":
+                result = self._check_task(task, now, wall)
+                if result is not None:
+                    return result
+        return self._check_formation(now) or self._check_run_time(now)
+
+    def _check_task(self, task: _Task, now: float, wall: float) -> RunResult | None:
+        """A live training task: has it joined, missed its startup deadline, stopped beating or
+        gone silent?"""
+        assert task.handle is not None
+        if task.ledger.state is TaskState.STARTING:
+            if task.handle.joined():
+                self.settled_since = now
+                joined = {"joined_after_s": round(now - task.started, 3)}
+                task.ledger.change(TaskState.RUNNING, "joined", joined, port=task.plan.port)
+            elif now - task.started > self.timeouts.startup_s:
+                how = (
+                    f"did not start its TensorFlow server on port {task.plan.port} "
+                    f"within {self.timeouts.startup_s:g} s (timeouts.startup_s)"
+                )
+                return self._on_deadline(task, EventKind.STARTUP_TIMEOUT, how, capture=True)
+        if self.timeouts.heartbeat_s is not None:
+            silent = self._silent_for(task, wall)
+            if silent is not None and silent > self.timeouts.heartbeat_s:
+                where = tuple(stacks.summary(self._capture_stacks(), silent=True))
+                return self._on_hang(task, f"no heartbeat for {silent:.0f} s", where, silent)
+        silent = self.watchdog.observe(task.name, now, self._sample(task))
+        if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
+            return self._on_silence(task, silent)
         return None
+
+    def _check_run_time(self, now: float) -> RunResult | None:
+        """The run's time limit (timeouts.run_s), for the task still running or, when every task
+        is down waiting out a backoff, the one waiting to restart."""
+        if self.timeouts.run_s is None or now - self.run_started <= self.timeouts.run_s:
+            return None
+        limit = f"the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"
+        running = [t for t in self.tasks.values() if t.alive]
+        if running:
+            how = f"was still running when {limit}"
+            return self._on_deadline(running[0], EventKind.RUN_TIMEOUT, how, capture=True)
+        waiting = self.tasks[self.pending[0][1][0]]
+        how = f"was waiting to restart when {limit}"
+        return self._on_deadline(waiting, EventKind.RUN_TIMEOUT, how, capture=False)
 
     def _check_drain(self, now: float) -> RunResult | None:
         """Training is done: once the evaluator's drain time is out, the policy ends the run and
