@@ -504,7 +504,7 @@ class Supervisor:
             # client's stdin pipe) before its successor takes its place.
             task.handle.close()
         handle = self.transport.start(plan)
-        task.plan, task.handle, task.exit_code = plan, handle, None
+        task.plan, task.handle, task.exit_code, task.ending = plan, handle, None, EventKind.EXITED
         self.peer_lost.discard(plan.name)
         self.watchdog.reset(plan.name)
         self._programs.pop(plan.name, None)
