@@ -519,3 +519,25 @@ def test_the_end_of_the_evaluators_drain_is_decided(
     result, _ = supervise(plan, transport, evaluator_drain_s=0.6)
     assert kinds(decided)[-1] == ("evaluator-0", EventKind.DRAINED, Action.DONE)
     assert result.state is RunState.SUCCEEDED and result.failure is None
+
+
+def test_a_peer_named_lost_but_still_running_is_the_cause_and_counts_as_hung(
+    tmp: Path, decided: list
+) -> None:
+    # worker-0 dies of a follow-on error naming worker-1, which still runs (frozen): the root
+    # cause is worker-1, typed hung, not worker-0's exit.
+    def worker_0_loses_worker_1(task: TaskPlan) -> None:
+        if task.name == "worker-0":
+            error = {
+                "type": "UnavailableError",
+                "message": "Task unhealthy: /job:worker/replica:0/task:1",
+            }
+            Path(task.env[contract.ERROR_FILE]).write_text(json.dumps(error))
+
+    script = fates({("worker-0", 0): Fate(1, after_s=0.2)})
+    transport = FakeTransport(script, on_start=worker_0_loses_worker_1)
+    result, _ = supervise(make_plan_for(tmp), transport, Restart())
+    assert kinds(decided) == [("worker-0", EventKind.EXITED, Action.FAIL)]
+    assert result.failure.task == "worker-1" and result.failure.kind is EventKind.HUNG
+    assert result.failure.how.startswith("stopped answering its peers")
+    assert result.failure.exit_code is None
