@@ -12,12 +12,13 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from distlaunch.launcher import evidence, rundir
+from distlaunch.launcher import evidence, oom, rundir
 from distlaunch.launcher.api_types import Failure, FailureKind, RunResult, failure_kind
 from distlaunch.launcher.control import logs as control_logs
 from distlaunch.launcher.control.requests import request_restart
 from distlaunch.launcher.control.status import run_state, status_rows
-from distlaunch.launcher.state import RunRecord
+from distlaunch.launcher.endings import EventKind
+from distlaunch.launcher.state import RunFailure, RunRecord
 from distlaunch.launcher.summary import LOG_SCAN_LINES, tail
 from distlaunch.worker import contract
 
@@ -72,12 +73,10 @@ def failure_of(run_dir: Path, record: RunRecord) -> Failure | None:
     exception from its error file (or the traceback at the end of its log)."""
     if not record.failure:
         return None
-    name = str(record.failure.get("task", ""))
-    how = str(record.failure.get("how", ""))
-    summary = str(record.failure.get("summary", ""))
+    name, how, summary = record.failure.task, record.failure.how, record.failure.summary
     task = record.tasks.get(name)
     if task is None:
-        return Failure(failure_kind(how, False), name, summary, how)
+        return Failure(_kind(record.failure, False), name, summary, how)
     error_file = contract.error_path(run_dir, task.attempt, task.role, task.index)
     error = rundir.read_json(error_file)
     exc_type = message = text = None
@@ -92,7 +91,7 @@ def failure_of(run_dir: Path, record: RunRecord) -> Failure | None:
         if found is not None:
             exc_type, message = found.type, found.message
             text = log[log.rfind(evidence.TRACEBACK_START) :]
-    kind = failure_kind(how, exc_type is not None)
+    kind = _kind(record.failure, exc_type is not None)
     signal_name = None
     if kind is FailureKind.SIGNAL or (task.exit_code is not None and task.exit_code < 0):
         code = -(task.exit_code or 0)
@@ -108,6 +107,31 @@ def failure_of(run_dir: Path, record: RunRecord) -> Failure | None:
         message=message,
         traceback=text,
     )
+
+
+# The API's kind of each ending that is not an exit.
+_KINDS = {
+    EventKind.HUNG: FailureKind.HANG,
+    EventKind.STARTUP_TIMEOUT: FailureKind.STARTUP,
+    EventKind.FORMATION: FailureKind.FORMATION,
+    EventKind.RUN_TIMEOUT: FailureKind.TIMEOUT,
+}
+
+
+def _kind(failure: RunFailure, has_exception: bool) -> FailureKind:
+    """The API's kind of a failure, from its recorded kind and exit code; a record written
+    before they were recorded (version < 2) has only the supervisor's words."""
+    if failure.kind is None:
+        return failure_kind(failure.how, has_exception)
+    if failure.kind in _KINDS:
+        return _KINDS[failure.kind]
+    if failure.kind is not EventKind.EXITED or failure.exit_code is None:
+        return FailureKind.OTHER
+    if failure.how.startswith(oom.WORDS):
+        return FailureKind.OOM
+    if failure.exit_code < 0:
+        return FailureKind.SIGNAL
+    return FailureKind.EXCEPTION if has_exception else FailureKind.EXIT
 
 
 def _sig(number: int) -> str | None:

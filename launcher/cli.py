@@ -566,7 +566,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
             "state": state,
             "attempt": record.attempt,
             "exit_code": record.exit_code,
-            "failure": record.failure,
+            "failure": record.failure.to_json() if record.failure else None,
             "network": record.extra.get("network"),
         }
         click.echo(json.dumps({**head, "run_dir": str(path), "tasks": rows}, indent=2))
@@ -577,7 +577,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
             f"  its launcher (pid {record.launcher_pid}) is gone; `distlaunch down {record.run_id}` stops what is left"
         )
     if record.failure:
-        click.echo(f"  {record.failure['summary']}")
+        click.echo(f"  {record.failure.summary}")
     for line in firewall.status_lines(record.extra.get("network"), launcher_alive(record)):
         click.echo(f"  {line}")
     click.echo(

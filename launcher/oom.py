@@ -20,6 +20,8 @@ import re
 import signal
 import subprocess
 
+# How an OOM kill is told (the start of kill_of's words): the API tells the kind by them.
+WORDS = "killed by the OOM killer"
 # How much of the kernel's log is read at once (its ring buffer is usually 256 KiB to 1 MiB).
 _KMSG_READ = 1 << 20
 
@@ -40,7 +42,7 @@ class OomKills:
         if not killed_for_memory(pid, kernel_log()):
             return ""
         rss = f" (RSS {rss_bytes / 1e9:.1f} GB)" if rss_bytes else ""
-        return f"killed by the OOM killer{rss}"
+        return f"{WORDS}{rss}"
 
 
 def oom_kill_count() -> int | None:

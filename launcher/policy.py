@@ -1,9 +1,10 @@
 """What a task's exit means for the run: one small object that returns a decision and says why.
 
-The supervisor feeds it events (a task exited, stopped making progress, or a user asked for a
-restart) and the run's history; it answers with an action, the tasks it concerns, a delay and a
-reason, which the supervisor logs to events.jsonl. Nothing here touches a process, so scripted
-inputs test every branch.
+The supervisor feeds it events (a task exited, stopped making progress, a user asked for a
+restart, a deadline passed, the cluster never formed, the evaluator's drain ended: every way a
+run ends is an event decided here) and the run's history; it answers with an action, the tasks
+it concerns, a delay and a reason, which the supervisor logs to events.jsonl. Nothing here
+touches a process, so scripted inputs test every branch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from distlaunch.launcher.endings import EventKind
 from distlaunch.worker import contract
 
 # Exceptions that mean the program itself is wrong: starting it again cannot help.
@@ -53,13 +55,20 @@ class Decision:
     crash_loop: bool = False  # FAIL: the same traceback as the failure before the last restart
 
 
+# The launcher's own deadlines: no restart can help a run that hit them.
+_DEADLINES = (EventKind.STARTUP_TIMEOUT, EventKind.FORMATION, EventKind.RUN_TIMEOUT)
+
+
 @dataclass(frozen=True)
 class TaskEvent:
-    """Something happened to a task: it exited (``returncode``), hung, or a restart was asked for.
+    """Something happened to a task (``kind``): it exited (``returncode``), hung, a restart was
+    asked for, a deadline passed, or the evaluator's drain ended.
 
-    ``returncode`` is None for a hang or a manual request; ``error_type`` is the exception type
-    from the task's error file, when it wrote one. ``peer_lost``: its error is a follow-on error of
-    another task's death (UnavailableError, "socket closed", the coordination service's).
+    ``returncode`` is the exit code of an EXITED (or DRAINED) task, else None; ``detail`` is the
+    supervisor's words for a deadline or drain (e.g. "did not start ... (timeouts.startup_s)");
+    ``error_type`` is the exception type from the task's error file, when it wrote one.
+    ``peer_lost``: its error is a follow-on error of another task's death (UnavailableError,
+    "socket closed", the coordination service's).
     ``fingerprint``: its traceback reduced to what repeats in a crash loop (type, message, frames);
     ``lost_peers``: the tasks a follow-on error names as lost (TensorFlow lists them).
     """
@@ -68,10 +77,16 @@ class TaskEvent:
     role: str
     returncode: int | None
     error_type: str | None = None
-    manual: bool = False
+    kind: EventKind = EventKind.EXITED
     peer_lost: bool = False
     fingerprint: str | None = None
     lost_peers: tuple[str, ...] = ()  # the tasks its follow-on error names as lost
+    detail: str = ""
+
+    @property
+    def manual(self) -> bool:
+        """Whether a user asked for this restart."""
+        return self.kind is EventKind.MANUAL
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,8 @@ class RestartPolicy:
     the ps and the chief (variables live on the ps: the chief restores them from its checkpoint);
     the chief's restarts the chief. The job is done when the chief exits 0.
     The evaluator is a sidecar: its success changes nothing, its failure restarts only itself.
+    The run's own deadlines (startup_s, formation_s, run_s) fail it whatever the rules; the end
+    of the evaluator's drain after training (it finished, or its time ran out) is DONE.
     """
 
     def __init__(self, cluster: Cluster, rules: RestartRules) -> None:
@@ -158,6 +175,12 @@ class RestartPolicy:
         self, event: TaskEvent, exited: Mapping[str, int], history: History, now: float
     ) -> Decision:
         restart_times = history.restart_times
+        if event.kind is EventKind.DRAINED:
+            # Training was done before: the evaluator finished, or its drain time ran out.
+            return Decision(Action.DONE, event.detail)
+        if event.kind in _DEADLINES:
+            # The limits the user set for the whole run: the run ends, whatever the policy.
+            return Decision(Action.FAIL, f"{event.name} {event.detail}")
         server = self.cluster.strategy == contract.PSS and event.role in ("ps", "worker")
         # A PSS server that exits, even with 0, is broken: it is handled like a failure.
         if event.returncode == 0 and not event.manual and not server:
@@ -239,7 +262,7 @@ def _cause(event: TaskEvent, exited: Mapping[str, int], history: History) -> str
 def _describe(event: TaskEvent) -> str:
     if event.manual:
         return "restart requested"
-    if event.returncode is None:
+    if event.kind is EventKind.HUNG:
         return "stopped making progress"
     if event.returncode == 0:
         return "exited on its own (its server must run until the chief is done)"

@@ -113,8 +113,8 @@ def screen(record: RunRecord, state: str, run_dir: Path, rows: Iterable[TaskProg
             f" {_fmt(row.checkpoint_step, 'd'):>7} {format_duration(row.eta_s):>7}"
             f" {format_duration(row.heartbeat_age_s):>6}"
         )
-    if record.failure and record.failure.get("summary"):
-        lines += ["", f"  {record.failure['summary']}"]
+    if record.failure and record.failure.summary:
+        lines += ["", f"  {record.failure.summary}"]
     return lines
 
 

@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from distlaunch.launcher import rundir
+from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.errors import RecordError, UsageError
 
 # Bumped when a field changes meaning; readers accept records without one (version 0).
-SCHEMA_VERSION = 1
+# 2: the failure is typed: its `kind` (policy.EventKind) and the task's `exit_code`.
+SCHEMA_VERSION = 2
 
 
 class RunState(enum.StrEnum):
@@ -134,6 +136,42 @@ class TaskRecord:
 _TASK_FIELDS = tuple(f.name for f in dataclasses.fields(TaskRecord))
 
 
+@dataclass(frozen=True)
+class RunFailure:
+    """run.json's root-cause failure: the task, how it ended (``kind``, ``exit_code``: negative
+    for a signal) and the words shown (``how``, and ``summary``: the headline)."""
+
+    task: str
+    how: str
+    summary: str
+    kind: EventKind | None = None  # None: a record written before version 2 (only ``how``)
+    exit_code: int | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunFailure | None:
+        """Read a record's failure (None: there is none); a kind this version does not know
+        reads as None, as in an older record."""
+        if not isinstance(data, Mapping):
+            return None
+        try:
+            kind = EventKind(data["kind"]) if data.get("kind") else None
+        except ValueError:
+            kind = None
+        code = data.get("exit_code")
+        return cls(
+            task=str(data.get("task", "")),
+            how=str(data.get("how", "")),
+            summary=str(data.get("summary", "")),
+            kind=kind,
+            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The failure as JSON data."""
+        kind = None if self.kind is None else self.kind.value
+        return {**dataclasses.asdict(self), "kind": kind}
+
+
 # Optional fields that only some backends or commands set; left out of run.json while None.
 _OPTIONAL = ("netns_holder_pid", "ssh", "compose", "stopped_by", "standbys")
 
@@ -153,7 +191,7 @@ class RunRecord:
     started_at: float = 0.0
     ended_at: float | None = None
     exit_code: int | None = None
-    failure: dict | None = None  # {"task", "how", "summary"}
+    failure: RunFailure | None = None
     plan: dict = field(default_factory=dict)
     tasks: dict[str, TaskRecord] = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)  # earlier attempts' outcomes
@@ -170,7 +208,8 @@ class RunRecord:
         """Read a record; raise ValueError when it is not one."""
         if not isinstance(data, Mapping) or not isinstance(data.get("run_id"), str):
             raise ValueError("not a run record")
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra", "tasks", "state"}
+        typed = {"extra", "tasks", "state", "failure"}
+        known = {f.name for f in dataclasses.fields(cls)} - typed
         values = {k: v for k, v in data.items() if k in known}
         values.setdefault("version", 0)
         tasks = data.get("tasks") or {}
@@ -178,7 +217,8 @@ class RunRecord:
             **values,
             state=RunState(data.get("state", RunState.RUNNING)),
             tasks={name: TaskRecord.from_json(entry) for name, entry in tasks.items()},
-            extra={k: v for k, v in data.items() if k not in known | {"tasks", "state"}},
+            failure=RunFailure.from_json(data.get("failure")),
+            extra={k: v for k, v in data.items() if k not in known | typed},
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -189,6 +229,7 @@ class RunRecord:
             if f.name not in ("extra", "tasks")
         }
         data["tasks"] = {name: task.to_json() for name, task in self.tasks.items()}
+        data["failure"] = None if self.failure is None else self.failure.to_json()
         for name in _OPTIONAL:
             if data[name] is None:
                 del data[name]
@@ -226,8 +267,9 @@ class RunRecord:
 
     def outcome(self) -> dict[str, Any]:
         """This attempt's outcome, as the next attempt keeps it in its `history`."""
-        keys = ("attempt", "state", "started_at", "ended_at", "exit_code", "failure")
-        return {k: getattr(self, k) for k in keys}
+        keys = ("attempt", "state", "started_at", "ended_at", "exit_code")
+        failure = None if self.failure is None else self.failure.to_json()
+        return {**{k: getattr(self, k) for k in keys}, "failure": failure}
 
 
 def latest_unfinished(shared_dir: Path, name: str) -> Path | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from distlaunch.launcher import evidence, hints
 from distlaunch.launcher.console import hide_tf_noise
+from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.rundir import read_json
 
 TAIL_LINES = 20
@@ -20,13 +21,15 @@ class Failure:
     """The task that failed first and where its evidence is."""
 
     task: str
-    how: str  # "exit code 3", "signal SIGKILL", "did not join ...", ...
+    how: str  # the words shown: "exit code 3", "signal SIGKILL", "did not start ...", ...
     log_file: str
     error_file: str
     elapsed_s: float
     note: str = ""  # why it was not restarted, when a restart policy is on
     stacks: tuple[str, ...] = ()  # where every task was (stacks.summary), when they were captured
     stacks_dir: str = ""  # the folder of those stacks files
+    kind: EventKind = EventKind.EXITED  # how the task ended: exited, hung, a deadline...
+    exit_code: int | None = None  # its exit code (negative: the signal) when it exited
 
 
 def headline(run_id: str, failure: Failure) -> str:

@@ -5,8 +5,10 @@ happens), a self-pipe that signal handlers write to (Ctrl-C, SIGTERM and `distla
 SIGUSR1 are handled between events, never in the middle of bookkeeping), and a short timeout that
 pumps the tasks' logs to the terminal and checks deadlines, heartbeats and due restarts.
 
-What an event means is not decided here: the RestartPolicy answers CONTINUE, DONE, RESTART or
-FAIL, and the supervisor carries it out and logs the decision with its reason. Tasks are reached
+What an event means is not decided here: every ending of a task or of the run (an exit, a hang,
+a restart request, a deadline, a cluster that never formed, the evaluator's drain) becomes a
+`TaskEvent` that the RestartPolicy answers with CONTINUE, DONE, RESTART or FAIL; the supervisor
+carries it out and logs the decision with its reason. Tasks are reached
 only through the `transports.base` interface, and every state change goes through the task's
 `state.TaskLedger`, which records it, logs it and saves run.json in one call.
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from distlaunch.launcher import evidence, formation, rundir, stacks
 from distlaunch.launcher.console import Console, LogFollower
+from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.errors import Interrupted
 from distlaunch.launcher.oom import OomKills
 from distlaunch.launcher.plan import Plan, TaskPlan, for_attempt
@@ -82,6 +85,7 @@ class _Task:
         self.handle: TaskHandle | None = None
         self.follower: LogFollower | None = None
         self.exit_code: int | None = None  # set once this incarnation has ended
+        self.ending = EventKind.EXITED  # how this incarnation ended (it may be the root cause)
         self.started = 0.0  # time.monotonic() of this incarnation's start
 
     @property
@@ -268,13 +272,17 @@ class Supervisor:
         how = exit_description(code)
         state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
         ended = {"exit_code": code, "exit": how, "ended_at": time.time()}
+        task.ending = EventKind.EXITED
         if self.drain_until is not None:
             # Training already succeeded; the evaluator has now finished too.
             why = "the evaluator finished after training"
+            event = TaskEvent(task.name, task.plan.role, code, kind=EventKind.DRAINED, detail=why)
+            decision = self._decide(event)
             task.ledger.change(
-                state, "exited", ended, exit=how, exit_code=code, decision="done", reason=why
-            )
-            return RunResult(RunState.SUCCEEDED, None)
+                state, "exited", ended, exit=how, exit_code=code,
+                decision=decision.action.value, reason=decision.reason,
+            )  # fmt: skip
+            return self._apply(task, event, decision, how)
         if code != 0:
             oom = self._oom.kill_of(self._program(task), code, self.watchdog.rss.get(task.name))
             if oom:
@@ -302,7 +310,7 @@ class Supervisor:
             exit=how,
             exit_code=code,
         )
-        return self._apply(task, decision, how)
+        return self._apply(task, event, decision, how)
 
     def _on_hang(
         self, task: _Task, how: str, where: tuple[str, ...], silent_s: float
@@ -310,7 +318,9 @@ class Supervisor:
         """A task stopped making progress: stop it, then treat it like a failed task."""
         self._kill([task])
         task.exit_code = -signal.SIGKILL
-        decision = self._decide(TaskEvent(task.name, task.plan.role, None))
+        task.ending = EventKind.HUNG
+        event = TaskEvent(task.name, task.plan.role, None, kind=EventKind.HUNG, detail=how)
+        decision = self._decide(event)
         ended = {"exit": how, "ended_at": time.time()}
         task.ledger.change(
             TaskState.FAILED,
@@ -321,7 +331,7 @@ class Supervisor:
             silent_s=round(silent_s, 1),
             stacks=list(where),
         )
-        return self._apply(task, decision, how, where=where)
+        return self._apply(task, event, decision, how, where=where)
 
     def _on_silence(self, task: _Task, silent_s: float) -> RunResult | None:
         """No task output, heartbeat or CPU for silence_s: capture where every task is, then
@@ -377,11 +387,12 @@ class Supervisor:
             if name not in self.tasks:
                 continue
             task = self.tasks[name]
-            decision = self._decide(TaskEvent(name, task.plan.role, None, manual=True))
+            event = TaskEvent(name, task.plan.role, None, kind=EventKind.MANUAL)
+            decision = self._decide(event)
             task.ledger.note(
                 "restart-requested", decision=decision.action.value, reason=decision.reason
             )
-            result = self._apply(task, decision, "", manual=True)
+            result = self._apply(task, event, decision, "")
             if result is not None:
                 return result
         return None
@@ -389,44 +400,58 @@ class Supervisor:
     def _apply(
         self,
         task: _Task,
+        event: TaskEvent,
         decision: Decision,
         how: str,
-        manual: bool = False,
         where: tuple[str, ...] = (),
     ) -> RunResult | None:
-        """Carry out the policy's decision about ``task`` (already logged)."""
+        """Carry out the policy's decision about ``event`` of ``task`` (logged by the caller)."""
         if decision.action is Action.DONE:
             return self._done()
         if decision.action is Action.FAIL:
-            return RunResult(RunState.FAILED, self._fail(task, decision, how, where))
+            return RunResult(RunState.FAILED, self._fail(task, event, decision, how, where))
         if decision.action is Action.RESTART:
             delay = f" in {decision.delay_s:g} s" if decision.delay_s else ""
             self.console.say(decision.reason + delay)
-            self._schedule_restart(decision, manual)
+            self._schedule_restart(decision, event.manual)
         return None
 
-    def _fail(self, task: _Task, decision: Decision, how: str, where: tuple[str, ...]) -> Failure:
+    def _fail(
+        self,
+        task: _Task,
+        event: TaskEvent,
+        decision: Decision,
+        how: str,
+        where: tuple[str, ...],
+    ) -> Failure:
         """The failure to report: the decision's cause (not a survivor that only lost a peer)."""
         note = decision.note
         if decision.cause == task.name:
-            return self._failure(task, how, note, where)
+            return self._failure(task, how, note, where, event.kind, event.returncode)
         follow_on = f"{task.name} {how} with a follow-on error: peer lost"
         if decision.cause is None:
             # Nobody has died on their own (yet): the stacks of the others show who is stuck.
             where = tuple(stacks.summary(self._capture_stacks()))
             note = "; ".join(x for x in ("peer lost: no other task had failed", note) if x)
-            return self._failure(task, how, note, where)
+            return self._failure(task, how, note, where, event.kind, event.returncode)
         cause = self.tasks[decision.cause]
         if cause.alive:
             # Named lost by its peers but still there (frozen, or cut off): show where it is.
             where = tuple(stacks.summary(self._capture_stacks()))
             cause_how = "stopped answering its peers (its process was still there)"
+            kind, code = EventKind.HUNG, None
         else:
             cause_how = str(cause.ledger.entry.exit or "failed")
-        return self._failure(cause, cause_how, "; ".join(x for x in (note, follow_on) if x), where)
+            kind = cause.ending
+            code = cause.exit_code if kind is EventKind.EXITED else None
+        note = "; ".join(x for x in (note, follow_on) if x)
+        return self._failure(cause, cause_how, note, where, kind, code)
 
     def _done(self) -> RunResult | None:
-        """Training succeeded: stop the servers; give a running evaluator time to finish."""
+        """Training succeeded: stop the servers; give a running evaluator time to finish. After
+        the drain (the evaluator finished, or its time ran out) the run has succeeded."""
+        if self.drain_until is not None:
+            return RunResult(RunState.SUCCEEDED, None)
         if self.standbys is not None:
             self.standbys.close()  # nothing will restart now
             self._record_standbys()
@@ -479,7 +504,7 @@ class Supervisor:
             # client's stdin pipe) before its successor takes its place.
             task.handle.close()
         handle = self.transport.start(plan)
-        task.plan, task.handle, task.exit_code = plan, handle, None
+        task.plan, task.handle, task.exit_code, task.ending = plan, handle, None, EventKind.EXITED
         self.peer_lost.discard(plan.name)
         self.watchdog.reset(plan.name)
         self._programs.pop(plan.name, None)
@@ -505,58 +530,88 @@ class Supervisor:
     # ---- periodic checks ------------------------------------------------------------------
 
     def _check_deadlines(self, now: float) -> RunResult | None:
+        """The periodic checks, each of which may end a task or the run (through the policy):
+        the evaluator's drain once training is done, else each task's, the cluster's formation
+        and the run's time limit."""
         if self.drain_until is not None:
-            if now >= self.drain_until:
-                drain = self.timeouts.evaluator_drain_s
-                why = (
-                    f"the evaluator did not finish within {drain:g} s (timeouts.evaluator_drain_s)"
-                )
-                for task in [t for t in self.tasks.values() if t.alive]:
-                    self._stop([task], TaskState.STOPPED, why)
-                return RunResult(RunState.SUCCEEDED, None)
-            return None
+            return self._check_drain(now)
         wall = time.time()
         for task in self.tasks.values():
-            if not task.alive or task.plan.role == "evaluator":
-                continue
-            assert task.handle is not None
-            if task.ledger.state is TaskState.STARTING:
-                if task.handle.joined():
-                    self.settled_since = now
-                    joined = {"joined_after_s": round(now - task.started, 3)}
-                    task.ledger.change(TaskState.RUNNING, "joined", joined, port=task.plan.port)
-                elif now - task.started > self.timeouts.startup_s:
-                    where = tuple(stacks.summary(self._capture_stacks()))
-                    return RunResult(RunState.FAILED, self._failure(
-                        task, f"did not start its TensorFlow server on port {task.plan.port} "
-                        f"within {self.timeouts.startup_s:g} s (timeouts.startup_s)",
-                        where=where))  # fmt: skip
-            if self.timeouts.heartbeat_s is not None:
-                silent = self._silent_for(task, wall)
-                if silent is not None and silent > self.timeouts.heartbeat_s:
-                    where = tuple(stacks.summary(self._capture_stacks(), silent=True))
-                    return self._on_hang(task, f"no heartbeat for {silent:.0f} s", where, silent)
-            silent = self.watchdog.observe(task.name, now, self._sample(task))
-            if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
-                return self._on_silence(task, silent)
-        result = self._check_formation(now)
-        if result is not None:
-            return result
-        if self.timeouts.run_s is not None and now - self.run_started > self.timeouts.run_s:
-            limit = f"the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"
-            running = [t for t in self.tasks.values() if t.alive]
-            if running:
-                where = tuple(stacks.summary(self._capture_stacks()))
-                return RunResult(
-                    RunState.FAILED,
-                    self._failure(running[0], f"was still running when {limit}", where=where),
+            if task.alive and task.plan.role != "evaluator":
+                result = self._check_task(task, now, wall)
+                if result is not None:
+                    return result
+        return self._check_formation(now) or self._check_run_time(now)
+
+    def _check_task(self, task: _Task, now: float, wall: float) -> RunResult | None:
+        """A live training task: has it joined, missed its startup deadline, stopped beating or
+        gone silent?"""
+        assert task.handle is not None
+        if task.ledger.state is TaskState.STARTING:
+            if task.handle.joined():
+                self.settled_since = now
+                joined = {"joined_after_s": round(now - task.started, 3)}
+                task.ledger.change(TaskState.RUNNING, "joined", joined, port=task.plan.port)
+            elif now - task.started > self.timeouts.startup_s:
+                how = (
+                    f"did not start its TensorFlow server on port {task.plan.port} "
+                    f"within {self.timeouts.startup_s:g} s (timeouts.startup_s)"
                 )
-            # Every task is down, waiting for a restart that is due later.
-            waiting = self.tasks[self.pending[0][1][0]]
-            return RunResult(
-                RunState.FAILED, self._failure(waiting, f"was waiting to restart when {limit}")
-            )
+                return self._on_deadline(task, EventKind.STARTUP_TIMEOUT, how, capture=True)
+        if self.timeouts.heartbeat_s is not None:
+            silent = self._silent_for(task, wall)
+            if silent is not None and silent > self.timeouts.heartbeat_s:
+                where = tuple(stacks.summary(self._capture_stacks(), silent=True))
+                return self._on_hang(task, f"no heartbeat for {silent:.0f} s", where, silent)
+        silent = self.watchdog.observe(task.name, now, self._sample(task))
+        if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
+            return self._on_silence(task, silent)
         return None
+
+    def _check_run_time(self, now: float) -> RunResult | None:
+        """The run's time limit (timeouts.run_s), for the task still running or, when every task
+        is down waiting out a backoff, the one waiting to restart."""
+        if self.timeouts.run_s is None or now - self.run_started <= self.timeouts.run_s:
+            return None
+        limit = f"the run hit its time limit of {self.timeouts.run_s:g} s (timeouts.run_s)"
+        running = [t for t in self.tasks.values() if t.alive]
+        if running:
+            how = f"was still running when {limit}"
+            return self._on_deadline(running[0], EventKind.RUN_TIMEOUT, how, capture=True)
+        waiting = self.tasks[self.pending[0][1][0]]
+        how = f"was waiting to restart when {limit}"
+        return self._on_deadline(waiting, EventKind.RUN_TIMEOUT, how, capture=False)
+
+    def _check_drain(self, now: float) -> RunResult | None:
+        """Training is done: once the evaluator's drain time is out, the policy ends the run and
+        whatever still runs is stopped."""
+        if now < (self.drain_until or 0.0):
+            return None
+        drain = self.timeouts.evaluator_drain_s
+        why = f"the evaluator did not finish within {drain:g} s (timeouts.evaluator_drain_s)"
+        alive = [t for t in self.tasks.values() if t.alive]
+        evaluator = next(
+            (t for t in alive if t.plan.role == "evaluator"), alive[0] if alive else None
+        )
+        if evaluator is None:  # nothing runs any more: nothing to drain
+            return RunResult(RunState.SUCCEEDED, None)
+        event = TaskEvent(
+            evaluator.name, evaluator.plan.role, None, kind=EventKind.DRAINED, detail=why
+        )
+        decision = self._decide(event)
+        if decision.action is Action.DONE:
+            for task in alive:
+                self._stop([task], TaskState.STOPPED, decision.reason)
+        return self._apply(evaluator, event, decision, why)
+
+    def _on_deadline(
+        self, task: _Task, kind: EventKind, how: str, capture: bool
+    ) -> RunResult | None:
+        """A deadline passed for ``task`` (startup_s, formation_s, run_s): the policy decides;
+        ``capture``: the stacks of every running task go with the failure."""
+        where = tuple(stacks.summary(self._capture_stacks())) if capture else ()
+        event = TaskEvent(task.name, task.plan.role, None, kind=kind, detail=how)
+        return self._apply(task, event, self._decide(event), how, where=where)
 
     def _check_formation(self, now: float) -> RunResult | None:
         """Once every training task has had its server up for timeouts.formation_s, ask the
@@ -583,8 +638,7 @@ class Supervisor:
             "between hosts, a container network that drops traffic, a host name that resolves "
             "elsewhere)"
         )
-        where = tuple(stacks.summary(self._capture_stacks()))
-        return RunResult(RunState.FAILED, self._failure(self.tasks[missing[0]], how, where=where))
+        return self._on_deadline(self.tasks[missing[0]], EventKind.FORMATION, how, capture=True)
 
     def _tend_standbys(self, now: float) -> None:
         """Once settled, have the standbys of the next attempt; keep run.json's list current."""
@@ -702,7 +756,13 @@ class Supervisor:
     # ---- records ----------------------------------------------------------------------------
 
     def _failure(
-        self, task: _Task, how: str, note: str = "", where: tuple[str, ...] = ()
+        self,
+        task: _Task,
+        how: str,
+        note: str,
+        where: tuple[str, ...],
+        kind: EventKind,
+        exit_code: int | None,
     ) -> Failure:
         attempt = task.ledger.entry.attempt
         return Failure(
@@ -716,6 +776,8 @@ class Supervisor:
             note=note,
             stacks=where,
             stacks_dir=self.stacks_dir if where else "",
+            kind=kind,
+            exit_code=exit_code,
         )
 
     def _evidence(self, plan: TaskPlan) -> evidence.Evidence | None:

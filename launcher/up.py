@@ -14,7 +14,7 @@ from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
 from distlaunch.launcher.plan import Plan, masked_spec
 from distlaunch.launcher.spec import LoadedSpec
-from distlaunch.launcher.state import RunRecord, RunState, latest_unfinished
+from distlaunch.launcher.state import RunFailure, RunRecord, RunState, latest_unfinished
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
 from distlaunch.launcher.transports.base import Backend
@@ -193,7 +193,8 @@ def _supervise(supervisor: Supervisor, console: Console) -> None:
         console.say(f"run {plan.run_id} succeeded in {took:.1f} s; run dir {plan.run_dir}")
         return
     line = headline(plan.run_id, result.failure)
-    failure = {"task": result.failure.task, "how": result.failure.how, "summary": line}
+    found = result.failure
+    failure = RunFailure(found.task, found.how, line, found.kind, found.exit_code)
     book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time(), failure=failure)
     console.say(line + "\n" + details(result.failure))
     raise RunFailed(line)

@@ -32,6 +32,7 @@ LAYER_OF = {
     "distlaunch.launcher.rundir": "spec",
     "distlaunch.launcher.console": "spec",
     "distlaunch.launcher.summary": "spec",
+    "distlaunch.launcher.endings": "spec",  # the kinds of a task's or a run's ending
     "distlaunch.launcher.tfconfig": "spec",
     "distlaunch.launcher.evidence": "spec",
     "distlaunch.launcher.hints": "spec",

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from distlaunch.launcher.policy import Action, Cluster, RestartPolicy, RestartRules, TaskEvent
+from distlaunch.launcher.endings import EventKind
+from distlaunch.launcher.policy import (
+    Action,
+    Cluster,
+    RestartPolicy,
+    RestartRules,
+    TaskEvent,
+)
 
 MWMS = Cluster("multi_worker_mirrored", {"worker": ["worker-0", "worker-1"]})
 PSS = Cluster(
@@ -92,12 +99,14 @@ def test_window_forgets_old_restarts():
 
 def test_manual_restart_uses_the_same_sets_and_no_budget():
     policy = RestartPolicy(PSS, RestartRules())
-    d = policy.decide(TaskEvent("ps-0", "ps", None, manual=True), {}, [1.0] * 10, 100.0)
+    d = policy.decide(TaskEvent("ps-0", "ps", None, kind=EventKind.MANUAL), {}, [1.0] * 10, 100.0)
     assert d.action is Action.RESTART and d.tasks == ("ps-0", "chief-0")
 
 
 def test_hang_counts_as_failure():
-    d = RestartPolicy(MWMS, ON_FAILURE).decide(TaskEvent("worker-1", "worker", None), {}, [], 0.0)
+    d = RestartPolicy(MWMS, ON_FAILURE).decide(
+        TaskEvent("worker-1", "worker", None, kind=EventKind.HUNG), {}, [], 0.0
+    )
     assert d.action is Action.RESTART and "stopped making progress" in d.reason
 
 
@@ -153,3 +162,21 @@ def test_a_task_named_lost_by_the_survivors_error_is_the_cause():
     )
     d = RestartPolicy(MWMS, RestartRules()).decide(survivor, {"worker-0": 1}, History(), 100.0)
     assert d.action is Action.FAIL and d.cause == "worker-1"
+
+
+@pytest.mark.parametrize(
+    "kind", [EventKind.STARTUP_TIMEOUT, EventKind.FORMATION, EventKind.RUN_TIMEOUT]
+)
+def test_a_deadline_fails_the_run_whatever_the_budget(kind):
+    # The limits set for the whole run: restarting cannot make the run meet them.
+    event = TaskEvent("worker-1", "worker", None, kind=kind, detail="missed its deadline")
+    d = RestartPolicy(MWMS, ON_FAILURE).decide(event, {}, [], 0.0)
+    assert d.action is Action.FAIL and d.cause == "worker-1" and d.note == ""
+    assert d.reason == "worker-1 missed its deadline"
+
+
+def test_the_end_of_the_evaluators_drain_ends_the_run_as_done():
+    for code in (None, 0, 1):  # its drain time ran out; it finished; it failed after training
+        event = TaskEvent("evaluator-0", "evaluator", code, kind=EventKind.DRAINED, detail="why")
+        d = RestartPolicy(PSS, ON_FAILURE).decide(event, {}, [], 0.0)
+        assert d.action is Action.DONE and d.reason == "why"

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from conftest import events
-from distlaunch.launcher import rundir
+from distlaunch.launcher import api_reads, rundir
+from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.errors import UsageError
 from distlaunch.launcher.state import (
     SCHEMA_VERSION,
     RunBook,
+    RunFailure,
     RunRecord,
     RunState,
     TaskState,
@@ -93,3 +95,33 @@ def test_saves_after_the_first_write_what_json_dumps_writes(tmp_path: Path) -> N
     text = (tmp_path / rundir.RUN_JSON).read_text()
     assert text == json.dumps(record.to_json(), indent=2) + "\n"
     assert RunRecord.load(tmp_path).tasks["worker-0"].state is TaskState.RUNNING
+
+
+def test_the_failure_is_stored_typed_and_a_version_1_record_still_loads(tmp_path: Path) -> None:
+    record = RunRecord(run_id="r", state=RunState.FAILED)
+    record.failure = RunFailure(
+        "worker-1", "signal SIGKILL", "run r failed: ...", EventKind.EXITED, -9
+    )
+    record.save(tmp_path)
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert data["version"] == SCHEMA_VERSION == 2
+    assert data["failure"] == {
+        "task": "worker-1",
+        "how": "signal SIGKILL",
+        "summary": "run r failed: ...",
+        "kind": "exited",
+        "exit_code": -9,
+    }
+    assert RunRecord.load(tmp_path).failure == record.failure
+    # Version 1 wrote the failure as prose only: it loads, its kind unknown (None).
+    old = {"run_id": "r", "version": 1, "state": "failed", "tasks": {}}
+    old["failure"] = {"task": "worker-1", "how": "hung: no log output", "summary": "s"}
+    (tmp_path / "run.json").write_text(json.dumps(old))
+    loaded = RunRecord.load(tmp_path)
+    assert loaded.version == 1 and loaded.failure == RunFailure(
+        "worker-1", "hung: no log output", "s"
+    )
+    assert api_reads.failure_of(tmp_path, loaded).kind == "hang"  # told by its words, as before
+    # Version 2's kind is what the API reads, whatever the words say.
+    loaded.failure = RunFailure("worker-1", "words", "s", EventKind.FORMATION)
+    assert api_reads.failure_of(tmp_path, loaded).kind == "formation"

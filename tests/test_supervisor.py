@@ -23,8 +23,10 @@ import pytest
 from conftest import events, write_spec
 from distlaunch.launcher import rundir, stacks, supervisor
 from distlaunch.launcher.console import Console
+from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.errors import Interrupted, RecordError
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
+from distlaunch.launcher.policy import Action, Decision, RestartPolicy, TaskEvent
 from distlaunch.launcher.spec import Restart, Timeouts, load_spec
 from distlaunch.launcher.state import RunRecord, RunState
 from distlaunch.launcher.supervisor import RunResult, Supervisor
@@ -413,3 +415,129 @@ def test_standbys_are_made_for_the_next_attempt_once_settled_and_go_at_the_end(
     assert "standbys" not in record  # none left to list
     started = [h.task.env[contract.ATTEMPT] for h in transport.started]
     assert started == ["0", "0", "1", "1"]
+
+
+# ---- every ending of a task or of the run is an event the policy decides ---------------------
+
+
+@pytest.fixture
+def decided(monkeypatch: pytest.MonkeyPatch) -> list[tuple[TaskEvent, Decision]]:
+    """Every (event, decision) of RestartPolicy.decide during the test, in order."""
+    seen: list[tuple[TaskEvent, Decision]] = []
+    real = RestartPolicy.decide
+
+    def spy(self: RestartPolicy, event: TaskEvent, *args: object) -> Decision:
+        decision = real(self, event, *args)
+        seen.append((event, decision))
+        return decision
+
+    monkeypatch.setattr(RestartPolicy, "decide", spy)
+    return seen
+
+
+def kinds(decided: list[tuple[TaskEvent, Decision]]) -> list[tuple[str, EventKind, Action]]:
+    return [(e.name, e.kind, d.action) for e, d in decided]
+
+
+def test_an_exit_is_decided_and_its_failure_is_typed(tmp: Path, decided: list) -> None:
+    transport = FakeTransport(fates({("worker-1", 0): Fate(5)}))
+    result, _ = supervise(make_plan_for(tmp), transport, Restart())
+    assert kinds(decided) == [("worker-1", EventKind.EXITED, Action.FAIL)]
+    assert result.failure.kind is EventKind.EXITED and result.failure.exit_code == 5
+
+
+def test_a_hang_is_decided_as_hung(tmp: Path, decided: list) -> None:
+    plan = make_plan_for(tmp)
+    stale = {"attempt": 0, "time": 1.0}
+    contract.status_path(Path(plan.run_dir), "worker", 1).write_text(json.dumps(stale))
+    result, _ = supervise(plan, FakeTransport(fates({})), Restart(), heartbeat_s=1)
+    assert kinds(decided) == [("worker-1", EventKind.HUNG, Action.FAIL)]
+    assert result.failure.kind is EventKind.HUNG and result.failure.exit_code is None
+    assert result.failure.how.startswith("no heartbeat for ")
+
+
+def test_a_restart_request_is_decided_as_manual(tmp: Path, decided: list) -> None:
+    plan = make_plan_for(tmp)
+    control = Path(plan.run_dir) / "control"
+
+    def request_once(task: TaskPlan) -> None:
+        if task.name == "worker-1" and task.env[contract.ATTEMPT] == "0":
+            control.mkdir()
+            (control / "restart-worker-1").touch()
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    script = fates({("worker-0", 1): Fate(0), ("worker-1", 1): Fate(0)})
+    result, _ = supervise(plan, FakeTransport(script, on_start=request_once), Restart())
+    assert kinds(decided)[0] == ("worker-1", EventKind.MANUAL, Action.RESTART)
+    assert result.state is RunState.SUCCEEDED
+
+
+def test_the_startup_deadline_is_decided(tmp: Path, decided: list) -> None:
+    transport = FakeTransport(fates({("worker-1", 0): Fate(joins=False)}))
+    result, _ = supervise(make_plan_for(tmp), transport, startup_s=0.2)
+    assert kinds(decided) == [("worker-1", EventKind.STARTUP_TIMEOUT, Action.FAIL)]
+    assert result.failure.kind is EventKind.STARTUP_TIMEOUT and result.failure.note == ""
+
+
+def test_a_cluster_that_never_formed_is_decided(tmp: Path, decided: list) -> None:
+    def leader_waits_for_worker_1(task: TaskPlan) -> None:
+        if task.name == "worker-0":  # the coordination service's leader logs who is missing
+            Path(task.log_file).write_text(
+                "Waiting for 1/2 tasks to connect.\nExample stragglers:\n"
+                "/job:worker/replica:0/task:1\n"
+            )
+
+    transport = FakeTransport(fates({}), on_start=leader_waits_for_worker_1)
+    result, _ = supervise(make_plan_for(tmp), transport, formation_s=0.1)
+    assert kinds(decided) == [("worker-1", EventKind.FORMATION, Action.FAIL)]
+    assert result.failure.task == "worker-1" and result.failure.kind is EventKind.FORMATION
+    assert result.failure.how.startswith("never connected to the coordination service")
+
+
+def test_both_run_deadlines_are_decided(tmp: Path, decided: list) -> None:
+    result, _ = supervise(make_plan_for(tmp), FakeTransport(fates({})), run_s=0.2)
+    assert kinds(decided) == [("worker-0", EventKind.RUN_TIMEOUT, Action.FAIL)]
+    assert result.failure.kind is EventKind.RUN_TIMEOUT
+    decided.clear()
+    slow = Restart(policy="on-failure", max_restarts=3, backoff={"initial_s": 60, "max_s": 60})
+    transport = FakeTransport(fates({("worker-1", 0): Fate(1)}))
+    (tmp / "waiting").mkdir()
+    result, _ = supervise(make_plan_for(tmp / "waiting"), transport, slow, run_s=0.3)
+    assert kinds(decided) == [
+        ("worker-1", EventKind.EXITED, Action.RESTART),
+        ("worker-0", EventKind.RUN_TIMEOUT, Action.FAIL),
+    ]
+    assert "waiting to restart" in result.failure.how
+
+
+@pytest.mark.parametrize("evaluator", [Fate(0, after_s=0.3), Fate()], ids=["finished", "late"])
+def test_the_end_of_the_evaluators_drain_is_decided(
+    tmp: Path, decided: list, evaluator: Fate
+) -> None:
+    plan = make_plan_for(tmp, tasks={"worker": {"count": 2}, "evaluator": {"count": 1}})
+    transport = FakeTransport(fates({("evaluator-0", 0): evaluator}, Fate(0)))
+    result, _ = supervise(plan, transport, evaluator_drain_s=0.6)
+    assert kinds(decided)[-1] == ("evaluator-0", EventKind.DRAINED, Action.DONE)
+    assert result.state is RunState.SUCCEEDED and result.failure is None
+
+
+def test_a_peer_named_lost_but_still_running_is_the_cause_and_counts_as_hung(
+    tmp: Path, decided: list
+) -> None:
+    # worker-0 dies of a follow-on error naming worker-1, which still runs (frozen): the root
+    # cause is worker-1, typed hung, not worker-0's exit.
+    def worker_0_loses_worker_1(task: TaskPlan) -> None:
+        if task.name == "worker-0":
+            error = {
+                "type": "UnavailableError",
+                "message": "Task unhealthy: /job:worker/replica:0/task:1",
+            }
+            Path(task.env[contract.ERROR_FILE]).write_text(json.dumps(error))
+
+    script = fates({("worker-0", 0): Fate(1, after_s=0.2)})
+    transport = FakeTransport(script, on_start=worker_0_loses_worker_1)
+    result, _ = supervise(make_plan_for(tmp), transport, Restart())
+    assert kinds(decided) == [("worker-0", EventKind.EXITED, Action.FAIL)]
+    assert result.failure.task == "worker-1" and result.failure.kind is EventKind.HUNG
+    assert result.failure.how.startswith("stopped answering its peers")
+    assert result.failure.exit_code is None

@@ -85,6 +85,9 @@ def test_a_failing_task_stops_the_others_and_is_named(tmp):
     assert "Traceback" in result.stderr  # the evidence under the headline
     assert record["state"] == "failed" and record["failure"]["task"] == "worker-1"
     assert record["tasks"]["worker-0"]["state"] == "stopped"
+    # Typed (version 2): what ended it, not only the words.
+    assert record["version"] == 2
+    assert (record["failure"]["kind"], record["failure"]["exit_code"]) == ("exited", 1)
     assert not processes_of_run(record["run_id"])
 
 
