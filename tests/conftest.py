@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -119,6 +120,17 @@ def only_run_dir(shared: Path) -> Path:
     runs = [p for p in shared.iterdir() if (p / "run.json").is_file()]
     assert len(runs) == 1, runs
     return runs[0]
+
+
+@pytest.fixture(scope="session")
+def docker_lock():
+    """Hold /tmp/dl-docker.lock from the first test that uses Docker to the end of the session:
+    another pytest on this machine builds and runs the same image tag. One definition only: a
+    second session fixture taking the same lock in this process would wait for itself."""
+    with open("/tmp/dl-docker.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+        fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ line of `up`."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -377,15 +376,6 @@ def test_a_host_file_run_over_ssh_gets_the_forwarded_env(lab, tmp: Path) -> None
     assert sorted(re.findall(r"^worker-\d@(\S+) ", result.stdout, re.M)) == sorted(
         h.address for h in lab.hosts
     )
-
-
-@pytest.fixture(scope="module")
-def docker_lock():
-    """Hold /tmp/dl-docker.lock while this module uses Docker (other suites build the same tag)."""
-    with open("/tmp/dl-docker.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-        fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.mark.integration

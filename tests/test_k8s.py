@@ -16,7 +16,6 @@ the TF_CONFIG the entrypoint builds inside the pods forms a cluster. All docker 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
 import secrets
@@ -493,15 +492,6 @@ def test_the_entrypoint_execs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp)
 
 
 # ---- the pods, run on the Docker engine ---------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def docker_lock():
-    """Hold /tmp/dl-docker.lock while these tests use Docker (other suites build the same tag)."""
-    with open("/tmp/dl-docker.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-        fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from distlaunch.launcher.transports.docker import compose_command, docker
 from distlaunch.worker import chief_result, contract
 from distlaunch.worker.chief_result import EndRule, Result, Verdicts
 from test_compose import TEST_IMAGE, engine, image  # noqa: F401  (fixtures: the engine, the image)
-from test_k8s import MNIST, _manifests, docker_lock, pods_on_docker  # noqa: F401  (fixtures)
+from test_k8s import MNIST, _manifests, pods_on_docker  # noqa: F401  (fixtures)
 
 PSS_TASKS = {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}}
 
@@ -173,7 +173,7 @@ def _compose_by_hand(tmp: Path, program: dict, *flags: str) -> tuple[int, dict[s
 
 @pytest.mark.integration
 def test_a_compose_file_run_by_hand_ends_with_the_chief(
-    docker_lock,  # noqa: F811
+    docker_lock,
     image,  # noqa: F811
     tmp: Path,
 ) -> None:
@@ -186,7 +186,7 @@ def test_a_compose_file_run_by_hand_ends_with_the_chief(
 
 @pytest.mark.integration
 def test_compose_up_exits_with_the_chiefs_failure(
-    docker_lock,  # noqa: F811
+    docker_lock,
     image,  # noqa: F811
     tmp: Path,
 ) -> None:
