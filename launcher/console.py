@@ -239,7 +239,6 @@ class QuietFilter:
             self._open, body = None, body[end:]
         if not any(hint in body for hint in _NOISE_HINTS):
             return body
-        self._open = None
         return TF_NOISE.sub(self._drop, body)
 
     def _drop(self, match: re.Match[bytes]) -> bytes:

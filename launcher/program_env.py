@@ -177,7 +177,12 @@ def _imports_tensorflow(node: ast.AST) -> bool:
 
 
 def _is_module(name: str) -> bool:
-    return any(name == m or name.startswith(m + ".") for m in TF_MODULES)
+    return any(is_module(name, m) for m in TF_MODULES)
+
+
+def is_module(name: str, module: str) -> bool:
+    """Whether dotted name ``name`` is ``module`` or one of its submodules."""
+    return name == module or name.startswith(module + ".")
 
 
 def _in_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:

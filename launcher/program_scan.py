@@ -235,22 +235,22 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
             for alias in node.names:
                 if alias.name == "tensorflow" and alias.asname:
                     tf_names.add(alias.asname)
-                if _is_module(alias.name, "keras"):
+                if program_env.is_module(alias.name, "keras"):
                     keras3.append(node.lineno)
-                if _is_module(alias.name, "tensorflow.keras"):
+                if program_env.is_module(alias.name, "tensorflow.keras"):
                     tf_keras.append(node.lineno)
-                imports_distlaunch |= _is_module(alias.name, "distlaunch")
-                imports_tensorflow |= any(_is_module(alias.name, m) for m in _TF_MODULES)
+                imports_distlaunch |= program_env.is_module(alias.name, "distlaunch")
+                imports_tensorflow |= any(program_env.is_module(alias.name, m) for m in _TF_MODULES)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names = {alias.name for alias in node.names}
-            if _is_module(node.module, "keras"):
+            if program_env.is_module(node.module, "keras"):
                 keras3.append(node.lineno)
-            if _is_module(node.module, "tensorflow.keras") or (
+            if program_env.is_module(node.module, "tensorflow.keras") or (
                 node.module == "tensorflow" and "keras" in names
             ):
                 tf_keras.append(node.lineno)
-            imports_distlaunch |= _is_module(node.module, "distlaunch")
-            imports_tensorflow |= any(_is_module(node.module, m) for m in _TF_MODULES)
+            imports_distlaunch |= program_env.is_module(node.module, "distlaunch")
+            imports_tensorflow |= any(program_env.is_module(node.module, m) for m in _TF_MODULES)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             if (
@@ -273,10 +273,6 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
             tree, filename, lambda name: _own_module(name, folder)
         ),
     )
-
-
-def _is_module(name: str, module: str) -> bool:
-    return name == module or name.startswith(module + ".")
 
 
 def _why_tf_keras(strategy: str) -> str:
