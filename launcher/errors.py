@@ -49,3 +49,14 @@ class Interrupted(LaunchError):
         self.signum = signum
         self.exit_code = 128 + signum
         super().__init__(f"interrupted by {signal.Signals(signum).name}: every task was stopped")
+
+
+def last_message(stderr: str) -> str:
+    """The line of a failed command's stderr that says what went wrong (ssh's, srun's, docker's
+    or the remote helper's: the last one, past ssh's ``Warning:`` lines); "" if none."""
+    lines = [
+        line.strip()
+        for line in stderr.splitlines()
+        if line.strip() and not line.startswith("Warning:")
+    ]
+    return lines[-1] if lines else ""

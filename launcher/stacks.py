@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distlaunch.launcher import rundir
+from distlaunch.launcher.errors import last_message
 from distlaunch.worker import contract
 
 # py-spy pauses the task while it reads it; native unwinding of a TensorFlow process (hundreds of
@@ -355,7 +356,8 @@ def helper(argv: Sequence[str], run_id: str, task: str, native: bool, at: str) -
         except OSError as exc:
             raise StackError(f"{at}: {exc}") from None
         if done.returncode != 0:
-            why = _last_line(done.stderr.decode(errors="replace"))
+            why = last_message(done.stderr.decode(errors="replace"))
+            why = why.removeprefix("distlaunch.worker.remote: ")
             raise StackError(f"{at}: {why or f'exit code {done.returncode}'}")
         return done.stdout.decode(errors="replace")
 
@@ -469,12 +471,6 @@ def _is_library(file: str) -> bool:
 
 def _short(frame: Frame) -> str:
     return f"{frame.function} ({Path(frame.where).name}:{frame.line})"
-
-
-def _last_line(stderr: str) -> str:
-    """The line of a helper's stderr (or of ssh's, srun's, docker's) that says what went wrong."""
-    lines = [x.strip() for x in stderr.splitlines() if x.strip() and not x.startswith("Warning:")]
-    return lines[-1].removeprefix("distlaunch.worker.remote: ") if lines else ""
 
 
 def _first_error(stderr: str) -> str:

@@ -18,7 +18,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher.errors import HostError, UsageError
+from distlaunch.launcher.errors import HostError, UsageError, last_message
 from distlaunch.launcher.state import RunRecord
 from distlaunch.launcher.transports import ssh
 
@@ -83,7 +83,7 @@ def _copy(session: ssh.Session, name: str, remote_dir: str, into: Path) -> Colle
         except tarfile.TarError as exc:  # tar failed there (its message is on stderr), or bad data
             broken = exc
             proc.kill()
-        message = ssh.last_message(proc.stderr.read().decode(errors="replace"))
+        message = last_message(proc.stderr.read().decode(errors="replace"))
         code = proc.wait()
     if broken is not None or code != 0:
         raise _CopyFailed(

@@ -21,9 +21,9 @@ from importlib import resources
 from pathlib import Path
 
 from distlaunch.launcher import ports
-from distlaunch.launcher.errors import HostError
+from distlaunch.launcher.errors import HostError, last_message
 from distlaunch.launcher.spec import LoadedSpec
-from distlaunch.launcher.transports.ssh import Session, last_message, remote_python
+from distlaunch.launcher.transports.ssh import Session, remote_python
 from distlaunch.worker import remote
 
 PROBE_TIMEOUT_S = 60.0

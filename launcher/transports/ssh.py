@@ -92,16 +92,6 @@ def jumped_hosts(hosts: Mapping[str, Host]) -> list[str]:
     return [name for name in sorted(session.hosts) if session.through_jump_host(name)]
 
 
-def last_message(stderr: str) -> str:
-    """The line of ssh's (or the remote command's) stderr that says what went wrong; "" if none."""
-    lines = [
-        line.strip()
-        for line in stderr.splitlines()
-        if line.strip() and not line.startswith("Warning:")
-    ]
-    return lines[-1] if lines else ""
-
-
 def helper_request(task: TaskPlan, umask: int | None, grace_s: float) -> dict:
     """The JSON request the remote helper (`distlaunch.worker.remote`) reads: the task as data."""
     folders = {str(Path(task.env[name]).parent) for name in _TASK_FILES if name in task.env}
