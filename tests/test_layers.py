@@ -52,6 +52,7 @@ LAYER_OF = {
     "distlaunch.launcher.taskinit": "transports",  # the init a local task starts through
     "distlaunch.launcher.standby": "transports",  # warm standbys of local tasks
     "distlaunch.launcher.firewall": "transports",  # the SSH hosts' per-run guards
+    "distlaunch.launcher.heartbeat": "transports",  # the pulse to remote helpers and guards
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",
     "distlaunch.launcher.state": "supervisor",
