@@ -53,6 +53,7 @@ LAYER_OF = {
     "distlaunch.launcher.standby": "transports",  # warm standbys of local tasks
     "distlaunch.launcher.firewall": "transports",  # the SSH hosts' per-run guards
     "distlaunch.launcher.heartbeat": "transports",  # the pulse to remote helpers and guards
+    "distlaunch.launcher.transports.helper": "transports",  # the helper-over-stdin transport
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",
     "distlaunch.launcher.state": "supervisor",

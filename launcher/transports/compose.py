@@ -41,8 +41,8 @@ from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.transports import compose_file as compose
 from distlaunch.launcher.transports.base import Opened
 from distlaunch.launcher.transports.docker import compose_command, container_pid, docker, run
+from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
-from distlaunch.launcher.transports.ssh import HELPER_MODULE
 from distlaunch.worker import contract
 
 # The run dir's file with every docker and compose command the launcher ran, and their output.

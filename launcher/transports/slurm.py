@@ -49,7 +49,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,7 +56,6 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Self
 
 from distlaunch.launcher import firewall, ports, procs, rundir, stacks
 from distlaunch.launcher.console import Console
@@ -66,15 +64,15 @@ from distlaunch.launcher.isolation import HOST, Isolation
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LOCAL_HOSTS, Host, LoadedSpec, task_json_path
 from distlaunch.launcher.transports.base import Opened
+from distlaunch.launcher.transports.helper import (
+    HELPER_MODULE,
+    HelperCommand,
+    HelperHandle,
+    HelperTransport,
+    still_running,
+)
 from distlaunch.launcher.transports.preflight import probe_token
 from distlaunch.launcher.transports.routing import HostConsole
-from distlaunch.launcher.transports.ssh import (
-    HEARTBEAT_S,
-    HELPER_MODULE,
-    SshHandle,
-    ask_to_stop,
-    helper_request,
-)
 from distlaunch.worker import contract, remote
 
 PROBE_TIMEOUT_S = 120.0
@@ -510,14 +508,10 @@ def _ended(proc: subprocess.Popen) -> str:
 # ---- transport -------------------------------------------------------------------------------
 
 
-class StepHandle(SshHandle):
-    """One task running as a job step, seen through its local srun client (whose stdin the
-    launcher holds, as it holds an SSH task's ssh client). ``returncode`` is the task's exit code
-    as the helper relayed it (128+N for signal N)."""
+class StepTransport(HelperTransport):
+    """Starts tasks as job steps of the allocation and stops them (on the node: TERM, grace, KILL).
 
-
-class StepTransport:
-    """Starts tasks as job steps of the allocation and stops them (on the node: TERM, grace, KILL)."""
+    A task's local srun client holds its stdin, as an SSH task's ssh client does."""
 
     def __init__(
         self,
@@ -528,20 +522,14 @@ class StepTransport:
         umask: int | None,
         helpers: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__(grace_s, umask, heartbeat="srun-heartbeat")
         self.alloc = alloc
         self.run_id = run_id
         self.python = python
         self.helpers = dict(helpers or {})  # node -> the helper's path there (preflight's finding)
-        self.grace_s = grace_s
-        self.umask = umask
-        self._live: set[StepHandle] = set()
-        self._lock = threading.Lock()
-        self._quit = threading.Event()
-        self._heart: threading.Thread | None = None
 
-    def start(self, task: TaskPlan) -> StepHandle:
-        """Start one task as a step on its node; srun's output is appended to the task's log file."""
-        rundir.create_file(task.log_file)
+    def helper_command(self, task: TaskPlan) -> HelperCommand:
+        """The task's srun client: one step on its node running the helper."""
         argv = [
             *srun_argv(
                 self.alloc.job_id,
@@ -551,79 +539,28 @@ class StepTransport:
             ),
             *helper_argv(self.python, self.helpers.get(task.host_name)),
         ]
-        env = {contract.RUN_ID: self.run_id}
         # SIGTERM, not SIGKILL, when the launcher dies: srun then cancels its step; a killed srun
         # would leave it running.
-        proc = procs.spawn(
-            argv,
-            env,
-            os.getcwd(),
-            task.log_file,
-            stdin=subprocess.PIPE,
-            death_signal=signal.SIGTERM,
-        )
-        handle = StepHandle(task, proc)
-        handle.send(json.dumps(helper_request(task, self.umask, self.grace_s)).encode() + b"\n")
-        assert proc.stdin is not None
-        os.set_blocking(proc.stdin.fileno(), False)
-        with self._lock:
-            self._live.add(handle)
-            if self._heart is None:
-                self._heart = threading.Thread(
-                    target=self._beat, name="srun-heartbeat", daemon=True
-                )
-                self._heart.start()
-        return handle
+        return HelperCommand(tuple(argv), {contract.RUN_ID: self.run_id}, signal.SIGTERM)
 
-    def stop(self, handles: Sequence[StepHandle], grace_s: float) -> None:
-        """Ask every step's helper to stop its task (TERM, grace, KILL on the node), wait, then kill."""
-        ask_to_stop(handles, grace_s)
-        self.kill(handles)
-
-    def kill(self, handles: Sequence[StepHandle]) -> None:
+    def kill(self, handles: Sequence[HelperHandle]) -> None:
         """End the steps now: EOF makes each helper SIGKILL its task and exit, which ends the step.
 
         An srun still there after KILL_WAIT_S gets SIGTERM (it cancels the step), then SIGKILL.
         """
         for handle in handles:
-            handle.close_stdin()
-        deadline = time.monotonic() + KILL_WAIT_S
-        late = []
-        for handle in handles:
-            try:
-                handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                late.append(handle.proc)
+            handle.stdin.close()
+        late = still_running(handles, KILL_WAIT_S)
         if late:
             procs.stop_groups(late, KILL_WAIT_S)
 
-    def stacks(self, handle: StepHandle, native: bool) -> stacks.Source:
+    def stacks(self, handle: HelperHandle, native: bool) -> stacks.Source:
         """The task's program, read on its node (see `task_stacks`)."""
         task = handle.task
         helper = helper_argv(self.python, self.helpers.get(task.host_name))
         return task_stacks(
             self.alloc.job_id, task.host_name, self.run_id, task.name, helper, native
         )
-
-    def close(self) -> None:
-        """Stop the heartbeat (the tasks must be stopped already)."""
-        self._quit.set()
-        if self._heart is not None:
-            self._heart.join()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _beat(self) -> None:
-        while not self._quit.wait(HEARTBEAT_S):
-            with self._lock:
-                live = [h for h in self._live if h.proc.poll() is None]
-                self._live = set(live)
-            for handle in live:
-                handle.send(b"\n")
 
 
 # ---- cleanup without the launcher --------------------------------------------------------------
