@@ -49,12 +49,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from distlaunch.launcher import firewall, ports, procs, rundir, stacks
@@ -71,9 +71,9 @@ from distlaunch.launcher.transports.helper import (
     HelperTransport,
     still_running,
 )
-from distlaunch.launcher.transports.preflight import probe_token
+from distlaunch.launcher.transports.preflight import HostReport, probe_all, probe_source
 from distlaunch.launcher.transports.routing import HostConsole
-from distlaunch.worker import contract, remote
+from distlaunch.worker import contract
 
 PROBE_TIMEOUT_S = 120.0
 # After its stdin closed, a step's helper kills the task at once and srun exits; this long at most.
@@ -335,31 +335,13 @@ def task_stacks(
 # ---- preflight -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NodeReport:
-    """What one node's probe found: problems (one line each), picked ports, versions."""
-
-    name: str
-    problems: tuple[str, ...]
-    ports: dict[ports.TaskKey, int]
-    facts: dict
-
-    def summary(self) -> str:
-        """One line on what the node runs."""
-        return ", ".join(
-            f"{k} {self.facts[k]}"
-            for k in ("python", "tensorflow", "distlaunch")
-            if k in self.facts
-        )
-
-
 def preflight(
     loaded: LoadedSpec,
     alloc: Allocation,
     placement: Mapping[ports.TaskKey, str],
     umask: int | None,
     guard_run: str | None = None,
-) -> tuple[list[NodeReport], dict[str, subprocess.Popen]]:
+) -> tuple[list[HostReport], dict[str, subprocess.Popen]]:
     """Probe every node with tasks, in parallel, as a step of the allocation: its Python has
     TensorFlow and this distlaunch, it sees the shared dir, its fixed ports are free and its `auto`
     ports are picked there. HostError lists every problem, one line each (nothing started).
@@ -376,94 +358,75 @@ def preflight(
             if isinstance(port, int):
                 fixed[(role, i)] = port
         wanted[node] = ports.HostPorts(fixed, tuple(k for k in keys if k not in fixed))
-    token_file, token = probe_token(loaded)
+    probe = NodeProbe(loaded, alloc, guard_run)
     try:
-        with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
-            probed = list(
-                pool.map(
-                    lambda n: _probe(
-                        loaded, alloc, n, wanted[n], token_file, token, umask, guard_run
-                    ),
-                    wanted,
-                )
-            )
-    finally:
-        if token_file is not None:
-            token_file.unlink(missing_ok=True)
-    reports = [report for report, _ in probed]
-    guards = {report.name: guard for report, guard in probed if guard is not None}
-    problems = [f"node {r.name}: {line}" for r in reports for line in r.problems]
-    if problems:
-        for guard in guards.values():
+        reports = probe_all(loaded, wanted, umask, probe)
+    except HostError:
+        for guard in probe.guards.values():
             firewall.end_guard(guard)
-        failed = sum(1 for r in reports if r.problems)
-        raise HostError(
-            f"preflight failed on {failed} of {len(reports)} Slurm nodes; nothing was started:",
-            problems,
-        )
-    return reports, guards
+        raise
+    return reports, probe.guards
 
 
-def _probe(
-    loaded: LoadedSpec,
-    alloc: Allocation,
-    node: str,
-    wanted: ports.HostPorts,
-    token_file: Path | None,
-    token: str,
-    umask: int | None,
-    guard_run: str | None,
-) -> tuple[NodeReport, subprocess.Popen | None]:
-    request = {
-        "fixed_ports": list(wanted.fixed.values()),
-        "auto_ports": len(wanted.auto),
-        "shared_dir": str(loaded.shared_dir),
-        "shared": True,
-        "token_file": str(token_file) if token_file else None,
-        "token": token,
-        "workdir": str(loaded.workdir),
-        "script": str(loaded.script) if loaded.script else None,
-        "umask": umask,
-        "then_guard": guard_run is not None,
-    }
-    source = resources.files("distlaunch.launcher.transports").joinpath("ssh_probe.py").read_text()
-    python = python_of(loaded)
-    name = guard_step_name(guard_run, node) if guard_run else f"{STEP_PREFIX}.preflight"
-    # The source as an argument (not on stdin, as over SSH): stdin stays free for the guard's
-    # request. The run id lets `distlaunch down` find a guard's srun client like the tasks'.
-    argv = [*srun_argv(alloc.job_id, node, name, overlap=True), python, "-c", source]
-    env = {contract.RUN_ID: guard_run} if guard_run else {}
-    proc = firewall.start_guard([*argv, json.dumps(request)], env)
-    if guard_run is None:
-        assert proc.stdin is not None
-        proc.stdin.close()  # a probe only: it exits after its answer
-    try:
-        answer = _answer(proc, PROBE_TIMEOUT_S)
-    except TimeoutError:
-        _ended(proc)
-        return NodeReport(
-            node, (f"no answer from a job step within {PROBE_TIMEOUT_S:g} s",), {}, {}
-        ), None
-    if answer is None:
-        stderr = _ended(proc)
-        last = [line for line in stderr.splitlines() if line.strip()]
-        why = last[-1].strip() if last else f"exit code {proc.returncode}"
-        if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
-            why = f"python {python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
-        return NodeReport(node, (f"the probe step failed: {why}",), {}, {}), None
-    problems = list(answer["problems"])
-    facts = answer["facts"]
-    if "protocol" in facts and facts["protocol"] != remote.PROTOCOL:
-        problems.append(
-            f"distlaunch {facts.get('distlaunch')} there speaks protocol {facts['protocol']}, this launcher "
-            f"{remote.PROTOCOL}; install the same distlaunch version on every node"
-        )
-    picked = dict(wanted.fixed)
-    picked.update(zip(wanted.auto, answer["ports"], strict=True))
-    guard = proc if guard_run is not None and not problems else None
-    if guard is None:
-        _ended(proc)  # a probe only, or one that found problems (it does not go on as a guard)
-    return NodeReport(node, tuple(problems), picked, facts), guard
+class NodeProbe:
+    """The probe of Slurm nodes (`preflight.Probe`): a job step ``PYTHON -c SOURCE REQUEST``.
+
+    With ``guard_run``, a probe that found nothing wrong goes on as the node's firewall guard;
+    ``guards`` keeps those, by node."""
+
+    machine = "node"
+    machines = "Slurm nodes"
+
+    def __init__(self, loaded: LoadedSpec, alloc: Allocation, guard_run: str | None) -> None:
+        self.loaded = loaded
+        self.alloc = alloc
+        self.guard_run = guard_run
+        self.python = python_of(loaded)
+        self.guards: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()  # the probes run in parallel threads
+
+    def label(self, name: str) -> str:
+        """``node NAME``."""
+        return f"node {name}"
+
+    def request(self, name: str) -> dict:
+        """A cluster shares its filesystem: the spec's workdir, the shared dir seen everywhere."""
+        return {
+            "shared": True,
+            "workdir": str(self.loaded.workdir),
+            "then_guard": self.guard_run is not None,
+        }
+
+    def run(self, name: str, request: dict) -> dict | str:
+        """Run the probe as a step on node ``name``: its answer, or what went wrong in words."""
+        guard_run = self.guard_run
+        step = guard_step_name(guard_run, name) if guard_run else f"{STEP_PREFIX}.preflight"
+        # The source as an argument (not on stdin, as over SSH): stdin stays free for the guard's
+        # request. The run id lets `distlaunch down` find a guard's srun client like the tasks'.
+        argv = [*srun_argv(self.alloc.job_id, name, step, overlap=True), self.python, "-c"]
+        env = {contract.RUN_ID: guard_run} if guard_run else {}
+        proc = firewall.start_guard([*argv, probe_source(), json.dumps(request)], env)
+        if guard_run is None:
+            assert proc.stdin is not None
+            proc.stdin.close()  # a probe only: it exits after its answer
+        try:
+            answer = _answer(proc, PROBE_TIMEOUT_S)
+        except TimeoutError:
+            _ended(proc)
+            return f"no answer from a job step within {PROBE_TIMEOUT_S:g} s"
+        if answer is None:
+            stderr = _ended(proc)
+            last = [line for line in stderr.splitlines() if line.strip()]
+            why = last[-1].strip() if last else f"exit code {proc.returncode}"
+            if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
+                why = f"python {self.python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
+            return f"the probe step failed: {why}"
+        if guard_run is not None and not answer["problems"]:
+            with self._lock:
+                self.guards[name] = proc
+        else:
+            _ended(proc)  # a probe only, or one that found problems (it does not go on as a guard)
+        return answer
 
 
 def _answer(proc: subprocess.Popen, timeout_s: float) -> dict | None:
