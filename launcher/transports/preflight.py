@@ -68,14 +68,14 @@ class HostReport:
 class Probe(Protocol):
     """How preflight runs `ssh_probe.py` on one kind of machine."""
 
-    machine: str  # what one is called in problem lines: "host", "node"
+    machine: str  # what one is called: "host", "node" (install ... "on every host")
     machines: str  # how HostError's first line counts them: "SSH hosts", "Slurm nodes"
 
     def label(self, name: str) -> str:
         """The machine ``name`` as its problem lines begin."""
 
     def request(self, name: str) -> dict:
-        """The request keys that depend on the machine or its backend (``shared``, ``workdir``...)."""
+        """The request keys that depend on the machine or its backend (``shared``, ``workdir``, ...)."""
 
     def run(self, name: str, request: dict) -> dict | str:
         """Run the probe on ``name`` with ``request``: its answer, or one line on why there is none."""
