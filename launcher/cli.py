@@ -316,12 +316,10 @@ def up(
     exclude_hosts: str,
 ) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
-    from distlaunch.launcher import rundir
     from distlaunch.launcher.console import Console
     from distlaunch.launcher.spec import load_spec
     from distlaunch.launcher.transports.image import ImageRequest
-    from distlaunch.launcher.up import choose_run
-    from distlaunch.launcher.up import up as run_up
+    from distlaunch.launcher.up import choose_run, claim_and_up
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")
@@ -333,10 +331,8 @@ def up(
     if not (resume or fresh or run_id):
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
-    # One launcher per run dir, for this launcher's whole life.
-    previous_attempt = target.previous.attempt if target.previous else None
-    with rundir.claim(target.run_dir, previous_attempt, loaded.spec.permissions == "private"):
-        run_up(loaded, target, console, ImageRequest(image, base_image), requeue)
+    # The one path `distlaunch.launch` takes too (launcher/api_child.py).
+    claim_and_up(loaded, target, console, ImageRequest(image, base_image), requeue)
 
 
 @cli.command("compose")
