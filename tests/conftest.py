@@ -133,6 +133,40 @@ def docker_lock():
         fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@pytest.fixture(scope="module")
+def ssh_lab():
+    """Two SSH test hosts and an outsider (tests/sshhosts.py: network namespaces with an sshd
+    each, sharing this filesystem as a cluster's common mount does) for one module's tests;
+    removed (namespaces, sshd, keys) afterwards. Run under `flock /tmp/dl-ssh.lock`."""
+    import sshhosts
+
+    reason = sshhosts.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        made = sshhosts.HostLab()
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"cannot make test hosts here: {exc}")
+    with made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def slurm_lab():
+    """A 2-node Slurm cluster (tests/slurmcluster.py) for one module's tests; removed (daemons,
+    namespaces, files) afterwards. Run under `flock /tmp/dl-slurm.lock`.
+
+    Skipped only where slurmd cannot run at all; a cluster that fails to come up is a failure.
+    """
+    from slurmcluster import SlurmLab, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with SlurmLab(2) as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def tmp(tmp_path: Path) -> Path:
     """A temp dir to hold a spec, its script and its runs."""

@@ -391,24 +391,8 @@ def test_a_caller_killed_outright_leaves_no_task_behind(here):
 # ---- run(fn, spec=...) on SSH test hosts -----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def lab():
-    """Two SSH test hosts (network namespaces with an sshd each, sharing this filesystem as a
-    cluster's common mount does); removed afterwards. Run under `flock /tmp/dl-ssh.lock`."""
-    import sshhosts
-
-    reason = sshhosts.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        made = sshhosts.HostLab()
-    except (RuntimeError, OSError) as exc:
-        pytest.skip(f"cannot make test hosts here: {exc}")
-    with made:
-        yield made
-
-
-def test_run_with_a_spec_of_ssh_hosts_returns_every_tasks_value(lab, here):
+def test_run_with_a_spec_of_ssh_hosts_returns_every_tasks_value(ssh_lab, here):
+    lab = ssh_lab
     node1, node2 = lab.hosts
     spec = {
         "name": "ssh-call",
@@ -452,18 +436,6 @@ def where(x):
 
 print("values", json.dumps(distlaunch.run(where, 1.0, spec="spec.json", quiet=True)))
 """
-
-
-@pytest.fixture(scope="module")
-def slurm_lab():
-    """A 2-node Slurm cluster (tests/slurmcluster.py); run under `flock /tmp/dl-slurm.lock`."""
-    from slurmcluster import SlurmLab, unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with SlurmLab(2) as cluster:
-        yield cluster
 
 
 def test_run_with_a_slurm_spec_inside_an_allocation(slurm_lab, here):

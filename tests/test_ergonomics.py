@@ -338,24 +338,9 @@ def test_forwarded_env_reaches_local_tasks(tmp: Path) -> None:
     assert "s3cret" not in json.dumps(record)
 
 
-@pytest.fixture(scope="module")
-def lab():
-    """Two SSH test hosts (tests/sshhosts.py); removed afterwards."""
-    import sshhosts
-
-    reason = sshhosts.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        made = sshhosts.HostLab()
-    except (RuntimeError, OSError) as exc:
-        pytest.skip(f"cannot make test hosts here: {exc}")
-    with made:
-        yield made
-
-
 @pytest.mark.integration
-def test_a_host_file_run_over_ssh_gets_the_forwarded_env(lab, tmp: Path) -> None:
+def test_a_host_file_run_over_ssh_gets_the_forwarded_env(ssh_lab, tmp: Path) -> None:
+    lab = ssh_lab
     (tmp / "task.py").write_text(PRINT_ENV)
     # The host file names the hosts by address; the template has what every host needs.
     (tmp / "hosts.txt").write_text("".join(f"{h.address} slots=1\n" for h in lab.hosts))
