@@ -156,26 +156,12 @@ def test_resume_refuses_a_symlinked_or_open_run_dir(tmp):
 SLEEPER = "import time\ntime.sleep(600)\n"
 
 
-def _up(spec: Path, *args: str, out: str = "a") -> subprocess.Popen:
-    folder = spec.parent
-    with (
-        open(folder / f"{out}.out", "w") as stdout,
-        open(folder / f"{out}.err", "w") as stderr,
-    ):
-        return subprocess.Popen(
-            [sys.executable, "-m", "distlaunch.launcher", "up", str(spec), *args],
-            cwd=folder,
-            stdout=stdout,
-            stderr=stderr,
-        )
-
-
-def test_a_second_launcher_of_the_same_run_gets_one_line_and_exit_2(tmp):
+def test_a_second_launcher_of_the_same_run_gets_one_line_and_exit_2(tmp, launch):
     (tmp / "task.py").write_text(SLEEPER)
     spec = write_spec(
         tmp, tasks={"worker": {"count": 1}}, timeouts={"grace_s": 1, "startup_s": 600}
     )
-    first = _up(spec, "--run-id", "same")
+    first = launch(spec, "--run-id", "same")
     try:
         run_dir = wait_for_run_dir(tmp / "runs", first)
         wait_for(
@@ -200,7 +186,7 @@ def test_a_second_launcher_of_the_same_run_gets_one_line_and_exit_2(tmp):
 # ---------------------------------------------------------------- item 5: down stops its own run only
 
 
-def test_down_leaves_another_projects_run_with_the_same_id_alone(tmp):
+def test_down_leaves_another_projects_run_with_the_same_id_alone(tmp, launch):
     launchers, run_dirs = [], []
     try:
         for project in ("a", "b"):
@@ -211,7 +197,7 @@ def test_down_leaves_another_projects_run_with_the_same_id_alone(tmp):
                 tasks={"worker": {"count": 1}},
                 timeouts={"grace_s": 1, "startup_s": 600},
             )
-            launcher = _up(spec, "--run-id", "same")
+            launcher = launch(spec, "--run-id", "same")
             launchers.append(launcher)
             run_dir = wait_for_run_dir(tmp / project / "runs", launcher)
             run_dirs.append(run_dir)
