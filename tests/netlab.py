@@ -17,8 +17,10 @@ them) after killing whatever still runs in them.
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -119,6 +121,26 @@ class NetLab:
     def _netns_add(self, name: str) -> None:
         ip("netns", "add", name)
         self._namespaces.append(name)
+
+
+def stop_daemons(daemons: Sequence[subprocess.Popen]) -> None:
+    """SIGTERM each daemon's process group (each was started in a session of its own), give each
+    10 s to exit, then SIGKILL its group; reap them all."""
+    for proc in daemons:
+        _signal_group(proc, signal.SIGTERM)
+    for proc in daemons:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def free_subnet(second_octet: int, prefix: str) -> ipaddress.IPv4Network:

@@ -44,7 +44,7 @@ from typing import Self
 
 import portpicker
 import psutil
-from netlab import NetLab, free_subnet
+from netlab import NetLab, free_subnet, stop_daemons
 
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 TOOLS = (
@@ -216,14 +216,7 @@ class SlurmLab:
                 )
             except (subprocess.TimeoutExpired, OSError):
                 pass
-        for proc in reversed(self._daemons):
-            _signal_group(proc, 15)
-        for proc in reversed(self._daemons):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, 9)
-                proc.wait()
+        stop_daemons(self._daemons[::-1])
         # slurmstepd and job steps detach from slurmd: whatever is left in a node goes by namespace.
         if self._net is not None:
             self._net.close()
@@ -400,10 +393,3 @@ class SlurmLab:
                     f"Slurm lab: no {what} (see {self.dir}):\n{self.log(log)[-3000:]}\n{outs}"
                 )
             time.sleep(0.2)
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from netlab import NetLab, free_subnet, run
+from netlab import NetLab, free_subnet, run, stop_daemons
 
 SSHD = "/usr/sbin/sshd"
 # Only the namespaces' own processes count as "left running"; sshd is the test host itself.
@@ -155,14 +155,7 @@ class HostLab:
 
     def close(self) -> None:
         """Stop every sshd, then remove the network (tests/netlab.py) and the lab's files."""
-        for proc in self._sshd:
-            proc.terminate()
-        for proc in self._sshd:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_daemons(self._sshd)
         # Then a session process sshd forked for a connection that is still open goes with it.
         if self._net is not None:
             self._net.close()
