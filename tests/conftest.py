@@ -45,7 +45,7 @@ def example(module: str = "mnist_mlp", epochs: int = 1, steps: int = 5, *more: s
 
 
 # Arguments a program must get exactly as written: one with a space, one a shell would expand.
-SELFCHECK_ARGS = ["--flag", "a b", "$(x)"]
+SELFCHECK_ARGS = ("--flag", "a b", "$(x)")
 
 
 def selfcheck_program(tmp: Path, text: str, kind: str) -> dict:
@@ -56,8 +56,8 @@ def selfcheck_program(tmp: Path, text: str, kind: str) -> dict:
     work.mkdir()
     (work / "selfcheck.py").write_text(text)
     if kind == "script":
-        return {"script": "work/selfcheck.py", "args": SELFCHECK_ARGS}
-    return {"module": "selfcheck", "workdir": "work", "args": SELFCHECK_ARGS}
+        return {"script": "work/selfcheck.py", "args": list(SELFCHECK_ARGS)}
+    return {"module": "selfcheck", "workdir": "work", "args": list(SELFCHECK_ARGS)}
 
 
 def distlaunch(
