@@ -30,8 +30,9 @@ from distlaunch.launcher.spec_sources import (
     read_yaml,
     short_path,
 )
+from distlaunch.worker import contract
 
-ROLES = ("chief", "worker", "ps", "evaluator")
+ROLES = (contract.CHIEF, contract.WORKER, contract.PS, contract.EVALUATOR)
 # Environment names the launcher owns; a spec may not set them.
 RESERVED_ENV = re.compile(r"^(TF_CONFIG|DISTLAUNCH_.*)$")
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
@@ -538,20 +539,24 @@ class Spec(Record):
         if total > MAX_TASKS:
             raise _PathError(("tasks",), f"expected at most {MAX_TASKS} tasks in all, got {total}")
         if self.strategy == "multi_worker_mirrored":
-            if "worker" not in roles and "chief" not in roles:
+            if contract.WORKER not in roles and contract.CHIEF not in roles:
                 raise _PathError(("tasks",), "expected at least one worker (or a chief)")
-            if "ps" in roles:
-                raise _PathError(("tasks", "ps"), "ps tasks need strategy parameter_server")
+            if contract.PS in roles:
+                raise _PathError(("tasks", contract.PS), "ps tasks need strategy parameter_server")
         else:
-            if "ps" not in roles:
-                raise _PathError(("tasks", "ps"), "parameter_server needs at least one ps task")
-            if "chief" not in roles:
+            if contract.PS not in roles:
                 raise _PathError(
-                    ("tasks", "chief"), "parameter_server needs a chief (the coordinator)"
+                    ("tasks", contract.PS), "parameter_server needs at least one ps task"
                 )
-            if "worker" not in roles:
-                raise _PathError(("tasks", "worker"), "parameter_server needs at least one worker")
-        for role in ("chief", "evaluator"):
+            if contract.CHIEF not in roles:
+                raise _PathError(
+                    ("tasks", contract.CHIEF), "parameter_server needs a chief (the coordinator)"
+                )
+            if contract.WORKER not in roles:
+                raise _PathError(
+                    ("tasks", contract.WORKER), "parameter_server needs at least one worker"
+                )
+        for role in (contract.CHIEF, contract.EVALUATOR):
             if role in roles and len(roles[role]) > 1:
                 raise _PathError(
                     ("tasks", role), f"expected one {role} task, got {len(roles[role])}"

@@ -11,18 +11,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import (
+    SELFCHECK_ARGS,
     distlaunch,
     events,
     only_run_dir,
     processes_of_run,
     run_record,
+    selfcheck_program,
     wait_for,
     wait_for_run_dir,
     write_spec,
@@ -152,18 +152,11 @@ sys.exit(1 if attempt == 0 else 0)
 
 @pytest.mark.parametrize("kind", ["script", "module"])
 def test_the_program_cannot_tell_it_was_started_through_a_standby(tmp: Path, kind: str) -> None:
-    work = tmp / "work"
-    work.mkdir()
-    (work / "selfcheck.py").write_text(SELF)
-    args = ["--flag", "a b", "$(x)"]
-    program = (
-        {"script": "work/selfcheck.py"}
-        if kind == "script"
-        else {"module": "selfcheck", "workdir": "work"}
-    )
+    work, args = tmp / "work", SELFCHECK_ARGS
+    program = selfcheck_program(tmp, SELF, kind)
     spec = write_spec(
         tmp,
-        program={**program, "args": args, "env": {"MINE": "set in the spec"}},
+        program={**program, "env": {"MINE": "set in the spec"}},
         tasks={"worker": {"count": 1}},
         restart=ON_FAILURE,
     )
@@ -212,7 +205,7 @@ def test_a_program_without_tensorflow_gets_no_standby(tmp: Path) -> None:
     assert not plans["task.py"].standby and plans["tf_task.py"].standby
 
 
-def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path) -> None:
+def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path, launch) -> None:
     (tmp / "task.py").write_text(
         WAIT_FOR_STANDBY
         + "import socket, time\nimport tensorflow  # a TensorFlow program: it gets a standby\n"
@@ -221,38 +214,28 @@ def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path) -> None:
         + "s.listen()\nwait_for_standby(1)\nprint('standby ready', flush=True)\ntime.sleep(300)\n"
     )
     spec = write_spec(tmp, tasks={"worker": {"count": 1}}, restart=ON_FAILURE)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
-        cwd=tmp,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    launcher = launch(spec)
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    record = wait_for(
+        lambda: (
+            (run_record(run_dir).get("standbys") or {}).get("worker-0", {}).get("ready")
+            and run_record(run_dir)
+        ),
+        "the standby to be ready",
+        launcher=launcher,
     )
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        record = wait_for(
-            lambda: (
-                (run_record(run_dir).get("standbys") or {}).get("worker-0", {}).get("ready")
-                and run_record(run_dir)
-            ),
-            "the standby to be ready",
-            launcher=launcher,
-        )
-        running = [
-            p
-            for p in processes_of_run(record["run_id"])
-            if p.cmdline()[1:] == [bootstrap.__file__, str(tmp / "task.py")]
-        ]
-        # The standby's command line is the task's own; only its initial env tells them apart.
-        standby = [p for p in running if "DISTLAUNCH_STANDBY" in p.environ()]
-        task = [p for p in running if "DISTLAUNCH_STANDBY" not in p.environ()]
-        assert len(standby) == len(task) == 1
-        assert standby[0].cmdline() == task[0].cmdline()
-        launcher.kill()
-        launcher.wait()
-    finally:
-        launcher.kill()
-        launcher.communicate()
+    running = [
+        p
+        for p in processes_of_run(record["run_id"])
+        if p.cmdline()[1:] == [bootstrap.__file__, str(tmp / "task.py")]
+    ]
+    # The standby's command line is the task's own; only its initial env tells them apart.
+    standby = [p for p in running if "DISTLAUNCH_STANDBY" in p.environ()]
+    task = [p for p in running if "DISTLAUNCH_STANDBY" not in p.environ()]
+    assert len(standby) == len(task) == 1
+    assert standby[0].cmdline() == task[0].cmdline()
+    launcher.kill()
+    launcher.wait()
     wait_for(
         lambda: not processes_of_run(record["run_id"]),
         "the task and its standby to die with the launcher",

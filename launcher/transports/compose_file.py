@@ -158,7 +158,11 @@ def restart_policy(loaded: LoadedSpec, role: str) -> str:
     whole gang and a ps takes the chief with it, which compose cannot express: those stay "no".
     """
     rules = loaded.spec.restart
-    if rules.policy == "on-failure" and loaded.spec.strategy == contract.PSS and role == "worker":
+    if (
+        rules.policy == "on-failure"
+        and loaded.spec.strategy == contract.PSS
+        and role == contract.WORKER
+    ):
         return f"on-failure:{rules.max_restarts}"
     return "no"
 
