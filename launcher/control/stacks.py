@@ -3,9 +3,10 @@
 Each task is read where it runs, as the run's backend says (`Backend.stacks`), by the same
 function of its transport the supervisor's own captures use (`task_stacks` in
 launcher/transports/): a local task's program with py-spy here; a remote task by the remote
-helper where it runs (its host, a step on its node, its container). Captures land in RUN/stacks/<time>/; nothing here
-signals the launcher, an ssh/srun/compose client or anything but a task's own program (the
-faulthandler fallback, where py-spy cannot read it), and nothing stops a task.
+helper where it runs (its host, a step on its node, its container). Captures land in
+RUN/stacks/<time>/; nothing here signals the launcher, an ssh/srun/compose client or anything
+but a task's own program (the faulthandler fallback, where py-spy cannot read it), and nothing
+stops a task.
 """
 
 from __future__ import annotations

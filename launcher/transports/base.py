@@ -94,7 +94,7 @@ class StandbyPool(Protocol):
 
 
 class Section(Protocol):
-    """A backend's own section of run.json (`RunRecord.section`), under its registry `section` key."""
+    """A backend's own section of run.json (`RunRecord.section`), under its registry key."""
 
     def to_json(self) -> dict[str, Any]:
         """The section as JSON data."""
@@ -138,7 +138,9 @@ class TaskStacks(Protocol):
 
 
 class Backend(Protocol):
-    """A kind of backend, named in launcher/backends.py (see the module docstring)."""
+    """A kind of backend, named in launcher/backends.py (see the module docstring). One installed
+    through an entry point states the registry's facts (`backends.Entry`) as class attributes:
+    ``section_key``, ``hosts_are_nodes``, ``own_python``."""
 
     name: ClassVar[str]
     title: ClassVar[str]  # how messages name it: "cancelled Slurm 12.3"
@@ -164,7 +166,8 @@ class Backend(Protocol):
 
 
 def load_backend(name: str) -> Backend:
-    """The backend called ``name`` (UnknownBackend when there is none); only its module is imported."""
+    """The backend called ``name`` (UnknownBackend when there is none); only its module is
+    imported."""
     return backends.load_class(backends.entry(name).target)()
 
 
