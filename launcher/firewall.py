@@ -47,6 +47,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.errors import HostError
 from distlaunch.launcher.plan import Plan
 from distlaunch.worker import guard
@@ -110,8 +111,9 @@ class HostRules:
         )
 
 
-# The transports whose hosts get a guard; "local" tasks run on this machine (see isolation).
-REMOTE = ("ssh", "slurm")
+# The transports whose hosts get a guard (`TaskTransport.guarded`); local tasks run on this
+# machine (see isolation).
+REMOTE = tuple(t for t in TaskTransport if t.guarded)
 
 
 def plan_rules(
@@ -133,7 +135,7 @@ def plan_rules(
     for task in plan.tasks:
         if task.transport in remote:
             ports.setdefault(task.host_name, set()).add(task.port)
-            over_ssh[task.host_name] = task.transport == "ssh"
+            over_ssh[task.host_name] = task.transport == TaskTransport.SSH
     return {
         host: HostRules(
             host,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from distlaunch.launcher import program_scan, tfconfig
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.program_scan import ProgramChoice
 from distlaunch.launcher.spec import RESERVED_ENV, LoadedSpec, TaskEntry
@@ -47,9 +48,7 @@ class TaskPlan:
     gpus: tuple[int, ...]
     log_file: str
     host_name: str = "localhost"  # the host as the spec names it
-    transport: str = (
-        "local"  # "local"; "ssh": argv and cwd are paths on that host; "compose": in a container
-    )
+    transport: TaskTransport = TaskTransport.LOCAL  # how it runs: here, on an SSH host...
 
     @property
     def name(self) -> str:
@@ -212,7 +211,13 @@ def make_plan(
                     gpus=gpus[(role, index)],
                     log_file=str(contract.log_path(run_dir, attempt, role, index)),
                     host_name=entry.host,
-                    transport="compose" if containers else "ssh" if remote else "local",
+                    transport=(
+                        TaskTransport.COMPOSE
+                        if containers
+                        else TaskTransport.SSH
+                        if remote
+                        else TaskTransport.LOCAL
+                    ),
                 )
             )
     restart = spec.restart
@@ -227,7 +232,7 @@ def make_plan(
         standby=restart.policy != "never"
         and restart.standby
         and (program.warm_restarts or program.serve_ps_workers)
-        and any(t.transport == "local" for t in tasks),
+        and any(t.transport == TaskTransport.LOCAL for t in tasks),
     )
 
 

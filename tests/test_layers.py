@@ -38,6 +38,9 @@ LAYER_OF = {
     "distlaunch.launcher.hints": "spec",
     "distlaunch.launcher.api_types": "spec",  # the API's results and errors: plain data
     "distlaunch.launcher.api_protocol": "spec",  # the API's caller <-> launcher process lines
+    "distlaunch.launcher.backends": "spec",  # the registry: every backend's name, none imported
+    # run.json: a backend class reads its own section of it, so it sits below the transports
+    "distlaunch.launcher.state": "spec",
     # plan: pure decisions made from the spec
     "distlaunch.launcher.plan": "plan",
     "distlaunch.launcher.ports": "plan",
@@ -54,7 +57,6 @@ LAYER_OF = {
     "distlaunch.launcher.firewall": "transports",  # the SSH hosts' per-run guards
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",
-    "distlaunch.launcher.state": "supervisor",
     "distlaunch.launcher.progress_view": "supervisor",  # the live line and status --watch
     "distlaunch.launcher.formation": "supervisor",  # whether the cluster formed, from its log
     # up and the commands that inspect or steer a run from another shell

@@ -57,15 +57,17 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Self
+from typing import Any, ClassVar, Self
 
 from distlaunch.launcher import firewall, ports, procs, rundir, stacks
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import HostError, Interrupted, UsageError
 from distlaunch.launcher.isolation import HOST, Isolation
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LOCAL_HOSTS, Host, LoadedSpec, task_json_path
-from distlaunch.launcher.transports.base import Opened
+from distlaunch.launcher.state import RunRecord, TaskRecord
+from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
 from distlaunch.launcher.transports.preflight import probe_token
 from distlaunch.launcher.transports.routing import HostConsole
 from distlaunch.launcher.transports.ssh import (
@@ -105,13 +107,24 @@ class Allocation:
     submitted: bool  # the job was submitted by `distlaunch sbatch` for this run: `down` cancels it
 
     def to_json(self) -> dict:
-        """What run.json keeps, for `down` and people."""
+        """What run.json keeps (the slurm backend's section), for `down`, `stacks` and people."""
         return {
             "job_id": self.job_id,
             "nodes": list(self.nodes),
             "cpus": dict(self.cpus),
             "submitted": self.submitted,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Allocation:
+        """Read the section `to_json` wrote."""
+        cpus = data.get("cpus") or {}
+        return cls(
+            str(data.get("job_id") or ""),
+            tuple(str(n) for n in data.get("nodes") or ()),
+            {str(n): int(c) for n, c in cpus.items()},
+            bool(data.get("submitted")),
+        )
 
 
 def allocation(env: Mapping[str, str] | None = None) -> Allocation:
@@ -264,7 +277,7 @@ def slurm_plan(
         env = dict(task.env)
         if task.gpus:
             del env["CUDA_VISIBLE_DEVICES"]
-        tasks.append(dataclasses.replace(task, env=env, transport="slurm"))
+        tasks.append(dataclasses.replace(task, env=env, transport=TaskTransport.SLURM))
     # Warm standbys are local processes: a Slurm step starts fresh on its node.
     return dataclasses.replace(plan, tasks=tuple(tasks), standby=False)
 
@@ -789,8 +802,8 @@ class SlurmLaunch:
                 *protection.notes(),
             )
             try:
-                record = {"slurm": self.alloc.to_json(), "network": protection.to_json()}
-                yield Opened(steps, record, notes, HostConsole(self.console, plan))
+                record = {"network": protection.to_json()}
+                yield Opened(steps, record, self.alloc, notes, HostConsole(self.console, plan))
             except Interrupted as exc:
                 if self.requeue and exc.signum == rundir.PRE_TIMEOUT_SIGNAL:
                     self.console.say(
@@ -817,14 +830,57 @@ class SlurmLaunch:
         self.guards.clear()
 
 
-@contextmanager
-def open_launch(
-    loaded: LoadedSpec, console: Console, requeue: bool = False, **_options: object
-) -> Iterator[SlurmLaunch]:
-    """The slurm backend for one `up` (UsageError outside an allocation, or when the tasks do
-    not fit its nodes)."""
-    launch = SlurmLaunch(loaded, console, requeue)
-    try:
-        yield launch
-    finally:
-        launch.close()
+class SlurmBackend:
+    """The `slurm` backend (a `transports.base.Backend`): every task a step of the allocation."""
+
+    name: ClassVar[str] = "slurm"
+    title: ClassVar[str] = "Slurm"
+
+    def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """A dry run's plan (`plan` above: stand-in ports on the current allocation)."""
+        return plan(loaded, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(
+        self, loaded: LoadedSpec, console: Console, options: UpOptions
+    ) -> Iterator[SlurmLaunch]:
+        """One `up` (UsageError outside an allocation, or when the tasks do not fit its nodes);
+        ``options.requeue``: see `SlurmLaunch.open`."""
+        launch = SlurmLaunch(loaded, console, options.requeue)
+        try:
+            yield launch
+        finally:
+            launch.close()
+
+    @contextmanager
+    def cleanup(self, record: RunRecord, run_dir: Path, grace_s: float) -> Iterator[list[str]]:
+        """Before the sweep, cancel the run's steps (they run on other nodes, out of its reach)
+        and remove its guards' rules (`cancel_steps`)."""
+        alloc = self.section(record)
+        if alloc is None:
+            yield []
+            return
+        # The python the run's steps ran (its guards' too): a task's, as planned.
+        tasks = record.plan.get("tasks") or [{}]
+        python = (tasks[0].get("argv") or [sys.executable])[0]
+        names = [t["name"] for t in tasks if "name" in t]
+        yield cancel_steps(record.run_id, alloc.to_json(), record.network, python, names)
+
+    @contextmanager
+    def stacks(self, record: RunRecord, run_dir: Path) -> Iterator[TaskStacks]:
+        """Each task by the helper in a step on its node (`task_stacks`)."""
+        alloc = self.section(record)
+        job = alloc.job_id if alloc else ""
+
+        def read(plan: dict, entry: TaskRecord, native: bool) -> stacks.Source:
+            # The nodes' interpreter is the tasks' own (a cluster shares its filesystem).
+            helper = helper_argv(plan["argv"][0], None)
+            return task_stacks(job, plan["host_name"], record.run_id, plan["name"], helper, native)
+
+        yield read
+
+    def section(self, record: RunRecord) -> Allocation | None:
+        """The job ``record`` keeps (None: a run of another backend)."""
+        if record.backend != self.name or record.section is None:
+            return None
+        return Allocation.from_json(record.section)

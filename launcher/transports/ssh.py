@@ -38,7 +38,7 @@ from pathlib import Path
 
 from distlaunch.launcher import procs, rundir, stacks
 from distlaunch.launcher.plan import TaskPlan
-from distlaunch.launcher.spec import Host, LoadedSpec
+from distlaunch.launcher.spec import Host
 from distlaunch.worker import contract
 
 # Tasks per master connection: sshd refuses sessions past MaxSessions (10 by default) on one
@@ -70,20 +70,6 @@ def remote_python(python: str) -> str:
     if python.startswith("~/"):
         return '"$HOME"/' + shlex.quote(python[2:])
     return shlex.quote(python)
-
-
-def record(loaded: LoadedSpec, names: Sequence[str]) -> dict:
-    """What run.json keeps for `distlaunch collect`: the SSH hosts as resolved, and whether they
-    share the run dir."""
-    return {
-        "shared_dir_is_shared": loaded.spec.shared_dir_is_shared,
-        "hosts": {name: loaded.hosts[name].model_dump(mode="json") for name in names},
-    }
-
-
-def hosts_from_record(data: Mapping) -> dict[str, Host]:
-    """The hosts `record` kept."""
-    return {name: Host.model_validate(host) for name, host in data.get("hosts", {}).items()}
 
 
 def jumped_hosts(hosts: Mapping[str, Host]) -> list[str]:
