@@ -40,6 +40,7 @@ LAYER_OF = {
     "distlaunch.launcher.api_protocol": "spec",  # the API's caller <-> launcher process lines
     # plan: pure decisions made from the spec
     "distlaunch.launcher.plan": "plan",
+    "distlaunch.launcher.placement": "plan",  # where each task runs, decided once per backend
     "distlaunch.launcher.ports": "plan",
     "distlaunch.launcher.isolation": "plan",
     "distlaunch.launcher.policy": "plan",
