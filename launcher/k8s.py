@@ -37,7 +37,7 @@ import yaml
 
 from distlaunch.launcher import placement, rundir
 from distlaunch.launcher.errors import SpecError, UsageError
-from distlaunch.launcher.placement import IMAGE_PYTHON, Placements, Transport
+from distlaunch.launcher.placement import IMAGE_PYTHON, Placements, TransportKind
 from distlaunch.launcher.plan import TaskPlan, make_plan
 from distlaunch.launcher.spec import IMAGE_REF, K8S_LABEL, LoadedSpec, task_json_path
 from distlaunch.worker import chief_result, contract, k8s_entry
@@ -140,7 +140,10 @@ def manifests(
     run_dir = f"{MOUNT}/{run_id}"
     # Every pod's hostname resolves under the run's Service: TF_CONFIG's addresses are known now.
     placed = placement.in_containers(
-        where, PORT, Transport.POD, address=lambda r, i: f"{_hostname(name, r, i, jobset)}.{name}"
+        where,
+        PORT,
+        TransportKind.POD,
+        address=lambda r, i: f"{_hostname(name, r, i, jobset)}.{name}",
     )
     plan = make_plan(loaded, placed, run_id, Path(run_dir))
     meta = {"namespace": namespace} if namespace else {}
@@ -436,7 +439,7 @@ def _check_fits(loaded: LoadedSpec, where: Placements) -> None:
     file = str(loaded.file)
     for role, rows in where.by_role().items():
         for row in rows:
-            if row.transport == Transport.SSH:
+            if row.transport == TransportKind.SSH:
                 raise SpecError(
                     file,
                     task_json_path(loaded.raw, role, row.index, "host"),

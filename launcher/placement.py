@@ -26,7 +26,7 @@ TaskKey = tuple[str, int]  # (role, index)
 IMAGE_PYTHON = "python"
 
 
-class Transport(enum.StrEnum):
+class TransportKind(enum.StrEnum):
     """What starts a task (`plan` shows it as the task's ``transport``)."""
 
     LOCAL = "local"  # a process of this machine
@@ -40,7 +40,7 @@ class Transport(enum.StrEnum):
         """Whether the task's machine has this launcher's files at their paths (this machine, or a
         Slurm cluster's shared filesystem): its bootstrap runs by path there, so its interpreter
         need not have distlaunch installed."""
-        return self in (Transport.LOCAL, Transport.SLURM)
+        return self in (TransportKind.LOCAL, TransportKind.SLURM)
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Placement:
     address: str  # what TF_CONFIG names: an address, a node, a service or pod name
     port: int | None  # None: `auto`, until ports.allocate picks it
     gpus: tuple[int, ...]  # the GPU indices on ``machine``; () for CPU only
-    transport: Transport
+    transport: TransportKind
     python: str  # the interpreter that runs the task there
     cwd: str  # "" on an SSH host without a workdir: where ssh logs in
 
@@ -117,7 +117,7 @@ def on_hosts(loaded: LoadedSpec) -> Placements:
                 address=address,
                 port=_fixed_port(entry),
                 gpus=(),
-                transport=Transport.LOCAL if ssh is None else Transport.SSH,
+                transport=TransportKind.LOCAL if ssh is None else TransportKind.SSH,
                 python=launcher_python(loaded) if ssh is None else ssh.python,
                 cwd=str(loaded.workdir) if ssh is None else ssh.workdir or "",
             )
@@ -127,7 +127,7 @@ def on_hosts(loaded: LoadedSpec) -> Placements:
 
 
 def in_containers(
-    where: Placements, port: int, transport: Transport, address: Callable[[str, int], str]
+    where: Placements, port: int, transport: TransportKind, address: Callable[[str, int], str]
 ) -> Placements:
     """The tasks of ``where`` (an `on_hosts` table) each in a container of its own: reached at
     ``address(role, index)`` on ``port`` (every container has its own network), running the
@@ -166,7 +166,7 @@ def on_nodes(loaded: LoadedSpec, nodes: Mapping[TaskKey, str]) -> Placements:
                 address=node,
                 port=_fixed_port(entry),
                 gpus=(),
-                transport=Transport.SLURM,
+                transport=TransportKind.SLURM,
                 python=launcher_python(loaded),
                 cwd=str(loaded.workdir),
             )

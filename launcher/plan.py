@@ -20,7 +20,7 @@ from pathlib import Path
 
 from distlaunch.launcher import program_scan, tfconfig
 from distlaunch.launcher.isolation import HOST_NETWORK, Isolation
-from distlaunch.launcher.placement import Placement, Placements, Transport
+from distlaunch.launcher.placement import Placement, Placements, TransportKind
 from distlaunch.launcher.program_scan import ProgramChoice
 from distlaunch.launcher.spec import RESERVED_ENV, LoadedSpec
 from distlaunch.worker import bootstrap, contract
@@ -48,7 +48,7 @@ class TaskPlan:
     gpus: tuple[int, ...]
     log_file: str
     host_name: str = "localhost"  # the host as the spec names it
-    transport: Transport = Transport.LOCAL
+    transport: TransportKind = TransportKind.LOCAL
     attempt: int = 0  # the attempt this task starts in (its log and error files are that attempt's)
 
     @property
@@ -204,7 +204,7 @@ def make_plan(
         standby=restart.policy != "never"
         and restart.standby
         and (program.warm_restarts or program.serve_ps_workers)
-        and any(t.transport == Transport.LOCAL for t in tasks),
+        and any(t.transport == TransportKind.LOCAL for t in tasks),
     )
 
 
@@ -299,9 +299,9 @@ def _cuda_visible(row: Placement, visible_gpus: str | None) -> str | None:
     """
     if not row.gpus:
         return ""
-    if row.transport == Transport.SLURM:
+    if row.transport == TransportKind.SLURM:
         return None
-    if visible_gpus and row.transport == Transport.LOCAL:
+    if visible_gpus and row.transport == TransportKind.LOCAL:
         physical = [g.strip() for g in visible_gpus.split(",") if g.strip()]
         return ",".join(physical[g] if g < len(physical) else str(g) for g in row.gpus)
     return ",".join(str(g) for g in row.gpus)

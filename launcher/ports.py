@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from distlaunch.launcher import placement
 from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.placement import Placements, TaskKey, Transport
+from distlaunch.launcher.placement import Placements, TaskKey, TransportKind
 from distlaunch.launcher.spec import LoadedSpec, task_json_path
 
 # In a run's private network namespace nothing else listens, so `auto` ports are simply numbered
@@ -33,7 +33,7 @@ def remote_requests(loaded: LoadedSpec) -> dict[str, HostPorts]:
     fixed: dict[str, dict[TaskKey, int]] = {}
     auto: dict[str, list[TaskKey]] = {}
     for row in placement.on_hosts(loaded).rows:
-        if row.transport != Transport.SSH:
+        if row.transport != TransportKind.SSH:
             continue
         fixed.setdefault(row.host_name, {})
         auto.setdefault(row.host_name, [])
@@ -66,7 +66,7 @@ def allocate(
     for row in placed.rows:
         if row.key in ports or row.port is None:
             continue
-        local = row.transport == Transport.LOCAL
+        local = row.transport == TransportKind.LOCAL
         if local and not private and not _portpicker().is_port_free(row.port):
             raise SpecError(
                 str(loaded.file),

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import write_spec
 from distlaunch.launcher import k8s, placement, ports
-from distlaunch.launcher.placement import IMAGE_PYTHON, Placement, Transport
+from distlaunch.launcher.placement import IMAGE_PYTHON, TransportKind
 from distlaunch.launcher.plan import for_attempt, make_plan
 from distlaunch.launcher.spec import load_spec
 from distlaunch.launcher.transports import compose_file, local, slurm
@@ -37,29 +37,24 @@ MIXED = {
 }
 
 
-def _row(role: str, index: int, **fields: object) -> Placement:
-    return Placement(role=role, index=index, **fields)  # type: ignore[arg-type]
-
-
 def test_the_local_backend_places_each_task_on_its_host_once(tmp: Path) -> None:
     (tmp / "task.py").write_text("")
     loaded = load_spec(write_spec(tmp, **MIXED))
-    here = {"transport": Transport.LOCAL, "python": sys.executable, "cwd": str(tmp)}
-    gpu1 = {"transport": Transport.SSH, "python": "/opt/py/bin/python", "cwd": "/srv/w"}
-    gpu2 = {"transport": Transport.SSH, "python": "python3", "cwd": ""}
-    assert placement.on_hosts(loaded).rows == (
-        _row("chief", 0, host_name="me", machine="10.1.2.3", address="10.1.2.3", port=2000,
-             gpus=(0,), **here),
+    here = (TransportKind.LOCAL, sys.executable, str(tmp))
+    gpu1 = (TransportKind.SSH, "/opt/py/bin/python", "/srv/w")
+    gpu2 = (TransportKind.SSH, "python3", "")
+    rows = [
+        (r.key, r.host_name, r.machine, r.address, r.port, r.gpus, (r.transport, r.python, r.cwd))
+        for r in placement.on_hosts(loaded).rows
+    ]
+    assert rows == [
+        (("chief", 0), "me", "10.1.2.3", "10.1.2.3", 2000, (0,), here),
         # A count takes the lowest GPUs no task on its machine names: gpu1's 0 is worker-1's.
-        _row("worker", 0, host_name="gpu1", machine="10.1.2.4", address="10.1.2.4", port=None,
-             gpus=(1, 2), **gpu1),
-        _row("worker", 1, host_name="gpu1", machine="10.1.2.4", address="10.1.2.4", port=None,
-             gpus=(0,), **gpu1),
-        _row("worker", 2, host_name="gpu2", machine="gpu2", address="gpu2", port=None, gpus=(0,),
-             **gpu2),
-        _row("ps", 0, host_name="gpu1", machine="10.1.2.4", address="10.1.2.4", port=2222,
-             gpus=(), **gpu1),
-    )  # fmt: skip
+        (("worker", 0), "gpu1", "10.1.2.4", "10.1.2.4", None, (1, 2), gpu1),
+        (("worker", 1), "gpu1", "10.1.2.4", "10.1.2.4", None, (0,), gpu1),
+        (("worker", 2), "gpu2", "gpu2", "gpu2", None, (0,), gpu2),
+        (("ps", 0), "gpu1", "10.1.2.4", "10.1.2.4", 2222, (), gpu1),
+    ]
     # Preflight asks each SSH host for exactly its rows' ports.
     requests = ports.remote_requests(loaded)
     assert requests["gpu1"] == ports.HostPorts({("ps", 0): 2222}, (("worker", 0), ("worker", 1)))
@@ -109,7 +104,7 @@ def test_containers_keep_the_tasks_and_change_where_they_are_reached(tmp: Path) 
     loaded = load_spec(write_spec(tmp))
     plan = compose_file.compose_plan(loaded, "r", tmp / "runs" / "r")
     assert [(t.host, t.port, t.transport, t.argv[0], t.cwd) for t in plan.tasks] == [
-        (f"worker-{i}", compose_file.SERVICE_PORT, Transport.COMPOSE, IMAGE_PYTHON, str(tmp))
+        (f"worker-{i}", compose_file.SERVICE_PORT, TransportKind.COMPOSE, IMAGE_PYTHON, str(tmp))
         for i in range(2)
     ]
     # Kubernetes: the table names each pod's DNS name, which the role's cluster lists.
@@ -133,10 +128,10 @@ def test_slurm_places_tasks_on_nodes_without_a_stand_in_spec(tmp: Path) -> None:
         ("b", "b", "b", ()),
     ]
     assert {(r.transport, r.python, r.cwd) for r in placed.rows} == {
-        (Transport.SLURM, sys.executable, str(tmp))
+        (TransportKind.SLURM, sys.executable, str(tmp))
     }
     plan = slurm.slurm_plan(loaded, nodes, {k: 4000 + k[1] for k in nodes}, "r", tmp / "r")
-    assert [t.transport for t in plan.tasks] == [Transport.SLURM] * 4 and not plan.standby
+    assert [t.transport for t in plan.tasks] == [TransportKind.SLURM] * 4 and not plan.standby
     assert [t.host_name for t in plan.tasks] == ["a", "b", "a", "b"]
 
 

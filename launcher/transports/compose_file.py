@@ -20,7 +20,7 @@ from typing import Any
 from distlaunch.launcher import placement, rundir
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.isolation import Isolation
-from distlaunch.launcher.placement import IMAGE_PYTHON, Placements, Transport
+from distlaunch.launcher.placement import IMAGE_PYTHON, Placements, TransportKind
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LoadedSpec, task_json_path
 from distlaunch.worker import chief_result, contract
@@ -44,7 +44,7 @@ def compose_plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int = 
     where = placement.on_hosts(loaded)
     _check_fits(loaded, where)
     placed = placement.in_containers(
-        where, SERVICE_PORT, Transport.COMPOSE, address=contract.task_name
+        where, SERVICE_PORT, TransportKind.COMPOSE, address=contract.task_name
     )
     return make_plan(loaded, placed, run_id, run_dir, attempt, isolation=ISOLATION)
 
@@ -168,7 +168,7 @@ def _check_fits(loaded: LoadedSpec, where: Placements) -> None:
     """Refuse what containers here cannot run (``where``: the spec's placement), naming the
     spec's JSON path."""
     for row in where.rows:
-        if row.transport == Transport.SSH:
+        if row.transport == TransportKind.SSH:
             raise SpecError(
                 str(loaded.file),
                 task_json_path(loaded.raw, row.role, row.index, "host"),
