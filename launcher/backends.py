@@ -60,6 +60,7 @@ class TaskTransport(enum.StrEnum):
     SSH = "ssh"  # argv and cwd are paths on an SSH host (the local backend)
     COMPOSE = "compose"  # in a container of its own (the compose backend)
     SLURM = "slurm"  # a job step on a node of the allocation (the slurm backend)
+    POD = "pod"  # a Kubernetes pod, started by Kubernetes from `distlaunch k8s`'s manifests
 
     @property
     def guarded(self) -> bool:
@@ -67,6 +68,13 @@ class TaskTransport(enum.StrEnum):
         machine the launcher reaches; a local task's ports are the isolation's, a container's
         the compose network's."""
         return self in (TaskTransport.SSH, TaskTransport.SLURM)
+
+    @property
+    def sees_launcher_files(self) -> bool:
+        """Whether the task's machine has this launcher's files at their paths (this machine, or a
+        Slurm cluster's shared filesystem): its bootstrap runs by path there, so its interpreter
+        need not have distlaunch installed."""
+        return self in (TaskTransport.LOCAL, TaskTransport.SLURM)
 
     @property
     def contained(self) -> bool:

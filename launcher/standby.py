@@ -44,7 +44,7 @@ from distlaunch.launcher.plan import TaskPlan
 from distlaunch.launcher.program_env import StandbyEnv
 from distlaunch.launcher.program_scan import SERVE_MODULE
 from distlaunch.launcher.transports.netns import Sandbox
-from distlaunch.worker import bootstrap, contract
+from distlaunch.worker import bootstrap
 
 
 @dataclass
@@ -150,7 +150,7 @@ class Standbys:
         return {
             name: {
                 "pid": s.proc.pid,
-                "attempt": int(s.task.env[contract.ATTEMPT]),
+                "attempt": s.task.attempt,
                 "ready": s.ready,
             }
             for name, s in self._standbys.items()

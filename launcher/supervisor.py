@@ -513,7 +513,7 @@ class Supervisor:
         task.follower = LogFollower(plan.log_file, prefix, self.console)
         self._sel.register(handle.exit_fd, selectors.EVENT_READ, task)
         started = {
-            "attempt": int(plan.env.get(contract.ATTEMPT, self.attempt)),
+            "attempt": plan.attempt,
             "pid": handle.pid,
             "pgid": handle.pid,
             "started_at": time.time(),
@@ -781,8 +781,7 @@ class Supervisor:
         )
 
     def _evidence(self, plan: TaskPlan) -> evidence.Evidence | None:
-        attempt = int(plan.env.get(contract.ATTEMPT, self.attempt))
-        error_file = contract.error_path(self.run_dir, attempt, plan.role, plan.index)
+        error_file = contract.error_path(self.run_dir, plan.attempt, plan.role, plan.index)
         return evidence_of(Failure(plan.name, "", plan.log_file, str(error_file), 0.0))
 
     def _error_type(self, task: TaskPlan) -> str | None:

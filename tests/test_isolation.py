@@ -32,6 +32,7 @@ from conftest import (
 )
 from distlaunch.launcher import isolation, ports, procs
 from distlaunch.launcher.errors import SpecError
+from distlaunch.launcher.placement import on_hosts
 from distlaunch.launcher.spec import load_spec
 from distlaunch.launcher.transports import netns
 
@@ -98,12 +99,17 @@ def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
     auto = load_spec(write_spec(tmp))
     off = load_spec(write_spec(tmp, "off.json", isolation="off"))
     both = isolation.Capabilities(netns=True, userns=True, detail="")
-    assert isolation.choose(off, None).mode == isolation.HOST
-    assert isolation.choose(off, both).mode == isolation.HOST
-    assert isolation.choose(auto, both).mode == isolation.NETNS
-    assert isolation.choose(auto, isolation.Capabilities(False, True, "")).mode == isolation.USERNS
+    assert isolation.choose(off, on_hosts(off), None).mode == isolation.HOST
+    assert isolation.choose(off, on_hosts(off), both).mode == isolation.HOST
+    assert isolation.choose(auto, on_hosts(auto), both).mode == isolation.NETNS
+    assert (
+        isolation.choose(auto, on_hosts(auto), isolation.Capabilities(False, True, "")).mode
+        == isolation.USERNS
+    )
     unable = isolation.choose(
-        auto, isolation.Capabilities(False, False, "unshare: Operation not permitted")
+        auto,
+        on_hosts(auto),
+        isolation.Capabilities(False, False, "unshare: Operation not permitted"),
     )
     assert unable.mode == isolation.HOST and not unable.private
     assert "unshare: Operation not permitted" in unable.reason and "root" in unable.remedy
@@ -115,7 +121,7 @@ def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
                 tmp, "mixed.json", hosts=hosts, tasks={"worker": [{"host": "me"}, {"host": "gpu1"}]}
             )
         )
-        reached = isolation.choose(mixed, both)
+        reached = isolation.choose(mixed, on_hosts(mixed), both)
         assert (
             reached.mode == isolation.HOST
             and "worker:0 at 10.1.2.3" in reached.reason
@@ -128,7 +134,9 @@ def test_plan_shows_the_isolation_mode(tmp: Path) -> None:
     spec = write_spec(tmp)
     auto = distlaunch("plan", "--json", str(spec))
     assert auto.returncode == 0, auto.stderr
-    assert json.loads(auto.stdout)["isolation"] == isolation.choose(load_spec(spec), CAPS).to_json()
+    loaded = load_spec(spec)
+    chosen = isolation.choose(loaded, on_hosts(loaded), CAPS)
+    assert json.loads(auto.stdout)["isolation"] == chosen.to_json()
     off = distlaunch("plan", str(write_spec(tmp, "off.json", isolation="off")))
     assert off.returncode == 0, off.stderr
     assert 'isolation: host (the spec sets "isolation": "off")' in off.stdout
@@ -145,14 +153,14 @@ def test_private_ports_need_no_lookup_and_no_check(tmp: Path) -> None:
     try:
         fixed = [{"port": taken}, {"port": "auto"}, {"port": "auto"}]
         loaded = load_spec(write_spec(tmp, tasks={"worker": fixed}))
-        got = ports.allocate(loaded, private=True)
+        got = ports.allocate(loaded, on_hosts(loaded), private=True)
         assert got == {
             ("worker", 0): taken,
             ("worker", 1): ports.FIRST_PRIVATE_PORT,
             ("worker", 2): ports.FIRST_PRIVATE_PORT + 1,
         }
         with pytest.raises(SpecError, match="in use"):
-            ports.allocate(loaded, private=False)
+            ports.allocate(loaded, on_hosts(loaded), private=False)
     finally:
         busy.close()
 

@@ -43,6 +43,7 @@ LAYER_OF = {
     "distlaunch.launcher.state": "spec",
     # plan: pure decisions made from the spec
     "distlaunch.launcher.plan": "plan",
+    "distlaunch.launcher.placement": "plan",  # where each task runs, decided once per backend
     "distlaunch.launcher.ports": "plan",
     "distlaunch.launcher.isolation": "plan",
     "distlaunch.launcher.policy": "plan",

@@ -28,6 +28,7 @@ from conftest import (
     write_spec,
 )
 from distlaunch.launcher import procs, rundir
+from distlaunch.launcher.placement import on_hosts
 from distlaunch.launcher.plan import for_attempt, make_plan
 from distlaunch.launcher.spec import load_spec
 from distlaunch.launcher.standby import Standbys
@@ -200,7 +201,9 @@ def test_a_program_without_tensorflow_gets_no_standby(tmp: Path) -> None:
     for script in ("task.py", "tf_task.py"):
         spec = write_spec(tmp, program={"script": script}, restart=ON_FAILURE)
         ports = {("worker", i): 20000 + i for i in range(2)}
-        plans[script] = make_plan(load_spec(spec), ports, "r1", tmp / "runs" / "r1")
+        loaded = load_spec(spec)
+        placed = on_hosts(loaded).with_ports(ports)
+        plans[script] = make_plan(loaded, placed, "r1", tmp / "runs" / "r1")
     # A standby imports TensorFlow in advance: a program that never does would only pay for it.
     assert not plans["task.py"].standby and plans["tf_task.py"].standby
 
@@ -271,7 +274,8 @@ def test_a_standby_taken_before_its_imports_are_done_still_runs_the_task(tmp: Pa
     )
     run_dir = tmp / "runs" / "r1"
     rundir.make_dirs(run_dir, 0)
-    task = for_attempt(make_plan(loaded, {("worker", 0): 20000}, "r1", run_dir), 1).tasks[0]
+    placed = on_hosts(loaded).with_ports({("worker", 0): 20000})
+    task = for_attempt(make_plan(loaded, placed, "r1", run_dir), 1).tasks[0]
     standbys = Standbys()
     try:
         standbys.prepare([task])

@@ -42,11 +42,9 @@ def recorded_task_stacks(run_dir: Path, entry: TaskRecord, native: bool) -> stac
 
 
 def signal_file(task: TaskPlan) -> Path:
-    """The file the task's faulthandler writes its stacks to, from the environment its bootstrap
-    reads."""
-    env = task.env
+    """The file the task's faulthandler writes its stacks to (where its bootstrap reads it from)."""
     return contract.stacks_signal_path(
-        Path(env[contract.RUN_DIR]), int(env[contract.ATTEMPT]), task.role, task.index
+        Path(task.env[contract.RUN_DIR]), task.attempt, task.role, task.index
     )
 
 

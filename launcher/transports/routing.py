@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from distlaunch.launcher import firewall, ports, rundir
+from distlaunch.launcher import firewall, placement, ports, rundir
 from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
@@ -103,14 +103,17 @@ def plan(
     attempt: int,
     remote_ports: dict[ports.TaskKey, int] | None = None,
 ) -> Plan:
-    """Decide the isolation, allocate ports and build the plan of this attempt (nothing started).
+    """Place the tasks, decide the isolation, allocate ports and build the plan of this attempt
+    (nothing started).
 
     ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
     """
-    isolation = netns.decide(loaded)
+    placed = placement.on_hosts(loaded)
+    isolation = netns.decide(loaded, placed)
+    picked = ports.allocate(loaded, placed, private=isolation.private, remote=remote_ports)
     return make_plan(
         loaded,
-        ports.allocate(loaded, private=isolation.private, remote=remote_ports),
+        placed.with_ports(picked),
         run_id,
         run_dir,
         attempt,

@@ -40,7 +40,6 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -60,12 +59,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from distlaunch.launcher import firewall, ports, procs, rundir, stacks
-from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import HostError, Interrupted, UsageError
 from distlaunch.launcher.isolation import HOST, Isolation
+from distlaunch.launcher.placement import on_nodes
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
-from distlaunch.launcher.spec import LOCAL_HOSTS, Host, LoadedSpec, task_json_path
+from distlaunch.launcher.spec import LOCAL_HOSTS, LoadedSpec, task_json_path
 from distlaunch.launcher.state import RunRecord, TaskRecord
 from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
 from distlaunch.launcher.transports.preflight import probe_token
@@ -233,53 +232,23 @@ def place(loaded: LoadedSpec, alloc: Allocation) -> dict[ports.TaskKey, str]:
     return placed
 
 
-def placed_spec(loaded: LoadedSpec, placement: Mapping[ports.TaskKey, str]) -> LoadedSpec:
-    """``loaded`` with every task's host set to its node, and the nodes as hosts reached by name.
-
-    The nodes are `local` hosts to the plan (the task runs the launcher's interpreter, in the
-    spec's workdir: a cluster shares its filesystem), addressed by hostname in TF_CONFIG.
-    """
-    tasks = loaded.spec.tasks
-    update = {}
-    for role, entries in tasks.by_role().items():
-        group = getattr(tasks, role)
-        new = [e.model_copy(update={"host": placement[(role, i)]}) for i, e in enumerate(entries)]
-        update[role] = group.model_copy(update={"entries": new})
-    nodes = sorted(set(placement.values()))
-    hosts = {node: Host(transport="local", address=node) for node in nodes}
-    spec = loaded.spec.model_copy(update={"tasks": tasks.model_copy(update=update), "hosts": hosts})
-    return dataclasses.replace(loaded, spec=spec, hosts=hosts)
-
-
 def slurm_plan(
     loaded: LoadedSpec,
-    placement: Mapping[ports.TaskKey, str],
+    nodes: Mapping[ports.TaskKey, str],
     picked: Mapping[ports.TaskKey, int],
     run_id: str,
     run_dir: Path,
     attempt: int = 0,
 ) -> Plan:
-    """The plan of one attempt on the nodes: TF_CONFIG names ``node:port`` with the nodes' own ports.
+    """The plan of one attempt on the nodes (``nodes``: `place`'s decision): TF_CONFIG names
+    ``node:port`` with the nodes' own ports (``picked``).
 
     A task with GPUs asks Slurm for them (``--gpus-per-task``) and gets Slurm's CUDA_VISIBLE_DEVICES;
-    a task without any gets "" (CPU only), as elsewhere.
+    a task without any gets "" (CPU only), as elsewhere. Steps get no warm standbys: those are
+    local processes.
     """
-    plan = make_plan(
-        placed_spec(loaded, placement),
-        picked,
-        run_id,
-        run_dir,
-        attempt,
-        isolation=ISOLATION,
-    )
-    tasks = []
-    for task in plan.tasks:
-        env = dict(task.env)
-        if task.gpus:
-            del env["CUDA_VISIBLE_DEVICES"]
-        tasks.append(dataclasses.replace(task, env=env, transport=TaskTransport.SLURM))
-    # Warm standbys are local processes: a Slurm step starts fresh on its node.
-    return dataclasses.replace(plan, tasks=tuple(tasks), standby=False)
+    placed = on_nodes(loaded, nodes).with_ports(picked)
+    return make_plan(loaded, placed, run_id, run_dir, attempt, isolation=ISOLATION)
 
 
 def python_of(loaded: LoadedSpec) -> str:
@@ -748,9 +717,9 @@ def requeue(alloc: Allocation) -> None:
 def plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
     """A dry run's plan (`plan`, `tfconfig`): placed on the current allocation, with stand-in
     ports (`up` picks the real ones on the nodes)."""
-    placement = place(loaded, allocation())
-    stand_ins = ports.allocate(placed_spec(loaded, placement), private=True)
-    return slurm_plan(loaded, placement, stand_ins, run_id, run_dir, attempt)
+    nodes = place(loaded, allocation())
+    stand_ins = ports.allocate(loaded, on_nodes(loaded, nodes), private=True)
+    return slurm_plan(loaded, nodes, stand_ins, run_id, run_dir, attempt)
 
 
 class SlurmLaunch:
