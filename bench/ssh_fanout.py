@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import sshhosts  # noqa: E402
-from distlaunch.launcher import ports, rundir  # noqa: E402
+from distlaunch.launcher import placement, ports, rundir  # noqa: E402
 from distlaunch.launcher.plan import make_plan  # noqa: E402
 from distlaunch.launcher.spec import load_spec  # noqa: E402
 from distlaunch.launcher.transports import preflight, ssh  # noqa: E402
@@ -106,7 +106,9 @@ def _plan(path: Path, remote_ports: dict):
     run_id = rundir.new_run_id(loaded.spec.name)
     run_dir = loaded.shared_dir / run_id
     rundir.make_dirs(run_dir, 0)
-    return make_plan(loaded, ports.allocate(loaded, remote=remote_ports), run_id, run_dir)
+    placed = placement.on_hosts(loaded)
+    picked = ports.allocate(loaded, placed, remote=remote_ports)
+    return make_plan(loaded, placed.with_ports(picked), run_id, run_dir)
 
 
 def _round(transport, plan) -> float:

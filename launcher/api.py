@@ -209,7 +209,7 @@ class Run:
 def launch(
     spec: SpecInput,
     *,
-    backend: Literal["local", "compose", "slurm"] | None = None,
+    backend: str | None = None,
     run_id: str | None = None,
     resume: bool = False,
     overrides: tuple[str, ...] | list[str] = (),
@@ -230,7 +230,7 @@ def launch(
 def up(
     spec: SpecInput,
     *,
-    backend: Literal["local", "compose", "slurm"] | None = None,
+    backend: str | None = None,
     run_id: str | None = None,
     resume: bool = False,
     overrides: tuple[str, ...] | list[str] = (),

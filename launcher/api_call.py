@@ -176,7 +176,12 @@ def cluster_spec(
 ) -> dict[str, Any]:
     """The spec of a local cluster of these counts (a role of count 0 is left out) for a call;
     its program is the call's runner."""
-    counts = {"chief": chief, "worker": workers, "ps": ps, "evaluator": evaluator}
+    counts = {
+        contract.CHIEF: chief,
+        contract.WORKER: workers,
+        contract.PS: ps,
+        contract.EVALUATOR: evaluator,
+    }
     for role, count in counts.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ValueError(f"distlaunch.run: {role}= expected an integer >= 0, got {count!r}")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from distlaunch.launcher import backends
 from distlaunch.launcher.errors import (
     HostError,
     Interrupted,
@@ -69,6 +70,32 @@ def exit_code(error: LaunchError) -> int:
         return ExitCode.SIGNALLED + error.signum
     codes = exit_codes()
     return next(codes[cls] for cls in type(error).__mro__ if cls in codes)
+
+
+class BackendChoice(click.Choice):
+    """`--backend`: one of launcher/backends.py's names. The list (which scans the installed
+    entry points) is made only when shown or when a name is not built in: `--help` and an `up`
+    of a built-in backend do not pay for it."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        """Every backend's name."""
+        return backends.names()
+
+    @choices.setter
+    def choices(self, _value: object) -> None:
+        """click.Choice sets its list; this one's comes from the registry."""
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> object:
+        """``value`` when it is a built-in backend's name, else click.Choice's check."""
+        if isinstance(value, str) and value in backends.BUILTIN:
+            return value
+        return super().convert(value, param, ctx)
 
 
 @dataclass
@@ -211,7 +238,8 @@ def plan(
         )
     # Every value a spec controls is printed shell-quoted: one line per item, copy-pasteable.
     for task in data["tasks"]:
-        over = f" (SSH host {task['host_name']})" if task.get("transport") == "ssh" else ""
+        ssh = task.get("transport") == backends.TaskTransport.SSH
+        over = f" (SSH host {task['host_name']})" if ssh else ""
         click.echo(f"\n{task['name']} on {task['host']}:{task['port']}{over}")
         click.echo(f"  command: {_shell_join(task['argv'])}")
         click.echo(f"  cwd:     {_shell_join([task['cwd']])}")
@@ -281,7 +309,7 @@ def schema() -> None:
 @click.option("--fresh", is_flag=True, help="Start a new run even if the last one did not finish.")
 @click.option(
     "--backend",
-    type=click.Choice(["local", "compose", "slurm"]),
+    type=BackendChoice(),
     help="Where tasks run (default: the spec's `backend`): local processes, one container each under "
     "docker-compose, or one Slurm job step each inside the current allocation.",
 )
@@ -316,12 +344,10 @@ def up(
     exclude_hosts: str,
 ) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
-    from distlaunch.launcher import rundir
     from distlaunch.launcher.console import Console
     from distlaunch.launcher.spec import load_spec
     from distlaunch.launcher.transports.image import ImageRequest
-    from distlaunch.launcher.up import choose_run
-    from distlaunch.launcher.up import up as run_up
+    from distlaunch.launcher.up import choose_run, claim_and_up
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")
@@ -333,10 +359,8 @@ def up(
     if not (resume or fresh or run_id):
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
-    # One launcher per run dir, for this launcher's whole life.
-    previous_attempt = target.previous.attempt if target.previous else None
-    with rundir.claim(target.run_dir, previous_attempt, loaded.spec.permissions == "private"):
-        run_up(loaded, target, console, ImageRequest(image, base_image), requeue)
+    # The one path `distlaunch.launch` takes too (launcher/api_child.py).
+    claim_and_up(loaded, target, console, ImageRequest(image, base_image), requeue)
 
 
 @cli.command("compose")
@@ -567,7 +591,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
             "attempt": record.attempt,
             "exit_code": record.exit_code,
             "failure": record.failure.to_json() if record.failure else None,
-            "network": record.extra.get("network"),
+            "network": record.network,
         }
         click.echo(json.dumps({**head, "run_dir": str(path), "tasks": rows}, indent=2))
         return
@@ -578,7 +602,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
         )
     if record.failure:
         click.echo(f"  {record.failure.summary}")
-    for line in firewall.status_lines(record.extra.get("network"), launcher_alive(record)):
+    for line in firewall.status_lines(record.network, launcher_alive(record)):
         click.echo(f"  {line}")
     click.echo(
         f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT"
@@ -681,7 +705,7 @@ def down(settings: Settings, run: str, grace: float | None) -> None:
             f"stopped {result.stopped} leftover process{'es' if result.stopped != 1 else ''}"
         )
     if result.cancelled:
-        done.append(f"cancelled Slurm {' '.join(result.cancelled)}")
+        done.append(f"cancelled {result.backend} {' '.join(result.cancelled)}")
     if result.marked:
         done.append("marked it interrupted")
     click.echo(f"run {result.run_id}: {'; '.join(done) or 'nothing was left running'}")

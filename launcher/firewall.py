@@ -46,6 +46,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.errors import HostError
 from distlaunch.launcher.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat, Pipe
 from distlaunch.launcher.plan import Plan
@@ -107,8 +108,9 @@ class HostRules:
         )
 
 
-# The transports whose hosts get a guard; "local" tasks run on this machine (see isolation).
-REMOTE = ("ssh", "slurm")
+# The transports whose hosts get a guard (`TaskTransport.guarded`); local tasks run on this
+# machine (see isolation).
+REMOTE = tuple(t for t in TaskTransport if t.guarded)
 
 
 def plan_rules(
@@ -130,7 +132,7 @@ def plan_rules(
     for task in plan.tasks:
         if task.transport in remote:
             ports.setdefault(task.host_name, set()).add(task.port)
-            over_ssh[task.host_name] = task.transport == "ssh"
+            over_ssh[task.host_name] = task.transport == TaskTransport.SSH
     return {
         host: HostRules(
             host,

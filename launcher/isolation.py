@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for annotations: this module imports nothing heavy
+    from distlaunch.launcher.placement import Placements
     from distlaunch.launcher.spec import LoadedSpec
 
 # Isolation modes, as `plan` and run.json show them.
@@ -51,8 +52,9 @@ class Isolation:
 HOST_NETWORK = Isolation(HOST, "no isolation was requested", "firewall these ports")
 
 
-def choose(loaded: LoadedSpec, caps: Capabilities | None) -> Isolation:
-    """Decide the isolation of a run from its spec and this machine's capabilities ``caps``.
+def choose(loaded: LoadedSpec, placed: Placements, caps: Capabilities | None) -> Isolation:
+    """Decide the isolation of a run from its spec, where its tasks run (``placed``) and this
+    machine's capabilities ``caps``.
 
     Pure. Only a cluster wholly on this machine's loopback can be shut in: a task on another host,
     or at an address other hosts dial, must be reachable over the network. ``caps`` is looked at
@@ -64,7 +66,7 @@ def choose(loaded: LoadedSpec, caps: Capabilities | None) -> Isolation:
             'the spec sets "isolation": "off"',
             'remove "isolation": "off" from the spec, or firewall these ports',
         )
-    outside = _first_task_off_loopback(loaded)
+    outside = _first_task_off_loopback(placed)
     if outside is not None:
         return Isolation(
             HOST,
@@ -88,15 +90,13 @@ def choose(loaded: LoadedSpec, caps: Capabilities | None) -> Isolation:
     )
 
 
-def _first_task_off_loopback(loaded: LoadedSpec) -> str | None:
+def _first_task_off_loopback(placed: Placements) -> str | None:
     """The first task (``role:index at address``) whose address is not a loopback one, or None."""
-    for role, entries in loaded.spec.tasks.by_role().items():
-        for index, entry in enumerate(entries):
-            address = loaded.address_of(entry.host)
-            try:
-                loopback = ipaddress.ip_address(address).is_loopback
-            except ValueError:
-                loopback = address == "localhost"
-            if not loopback:
-                return f"{role}:{index} at {address}"
+    for row in placed.rows:
+        try:
+            loopback = ipaddress.ip_address(row.address).is_loopback
+        except ValueError:
+            loopback = row.address == "localhost"
+        if not loopback:
+            return f"{row.role}:{row.index} at {row.address}"
     return None

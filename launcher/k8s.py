@@ -16,8 +16,9 @@ What it decides, per run:
   runs under `distlaunch.worker.chief_result`, which tells them its result, and their env says
   when it is final (`end_with_chief`). A JobSet's end stops them instead.
 
-Everything else comes from the plan (`plan.make_plan` with container addresses): argv, the
-program's env, the distlaunch contract. Nothing here touches a cluster or the machine.
+Everything else comes from the plan (`plan.make_plan` with every task in a pod,
+`placement.in_containers`): the cluster's addresses, argv, the program's env, the distlaunch
+contract. Nothing here touches a cluster or the machine.
 Spec strings reach Kubernetes as data: every ``$`` in command and env is doubled, because
 Kubernetes expands ``$(VAR)`` there and reads ``$$`` as a literal ``$``.
 """
@@ -34,9 +35,11 @@ from typing import Any
 
 import yaml
 
-from distlaunch.launcher import rundir, tfconfig
+from distlaunch.launcher import placement, rundir
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.errors import SpecError, UsageError
-from distlaunch.launcher.plan import IMAGE_PYTHON, TaskPlan, make_plan
+from distlaunch.launcher.placement import IMAGE_PYTHON, Placements
+from distlaunch.launcher.plan import TaskPlan, make_plan
 from distlaunch.launcher.spec import IMAGE_REF, K8S_LABEL, LoadedSpec, task_json_path
 from distlaunch.worker import chief_result, contract, k8s_entry
 
@@ -131,31 +134,28 @@ def manifests(
     Raises SpecError for what pods cannot do: tasks on SSH hosts, tasks of one role with
     different GPU counts (one pod template per role), env names Kubernetes refuses.
     """
-    _check_fits(loaded)
+    where = placement.on_hosts(loaded)
+    _check_fits(loaded, where)
     spec = loaded.spec
     name = object_name(run_id)
-    roles = spec.tasks.by_role()
     run_dir = f"{MOUNT}/{run_id}"
-    plan = make_plan(
-        loaded,
-        {(r, i): PORT for r, entries in roles.items() for i in range(len(entries))},
-        run_id,
-        Path(run_dir),
-        containers=True,
+    # Every pod's hostname resolves under the run's Service: TF_CONFIG's addresses are known now.
+    placed = placement.in_containers(
+        where,
+        PORT,
+        TaskTransport.POD,
+        address=lambda r, i: f"{_hostname(name, r, i, jobset)}.{name}",
     )
-    addresses = {
-        role: [f"{_hostname(name, role, i, jobset)}.{name}:{PORT}" for i in range(len(entries))]
-        for role, entries in roles.items()
-    }
+    plan = make_plan(loaded, placed, run_id, Path(run_dir))
     meta = {"namespace": namespace} if namespace else {}
     end = None if jobset else end_with_chief(loaded)
     jobs = {}
-    for role, entries in roles.items():
-        cluster = tfconfig.tf_config(addresses, role, 0)["cluster"]
-        pod = _pod_template(
-            loaded, plan.task(contract.task_name(role, 0)), name, image, cluster, jobset, end
-        )
-        jobs[role] = _job_spec(loaded, role, len(entries), pod, jobset)
+    for role, rows in placed.by_role().items():
+        # One template per role, from its first task: the entrypoint sets what differs by index.
+        first = plan.task(contract.task_name(role, 0))
+        cluster = first.tf_config["cluster"]
+        pod = _pod_template(loaded, first, name, image, cluster, jobset, end)
+        jobs[role] = _job_spec(loaded, role, len(rows), pod, jobset)
     labels = {RUN_LABEL: name}
     policy = _network_policy(name, meta)
     if jobset:
@@ -435,20 +435,18 @@ def _notes(loaded: LoadedSpec, jobset: bool) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def _check_fits(loaded: LoadedSpec) -> None:
-    """Refuse what pods cannot run, naming the spec's JSON path."""
+def _check_fits(loaded: LoadedSpec, where: Placements) -> None:
+    """Refuse what pods cannot run (``where``: the spec's placement), naming the spec's JSON path."""
     file = str(loaded.file)
-    for role, entries in loaded.spec.tasks.by_role().items():
-        counts = set()
-        for index, entry in enumerate(entries):
-            if loaded.ssh_host(entry.host) is not None:
+    for role, rows in where.by_role().items():
+        for row in rows:
+            if row.transport == TaskTransport.SSH:
                 raise SpecError(
                     file,
-                    task_json_path(loaded.raw, role, index, "host"),
+                    task_json_path(loaded.raw, role, row.index, "host"),
                     "Kubernetes places pods itself; expected no SSH host for `distlaunch k8s`",
                 )
-            counts.add(len(entry.gpus) if isinstance(entry.gpus, tuple) else entry.gpus or 0)
-        if len(counts) > 1:
+        if len({len(row.gpus) for row in rows}) > 1:
             raise SpecError(
                 file,
                 task_json_path(loaded.raw, role, 0, "gpus"),

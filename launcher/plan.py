@@ -1,4 +1,8 @@
-"""The plan: a pure function from a loaded spec (plus ports and a run dir) to one TaskPlan per process.
+"""The plan: a pure function from a loaded spec (plus where its tasks run and a run dir) to one
+TaskPlan per process.
+
+Where each task runs (machine, address, port, GPUs, transport, python, cwd) is decided before,
+once per backend (launcher/placement.py); the plan only reads it.
 
 Nothing here touches the machine: the same inputs always give the same plan, which is what
 `distlaunch plan` prints and what `up` executes.
@@ -10,15 +14,16 @@ import copy
 import fnmatch
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from distlaunch.launcher import program_scan, tfconfig
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.isolation import HOST_NETWORK, Isolation
+from distlaunch.launcher.placement import Placement, Placements
 from distlaunch.launcher.program_scan import ProgramChoice
-from distlaunch.launcher.spec import RESERVED_ENV, LoadedSpec, TaskEntry
+from distlaunch.launcher.spec import RESERVED_ENV, LoadedSpec
 from distlaunch.worker import bootstrap, contract
 
 # Env names whose values `plan` and summaries mask: they usually carry credentials
@@ -26,9 +31,6 @@ from distlaunch.worker import bootstrap, contract
 SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASS|PWD|AUTH|KEY|CREDENTIAL)", re.IGNORECASE)
 # The password of a URL's user:password@ (HTTPS_PROXY, DATABASE_URL), whatever the variable's name.
 URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
-# The interpreter of a task in a container of the distlaunch image: docker/Dockerfile puts the
-# image's venv first on PATH. The launcher's own interpreter path means nothing in there.
-IMAGE_PYTHON = "python"
 BOOTSTRAP_MODULE = "distlaunch.worker.bootstrap"
 
 
@@ -47,9 +49,8 @@ class TaskPlan:
     gpus: tuple[int, ...]
     log_file: str
     host_name: str = "localhost"  # the host as the spec names it
-    transport: str = (
-        "local"  # "local"; "ssh": argv and cwd are paths on that host; "compose": in a container
-    )
+    transport: TaskTransport = TaskTransport.LOCAL
+    attempt: int = 0  # the attempt this task starts in (its log and error files are that attempt's)
 
     @property
     def name(self) -> str:
@@ -140,81 +141,58 @@ def masked_spec(raw: Mapping) -> dict:
 
 def make_plan(
     loaded: LoadedSpec,
-    ports: Mapping[tuple[str, int], int],
+    placed: Placements,
     run_id: str,
     run_dir: Path,
     attempt: int = 0,
     visible_gpus: str | None = None,
     isolation: Isolation = HOST_NETWORK,
-    containers: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> Plan:
-    """Build the plan of one attempt. ``visible_gpus`` is the launcher's CUDA_VISIBLE_DEVICES.
+    """Build the plan of one attempt, every task where ``placed`` puts it (every port picked).
 
-    ``isolation`` is recorded, not applied: argv stays the program's own, and the transport runs
-    it inside the run's namespace.
-
-    ``containers`` (the compose backend): every task runs in a container of its own, reached at
-    its service name, which is its task name: TF_CONFIG lists ``worker-0:PORT``, the command runs
-    the image's python, and cwd and the run dir keep their paths (the containers mount them).
-
+    ``visible_gpus`` is the launcher's CUDA_VISIBLE_DEVICES. ``isolation`` is recorded, not
+    applied: argv stays the program's own, and the transport runs it inside the run's namespace.
     ``environ`` (default: the launcher's environment) is where spec.forward_env's variables are
     read from.
     """
     spec = loaded.spec
     # The one read of the program's source: which Keras, and who serves under PSS.
     program = program_scan.choose(loaded)
-    roles = spec.tasks.by_role()
-    addresses = {
-        role: [
-            f"{_address(loaded, e, role, i, containers)}:{ports[(role, i)]}"
-            for i, e in enumerate(entries)
-        ]
-        for role, entries in roles.items()
-    }
-    gpus = _assign_gpus(loaded, roles)
+    addresses = placed.addresses()
     tasks = []
-    for role, entries in roles.items():
-        for index, entry in enumerate(entries):
-            remote = None if containers else loaded.ssh_host(entry.host)
-            config = tfconfig.tf_config(addresses, role, index)
-            # The launcher's CUDA_VISIBLE_DEVICES says nothing about another machine's GPUs.
-            visible = None if remote else visible_gpus
-            env = _task_env(
-                loaded,
-                role,
-                index,
-                attempt,
-                run_id,
-                run_dir,
-                config,
-                gpus[(role, index)],
-                visible,
-                program.keras,
-                os.environ if environ is None else environ,
+    for row in placed.rows:
+        role, index = row.key
+        config = tfconfig.tf_config(addresses, role, index)
+        env = _task_env(
+            loaded,
+            row,
+            attempt,
+            run_id,
+            run_dir,
+            config,
+            visible_gpus,
+            program.keras,
+            os.environ if environ is None else environ,
+        )
+        serves = program.serve_ps_workers and role in (contract.PS, contract.WORKER)
+        tasks.append(
+            TaskPlan(
+                role=role,
+                index=index,
+                host=row.address,
+                port=row.known_port,
+                argv=_argv(loaded, row, serves),
+                env=env,
+                cwd=row.cwd,
+                tf_config=config,
+                gpus=row.gpus,
+                log_file=str(contract.log_path(run_dir, attempt, role, index)),
+                host_name=row.host_name,
+                transport=row.transport,
+                attempt=attempt,
             )
-            serves = program.serve_ps_workers and role in (contract.PS, contract.WORKER)
-            tasks.append(
-                TaskPlan(
-                    role=role,
-                    index=index,
-                    host=_address(loaded, entry, role, index, containers),
-                    port=ports[(role, index)],
-                    argv=_argv(
-                        loaded,
-                        IMAGE_PYTHON if containers else remote.python if remote else None,
-                        serves,
-                    ),
-                    env=env,
-                    # An SSH task without a workdir starts where ssh logs in ("": the login dir).
-                    cwd=(remote.workdir or "") if remote else str(loaded.workdir),
-                    tf_config=config,
-                    gpus=gpus[(role, index)],
-                    log_file=str(contract.log_path(run_dir, attempt, role, index)),
-                    host_name=entry.host,
-                    transport="compose" if containers else "ssh" if remote else "local",
-                )
-            )
+        )
     restart = spec.restart
     return Plan(
         run_id=run_id,
@@ -227,78 +205,45 @@ def make_plan(
         standby=restart.policy != "never"
         and restart.standby
         and (program.warm_restarts or program.serve_ps_workers)
-        and any(t.transport == "local" for t in tasks),
+        and any(t.transport == TaskTransport.LOCAL for t in tasks),
     )
 
 
-def _address(loaded: LoadedSpec, entry: TaskEntry, role: str, index: int, containers: bool) -> str:
-    """The host TF_CONFIG names for a task: its service name in a container, else its host's address."""
-    return contract.task_name(role, index) if containers else loaded.address_of(entry.host)
-
-
-def _argv(loaded: LoadedSpec, remote_python: str | None, serves: bool = False) -> tuple[str, ...]:
-    """The task's command; on an SSH host it runs that host's python (the script path must exist there),
-    in a container the image's. ``serves``: a PSS ps or worker task that only runs a server.
+def _argv(loaded: LoadedSpec, row: Placement, serves: bool = False) -> tuple[str, ...]:
+    """The task's command, run by ``row``'s python (on an SSH host the script path must exist
+    there). ``serves``: a PSS ps or worker task that only runs a server.
 
     The program starts through distlaunch.worker.bootstrap, so that an import or syntax error in it
-    is recorded like any uncaught exception (and never retried). Locally the bootstrap is run by
-    path: ``program.python`` need not have distlaunch installed; elsewhere it is.
+    is recorded like any uncaught exception (and never retried). Where the launcher's files are
+    (this machine, a Slurm cluster) the bootstrap is run by path: ``program.python`` need not have
+    distlaunch installed; elsewhere it is.
     """
     program = loaded.spec.program
-    python = remote_python or program.python or sys.executable
+    python = row.python
     if serves:
         return (python, "-m", program_scan.SERVE_MODULE)
-    boot = (python, "-m", BOOTSTRAP_MODULE) if remote_python else (python, bootstrap.__file__)
+    if row.transport.sees_launcher_files:
+        boot: tuple[str, ...] = (python, bootstrap.__file__)
+    else:
+        boot = (python, "-m", BOOTSTRAP_MODULE)
     if loaded.script is not None:
         return (*boot, str(loaded.script), *program.args)
     return (*boot, "-m", program.module or "", *program.args)
 
 
-def _assign_gpus(
-    loaded: LoadedSpec, roles: Mapping[str, list[TaskEntry]]
-) -> dict[tuple[str, int], tuple[int, ...]]:
-    """Give every task its GPU indices; counts take the lowest indices no other task on its host holds."""
-    claimed = {
-        (loaded.address_of(e.host), g)
-        for entries in roles.values()
-        for e in entries
-        if isinstance(e.gpus, tuple)
-        for g in e.gpus
-    }
-    out: dict[tuple[str, int], tuple[int, ...]] = {}
-    next_free: dict[str, int] = {}
-    for role, entries in roles.items():
-        for index, entry in enumerate(entries):
-            machine = loaded.address_of(entry.host)
-            if isinstance(entry.gpus, tuple):
-                out[(role, index)] = entry.gpus
-            elif isinstance(entry.gpus, int) and entry.gpus > 0:
-                picked = []
-                while len(picked) < entry.gpus:
-                    gpu = next_free.get(machine, 0)
-                    if (machine, gpu) not in claimed:
-                        picked.append(gpu)
-                    next_free[machine] = gpu + 1
-                out[(role, index)] = tuple(picked)
-            else:
-                out[(role, index)] = ()
-    return out
-
-
 def _task_env(
     loaded: LoadedSpec,
-    role: str,
-    index: int,
+    row: Placement,
     attempt: int,
     run_id: str,
     run_dir: Path,
     config: Mapping,
-    gpus: tuple[int, ...],
     visible_gpus: str | None,
     keras: str,
     environ: Mapping[str, str],
 ) -> dict[str, str]:
     spec = loaded.spec
+    role, index = row.key
     # Defaults the spec's env may override: live logs, and TensorFlow's C++ INFO chatter (one
     # line per gRPC server, CUDA probe, ...) hidden while its warnings and errors still show.
     # The log files keep TensorFlow's C++ INFO lines (level 0); the console hides them unless
@@ -311,7 +256,9 @@ def _task_env(
     if spec.strategy == contract.PSS:
         # The PSS tutorial: without it a worker's failure can hang the coordinator's RPCs.
         env["GRPC_FAIL_FAST"] = "use_caller"
-    env["CUDA_VISIBLE_DEVICES"] = _cuda_visible(gpus, visible_gpus)
+    visible = _cuda_visible(row, visible_gpus)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     env.update(
         {
             contract.TF_CONFIG: tfconfig.dumps(config),
@@ -344,17 +291,21 @@ def forwarded_env(patterns: list[str], environ: Mapping[str, str]) -> dict[str, 
     }
 
 
-def _cuda_visible(gpus: tuple[int, ...], visible_gpus: str | None) -> str:
-    """CUDA_VISIBLE_DEVICES for a task: "" (CPU only) when it has no GPU.
+def _cuda_visible(row: Placement, visible_gpus: str | None) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a task: "" (CPU only) when it has no GPU; None (not set) for a
+    Slurm step with GPUs: Slurm sets it to the devices it gave the step.
 
-    When the launcher itself sees only some GPUs, the spec's indices count within those.
+    The launcher's own CUDA_VISIBLE_DEVICES (``visible_gpus``) says which of this machine's GPUs
+    it may use: a local task's indices count within those. It says nothing about another machine.
     """
-    if not gpus:
+    if not row.gpus:
         return ""
-    if visible_gpus:
+    if row.transport == TaskTransport.SLURM:
+        return None
+    if visible_gpus and row.transport == TaskTransport.LOCAL:
         physical = [g.strip() for g in visible_gpus.split(",") if g.strip()]
-        return ",".join(physical[g] if g < len(physical) else str(g) for g in gpus)
-    return ",".join(str(g) for g in gpus)
+        return ",".join(physical[g] if g < len(physical) else str(g) for g in row.gpus)
+    return ",".join(str(g) for g in row.gpus)
 
 
 def for_attempt(plan: Plan, attempt: int) -> Plan:
@@ -370,5 +321,5 @@ def for_attempt(plan: Plan, attempt: int) -> Plan:
         env[contract.ATTEMPT] = str(attempt)
         env[contract.ERROR_FILE] = str(contract.error_path(run_dir, attempt, task.role, task.index))
         log_file = str(contract.log_path(run_dir, attempt, task.role, task.index))
-        tasks.append(replace(task, env=env, log_file=log_file))
+        tasks.append(replace(task, env=env, log_file=log_file, attempt=attempt))
     return replace(plan, attempt=attempt, tasks=tuple(tasks))

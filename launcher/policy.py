@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from distlaunch.launcher.endings import EventKind
@@ -122,13 +122,11 @@ class Cluster:
     strategy: str
     roles: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
-    def role_of(self, name: str) -> str:
-        """The role of task ``name``."""
-        return next(role for role, names in self.roles.items() if name in names)
-
     def training(self) -> list[str]:
         """Every task that is part of the training cluster (all but the evaluator)."""
-        return [n for role, names in self.roles.items() if role != "evaluator" for n in names]
+        return [
+            n for role, names in self.roles.items() if role != contract.EVALUATOR for n in names
+        ]
 
 
 class RestartPolicy:
@@ -154,18 +152,15 @@ class RestartPolicy:
         self,
         event: TaskEvent,
         exited: Mapping[str, int],
-        restart_times: Iterable[float] | History,
+        history: History,
         now: float,
     ) -> Decision:
         """Decide after ``event``.
 
         ``exited`` maps each task that has ended in the current attempt to its return code, in the
-        order they exited; ``restart_times`` is the run's History (or, alone, the times of earlier
-        automatic restarts, for the budget and backoff).
+        order they exited; ``history`` is what the run went through before (restarts, for the
+        budget and backoff; follow-on failures; the last crash's fingerprint).
         """
-        history = (
-            restart_times if isinstance(restart_times, History) else History(tuple(restart_times))
-        )
         decision = self._decide(event, exited, history, now)
         if decision.action is not Action.FAIL:
             return decision
@@ -181,14 +176,17 @@ class RestartPolicy:
         if event.kind in _DEADLINES:
             # The limits the user set for the whole run: the run ends, whatever the policy.
             return Decision(Action.FAIL, f"{event.name} {event.detail}")
-        server = self.cluster.strategy == contract.PSS and event.role in ("ps", "worker")
+        server = self.cluster.strategy == contract.PSS and event.role in (
+            contract.PS,
+            contract.WORKER,
+        )
         # A PSS server that exits, even with 0, is broken: it is handled like a failure.
         if event.returncode == 0 and not event.manual and not server:
             return self._clean_exit(event, exited)
-        what = _describe(event)
         restart = self._restart_set(event)
         if event.manual:
             return Decision(Action.RESTART, f"restart of {event.name} requested", restart)
+        what = _describe(event)
         if self.rules.policy == "never":
             return Decision(Action.FAIL, f"{event.name} {what}; restart policy is never")
         if event.returncode in self.rules.non_retryable_exit_codes:
@@ -222,7 +220,7 @@ class RestartPolicy:
         )
 
     def _clean_exit(self, event: TaskEvent, exited: Mapping[str, int]) -> Decision:
-        if event.role == "evaluator":
+        if event.role == contract.EVALUATOR:
             return Decision(Action.CONTINUE, "the evaluator finished")
         if self.cluster.strategy == contract.PSS:
             return Decision(Action.DONE, "the chief (coordinator) finished")
@@ -232,13 +230,13 @@ class RestartPolicy:
 
     def _restart_set(self, event: TaskEvent) -> tuple[str, ...]:
         roles = self.cluster.roles
-        if event.role == "evaluator":
+        if event.role == contract.EVALUATOR:
             return (event.name,)
         if self.cluster.strategy == contract.PSS:
-            if event.role == "worker":
+            if event.role == contract.WORKER:
                 return (event.name,)
-            chief = tuple(roles.get("chief", ()))
-            return (event.name, *chief) if event.role == "ps" else chief
+            chief = tuple(roles.get(contract.CHIEF, ()))
+            return (event.name, *chief) if event.role == contract.PS else chief
         return tuple(self.cluster.training())
 
 
@@ -260,8 +258,6 @@ def _cause(event: TaskEvent, exited: Mapping[str, int], history: History) -> str
 
 
 def _describe(event: TaskEvent) -> str:
-    if event.manual:
-        return "restart requested"
     if event.kind is EventKind.HUNG:
         return "stopped making progress"
     if event.returncode == 0:

@@ -1,14 +1,18 @@
-"""Port allocation for tasks: fixed ports are checked free, `auto` ports are picked unused."""
+"""Port allocation for tasks: fixed ports are checked free, `auto` ports are picked unused.
+
+Which tasks run where comes from the plan's placement table (launcher/placement.py).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from distlaunch.launcher import placement
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.errors import SpecError
+from distlaunch.launcher.placement import Placements, TaskKey
 from distlaunch.launcher.spec import LoadedSpec, task_json_path
-
-TaskKey = tuple[str, int]
 
 # In a run's private network namespace nothing else listens, so `auto` ports are simply numbered
 # from here. It lies below the kernel's default ephemeral range (32768-60999, what a fresh
@@ -25,26 +29,30 @@ class HostPorts:
 
 
 def remote_requests(loaded: LoadedSpec) -> dict[str, HostPorts]:
-    """For each SSH host with tasks, the ports its preflight must check or pick (on that host)."""
+    """For each SSH host with tasks, the ports its preflight must check or pick (on that host):
+    the SSH rows of the local backend's placement (`placement.on_hosts`)."""
     fixed: dict[str, dict[TaskKey, int]] = {}
     auto: dict[str, list[TaskKey]] = {}
-    for role, entries in loaded.spec.tasks.by_role().items():
-        for index, entry in enumerate(entries):
-            if loaded.ssh_host(entry.host) is None:
-                continue
-            fixed.setdefault(entry.host, {})
-            auto.setdefault(entry.host, [])
-            if isinstance(entry.port, int):
-                fixed[entry.host][(role, index)] = entry.port
-            else:
-                auto[entry.host].append((role, index))
+    for row in placement.on_hosts(loaded).rows:
+        if row.transport != TaskTransport.SSH:
+            continue
+        fixed.setdefault(row.host_name, {})
+        auto.setdefault(row.host_name, [])
+        if row.port is not None:
+            fixed[row.host_name][row.key] = row.port
+        else:
+            auto[row.host_name].append(row.key)
     return {host: HostPorts(fixed[host], tuple(auto[host])) for host in fixed}
 
 
 def allocate(
-    loaded: LoadedSpec, private: bool = False, remote: Mapping[TaskKey, int] | None = None
+    loaded: LoadedSpec,
+    placed: Placements,
+    private: bool = False,
+    remote: Mapping[TaskKey, int] | None = None,
 ) -> dict[TaskKey, int]:
-    """Return a port for every task; raise SpecError when a fixed port is already in use.
+    """Return a port for every task of ``placed``; raise SpecError when a fixed port is already
+    in use on this machine.
 
     TensorFlow's gRPC server binds every interface whatever TF_CONFIG names, so a port counts as
     free only when it is free on all of them (portpicker checks exactly that). With ``private``
@@ -56,34 +64,32 @@ def allocate(
     picked on this machine as a stand-in.
     """
     ports: dict[TaskKey, int] = dict(remote or {})
-    for role, entries in loaded.spec.tasks.by_role().items():
-        for index, entry in enumerate(entries):
-            if (role, index) in ports:
-                continue
-            if isinstance(entry.port, int):
-                local = loaded.ssh_host(entry.host) is None
-                if local and not private and not _portpicker().is_port_free(entry.port):
-                    raise SpecError(
-                        str(loaded.file),
-                        task_json_path(loaded.raw, role, index, "port"),
-                        f'port {entry.port} is in use on this machine; expected a free port or "auto"',
-                    )
-                ports[(role, index)] = entry.port
+    for row in placed.rows:
+        if row.key in ports or row.port is None:
+            continue
+        local = row.transport == TaskTransport.LOCAL
+        if local and not private and not _portpicker().is_port_free(row.port):
+            raise SpecError(
+                str(loaded.file),
+                task_json_path(loaded.raw, row.role, row.index, "port"),
+                f'port {row.port} is in use on this machine; expected a free port or "auto"',
+            )
+        ports[row.key] = row.port
     taken = set(ports.values())
     next_private = FIRST_PRIVATE_PORT
-    for role, entries in loaded.spec.tasks.by_role().items():
-        for index, entry in enumerate(entries):
-            if entry.port == "auto" and (role, index) not in ports:
-                if private:
-                    while next_private in taken:
-                        next_private += 1
-                    port = next_private
-                else:
-                    port = _portpicker().pick_unused_port()
-                    while port in taken:
-                        port = _portpicker().pick_unused_port()
-                taken.add(port)
-                ports[(role, index)] = port
+    for row in placed.rows:
+        if row.key in ports:
+            continue
+        if private:
+            while next_private in taken:
+                next_private += 1
+            port = next_private
+        else:
+            port = _portpicker().pick_unused_port()
+            while port in taken:
+                port = _portpicker().pick_unused_port()
+        taken.add(port)
+        ports[row.key] = port
     return ports
 
 

@@ -164,11 +164,6 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process is left in group ``pgid`` (signal 0 probes without signalling)."""
-    return signal_group(pgid, 0)
-
-
 def stop_groups(procs: Iterable[subprocess.Popen], grace_s: float) -> None:
     """SIGTERM every task's group, wait up to ``grace_s`` for them to exit, then SIGKILL the rest.
 
@@ -251,19 +246,6 @@ def tcp_sockets_in_use(pid: int) -> tuple[int, int] | None:
         else:
             return None
     return counts[0], counts[1]
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether ``pid`` is an int naming a live process (one of another user's counts as alive)."""
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 class TaskProcess:

@@ -137,9 +137,12 @@ class Field:
 
 class Parsed:
     """An `Annotated` marker: ``parse`` checks the raw value whole (raising ValueError with the
-    message) and returns the field's value; ``schema`` is its JSON Schema."""
+    message) and returns the field's value; ``schema`` is its JSON Schema, or a function that
+    makes it when a schema is asked for (one that costs something to know, like the backends)."""
 
-    def __init__(self, parse: Callable[[Any], Any], schema: dict[str, Any]) -> None:
+    def __init__(
+        self, parse: Callable[[Any], Any], schema: dict[str, Any] | Callable[[], dict[str, Any]]
+    ) -> None:
         self.parse = parse
         self.schema = schema
 
@@ -394,7 +397,11 @@ def _type_schema(kind: Any, field: Field | None, defs: dict[str, Any]) -> dict[s
     origin = get_origin(kind)
     if origin is Annotated:
         base, *marks = get_args(kind)
-        parsed = [mark.schema for mark in marks if isinstance(mark, Parsed)]
+        parsed = [
+            mark.schema() if callable(mark.schema) else mark.schema
+            for mark in marks
+            if isinstance(mark, Parsed)
+        ]
         if parsed:
             return _sorted(parsed[0])
         out = _type_schema(base, field, defs)

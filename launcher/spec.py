@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
+from distlaunch.launcher import backends
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.records import Field, Invalid, Parsed, Record, after, before
 from distlaunch.launcher.records import json_schema as record_schema
@@ -30,8 +31,9 @@ from distlaunch.launcher.spec_sources import (
     read_yaml,
     short_path,
 )
+from distlaunch.worker import contract
 
-ROLES = ("chief", "worker", "ps", "evaluator")
+ROLES = (contract.CHIEF, contract.WORKER, contract.PS, contract.EVALUATOR)
 # Environment names the launcher owns; a spec may not set them.
 RESERVED_ENV = re.compile(r"^(TF_CONFIG|DISTLAUNCH_.*)$")
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
@@ -103,6 +105,25 @@ Gpus = Annotated[
             ]
         },
     ),
+]
+
+
+def _backend_name(value: Any) -> str:
+    """A backend's name, as launcher/backends.py knows them (installed ones too)."""
+    if isinstance(value, str):
+        try:
+            return backends.entry(value).name
+        except backends.UnknownBackend:
+            pass
+    shown = [repr(name) for name in backends.names()]
+    expected = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+    raise ValueError(f"input should be {expected}, got {_shown(value)}")
+
+
+# The spec's `backend`: one of the registry's names; its schema lists those installed.
+BackendName = Annotated[
+    str,
+    Parsed(_backend_name, lambda: {"enum": list(backends.names()), "type": "string"}),
 ]
 
 
@@ -492,8 +513,8 @@ class Spec(Record):
         "owner-only (dirs 0700, files 0600; tasks run with umask 077). "
         "shared: they follow your umask, so others may read them.",
     )
-    backend: Literal["local", "compose", "slurm"] = Field(
-        "local",
+    backend: BackendName = Field(
+        backends.DEFAULT,
         description="local: tasks are processes on this machine or its SSH hosts. compose: every task "
         "runs in a container of its own (the distlaunch image, built from this checkout) on an "
         "internal docker-compose network with no published port; TF_CONFIG names service names "
@@ -538,20 +559,24 @@ class Spec(Record):
         if total > MAX_TASKS:
             raise _PathError(("tasks",), f"expected at most {MAX_TASKS} tasks in all, got {total}")
         if self.strategy == "multi_worker_mirrored":
-            if "worker" not in roles and "chief" not in roles:
+            if contract.WORKER not in roles and contract.CHIEF not in roles:
                 raise _PathError(("tasks",), "expected at least one worker (or a chief)")
-            if "ps" in roles:
-                raise _PathError(("tasks", "ps"), "ps tasks need strategy parameter_server")
+            if contract.PS in roles:
+                raise _PathError(("tasks", contract.PS), "ps tasks need strategy parameter_server")
         else:
-            if "ps" not in roles:
-                raise _PathError(("tasks", "ps"), "parameter_server needs at least one ps task")
-            if "chief" not in roles:
+            if contract.PS not in roles:
                 raise _PathError(
-                    ("tasks", "chief"), "parameter_server needs a chief (the coordinator)"
+                    ("tasks", contract.PS), "parameter_server needs at least one ps task"
                 )
-            if "worker" not in roles:
-                raise _PathError(("tasks", "worker"), "parameter_server needs at least one worker")
-        for role in ("chief", "evaluator"):
+            if contract.CHIEF not in roles:
+                raise _PathError(
+                    ("tasks", contract.CHIEF), "parameter_server needs a chief (the coordinator)"
+                )
+            if contract.WORKER not in roles:
+                raise _PathError(
+                    ("tasks", contract.WORKER), "parameter_server needs at least one worker"
+                )
+        for role in (contract.CHIEF, contract.EVALUATOR):
             if role in roles and len(roles[role]) > 1:
                 raise _PathError(
                     ("tasks", role), f"expected one {role} task, got {len(roles[role])}"
@@ -722,8 +747,8 @@ def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedS
             shown, "$.program.module", f"expected a dotted module name, got {spec.program.module!r}"
         )
     hosts = _resolve_hosts(spec, base, shown)
-    if spec.backend == "slurm":
-        _check_fits_slurm(spec, shown, raw)
+    if backends.entry(spec.backend).hosts_are_nodes:
+        _check_fits_nodes(spec, shown, raw)
     else:
         _check_task_hosts(spec, shown, raw)
     _check_unique_ports(spec, shown, raw)
@@ -748,7 +773,7 @@ def _check_python(spec: Spec, workdir: Path, shown: str) -> None:
     python = spec.program.python
     hosts = [e.host for entries in spec.tasks.by_role().values() for e in entries]
     local = any(not _is_ssh(spec, host) for host in hosts)
-    if python is None or spec.backend == "compose" or not local:
+    if python is None or backends.entry(spec.backend).own_python or not local:
         return
     # A path with a slash is relative to the task's working dir (where it is executed from).
     found = str(workdir / python) if "/" in python else shutil.which(python)
@@ -814,14 +839,15 @@ def _check_task_hosts(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
             )
 
 
-def _check_fits_slurm(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
-    """Under Slurm a task's host is a node of the allocation (checked when `up` starts), SSH hosts
-    do not apply, and Slurm picks the GPU devices: a task asks for a count."""
+def _check_fits_nodes(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
+    """Where the backend allocates the nodes (Slurm), a task's host is a node of the allocation
+    (checked when `up` starts), SSH hosts do not apply, and it picks the GPU devices: a task
+    asks for a count."""
     if spec.hosts:
         raise SpecError(
             shown,
             "$.hosts",
-            "the slurm backend runs tasks on the allocation's nodes; remove `hosts`",
+            f"the {spec.backend} backend runs tasks on the allocation's nodes; remove `hosts`",
         )
     for role, entries in spec.tasks.by_role().items():
         for i, entry in enumerate(entries):

@@ -39,11 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distlaunch.launcher import procs, program_scan, rundir
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.plan import TaskPlan
 from distlaunch.launcher.program_env import StandbyEnv
 from distlaunch.launcher.program_scan import SERVE_MODULE
 from distlaunch.launcher.transports.netns import Sandbox
-from distlaunch.worker import bootstrap, contract
+from distlaunch.worker import bootstrap
 
 
 @dataclass
@@ -90,7 +91,7 @@ class Standbys:
     def prepare(self, tasks: Sequence[TaskPlan]) -> None:
         """Have a standby for exactly each local task of ``tasks``: keep those made for it,
         discard the others, start the missing ones."""
-        wanted = {t.name: t for t in tasks if t.transport == "local"}
+        wanted = {t.name: t for t in tasks if t.transport == TaskTransport.LOCAL}
         for name, standby in list(self._standbys.items()):
             if not standby.alive():
                 self._cold.add(name)
@@ -149,7 +150,7 @@ class Standbys:
         return {
             name: {
                 "pid": s.proc.pid,
-                "attempt": int(s.task.env[contract.ATTEMPT]),
+                "attempt": s.task.attempt,
                 "ready": s.ready,
             }
             for name, s in self._standbys.items()

@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distlaunch.launcher import rundir
+from distlaunch.launcher import backends, rundir
 from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.errors import RecordError, UsageError
 
 # Bumped when a field changes meaning; readers accept records without one (version 0).
 # 2: the failure is typed: its `kind` (policy.EventKind) and the task's `exit_code`.
+# (The `backend` key came later and changed no field's meaning: a record without it names its
+# backend by the section it holds, `backends.recorded`.)
 SCHEMA_VERSION = 2
 
 
@@ -173,7 +175,7 @@ class RunFailure:
 
 
 # Optional fields that only some backends or commands set; left out of run.json while None.
-_OPTIONAL = ("netns_holder_pid", "ssh", "compose", "stopped_by", "standbys")
+_OPTIONAL = ("netns_holder_pid", "network", "stopped_by", "standbys")
 
 
 @dataclass
@@ -196,8 +198,12 @@ class RunRecord:
     tasks: dict[str, TaskRecord] = field(default_factory=dict)
     history: list[dict] = field(default_factory=list)  # earlier attempts' outcomes
     netns_holder_pid: int | None = None
-    ssh: dict | None = None  # the SSH hosts as resolved, for `collect`
-    compose: dict | None = None  # the compose project, for `down`
+    network: dict | None = None  # the remote hosts' firewall (firewall.Protection.to_json)
+    # The backend that ran it (launcher/backends.py) and its own section, which run.json keeps
+    # under the backend's `section` key (the SSH hosts, the compose project, the Slurm job);
+    # the backend reads it typed (its `Backend` class).
+    backend: str = backends.DEFAULT
+    section: dict | None = None
     stopped_by: str | None = None
     standbys: dict | None = None  # the warm standbys now waiting (launcher/standby.py)
     version: int = SCHEMA_VERSION
@@ -208,17 +214,22 @@ class RunRecord:
         """Read a record; raise ValueError when it is not one."""
         if not isinstance(data, Mapping) or not isinstance(data.get("run_id"), str):
             raise ValueError("not a run record")
-        typed = {"extra", "tasks", "state", "failure"}
+        typed = {"extra", "tasks", "state", "failure", "backend", "section"}
         known = {f.name for f in dataclasses.fields(cls)} - typed
         values = {k: v for k, v in data.items() if k in known}
         values.setdefault("version", 0)
         tasks = data.get("tasks") or {}
+        backend = backends.recorded(data)
+        key = _section_key(backend)
+        section = data.get(key) if key else None
         return cls(
             **values,
             state=RunState(data.get("state", RunState.RUNNING)),
             tasks={name: TaskRecord.from_json(entry) for name, entry in tasks.items()},
             failure=RunFailure.from_json(data.get("failure")),
-            extra={k: v for k, v in data.items() if k not in known | typed},
+            backend=backend,
+            section=section if isinstance(section, dict) else None,
+            extra={k: v for k, v in data.items() if k not in known | typed | {key}},
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -226,13 +237,16 @@ class RunRecord:
         data = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("extra", "tasks")
+            if f.name not in ("extra", "tasks", "section")
         }
         data["tasks"] = {name: task.to_json() for name, task in self.tasks.items()}
         data["failure"] = None if self.failure is None else self.failure.to_json()
         for name in _OPTIONAL:
             if data[name] is None:
                 del data[name]
+        key = _section_key(self.backend)
+        if key and self.section is not None:
+            data[key] = self.section
         return {**self.extra, **data}
 
     @classmethod
@@ -270,6 +284,15 @@ class RunRecord:
         keys = ("attempt", "state", "started_at", "ended_at", "exit_code")
         failure = None if self.failure is None else self.failure.to_json()
         return {**{k: getattr(self, k) for k in keys}, "failure": failure}
+
+
+def _section_key(backend: str) -> str | None:
+    """The run.json key of ``backend``'s section; None for a backend not installed here (its
+    section is then kept in ``extra``, as it is)."""
+    try:
+        return backends.entry(backend).section
+    except backends.UnknownBackend:
+        return None
 
 
 def latest_unfinished(shared_dir: Path, name: str) -> Path | None:

@@ -456,7 +456,7 @@ class Supervisor:
             self.standbys.close()  # nothing will restart now
             self._record_standbys()
         alive = [t for t in self.tasks.values() if t.alive]
-        evaluators = [t for t in alive if t.plan.role == "evaluator"]
+        evaluators = [t for t in alive if t.plan.role == contract.EVALUATOR]
         self._stop([t for t in alive if t not in evaluators], TaskState.STOPPED, "training is done")
         if evaluators and self.timeouts.evaluator_drain_s > 0:
             self.drain_until = time.monotonic() + self.timeouts.evaluator_drain_s
@@ -513,7 +513,7 @@ class Supervisor:
         task.follower = LogFollower(plan.log_file, prefix, self.console)
         self._sel.register(handle.exit_fd, selectors.EVENT_READ, task)
         started = {
-            "attempt": int(plan.env.get(contract.ATTEMPT, self.attempt)),
+            "attempt": plan.attempt,
             "pid": handle.pid,
             "pgid": handle.pid,
             "started_at": time.time(),
@@ -537,7 +537,7 @@ class Supervisor:
             return self._check_drain(now)
         wall = time.time()
         for task in self.tasks.values():
-            if task.alive and task.plan.role != "evaluator":
+            if task.alive and task.plan.role != contract.EVALUATOR:
                 result = self._check_task(task, now, wall)
                 if result is not None:
                     return result
@@ -591,7 +591,7 @@ class Supervisor:
         why = f"the evaluator did not finish within {drain:g} s (timeouts.evaluator_drain_s)"
         alive = [t for t in self.tasks.values() if t.alive]
         evaluator = next(
-            (t for t in alive if t.plan.role == "evaluator"), alive[0] if alive else None
+            (t for t in alive if t.plan.role == contract.EVALUATOR), alive[0] if alive else None
         )
         if evaluator is None:  # nothing runs any more: nothing to drain
             return RunResult(RunState.SUCCEEDED, None)
@@ -660,7 +660,7 @@ class Supervisor:
             and all(
                 t.ledger.state is TaskState.RUNNING
                 for t in self.tasks.values()
-                if t.alive and t.plan.role != "evaluator"
+                if t.alive and t.plan.role != contract.EVALUATOR
             )
         )
 
@@ -781,8 +781,7 @@ class Supervisor:
         )
 
     def _evidence(self, plan: TaskPlan) -> evidence.Evidence | None:
-        attempt = int(plan.env.get(contract.ATTEMPT, self.attempt))
-        error_file = contract.error_path(self.run_dir, attempt, plan.role, plan.index)
+        error_file = contract.error_path(self.run_dir, plan.attempt, plan.role, plan.index)
         return evidence_of(Failure(plan.name, "", plan.log_file, str(error_file), 0.0))
 
     def _error_type(self, task: TaskPlan) -> str | None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from distlaunch.worker import contract
+
 # Roles that form the training cluster, in the order TensorFlow lists them.
-TRAINING_ROLES = ("chief", "worker", "ps")
+TRAINING_ROLES = (contract.CHIEF, contract.WORKER, contract.PS)
 
 
 def training_cluster(addresses: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -24,8 +26,8 @@ def tf_config(addresses: Mapping[str, Sequence[str]], role: str, index: int) -> 
     Training tasks get the training cluster; the evaluator gets a cluster of its own, so nothing
     in the training cluster ever waits for it.
     """
-    if role == "evaluator":
-        cluster = {"evaluator": [addresses["evaluator"][index]]}
+    if role == contract.EVALUATOR:
+        cluster = {contract.EVALUATOR: [addresses[contract.EVALUATOR][index]]}
     else:
         cluster = training_cluster(addresses)
     if role not in cluster or index >= len(cluster[role]):

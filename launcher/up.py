@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distlaunch.launcher import procs, rundir
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
 from distlaunch.launcher.plan import Plan, masked_spec
@@ -17,7 +18,7 @@ from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.state import RunFailure, RunRecord, RunState, latest_unfinished
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
-from distlaunch.launcher.transports.base import Backend
+from distlaunch.launcher.transports.base import UpOptions, load_backend
 from distlaunch.launcher.transports.image import ImageRequest
 
 
@@ -69,27 +70,12 @@ def choose_run(loaded: LoadedSpec, run_id: str | None, resume: bool) -> RunTarge
     return RunTarget(run_id, run_dir, previous.attempt + 1, previous)
 
 
-def backend(kind: str) -> Backend:
-    """The backend of the spec's `backend` ``kind``: a new backend is one case here and its module.
-
-    Only the run's own backend's module is imported: a start does not wait for the others.
-    """
-    if kind == "compose":
-        from distlaunch.launcher.transports import compose, compose_file
-
-        return Backend(compose_file.compose_plan, compose.open_launch)
-    if kind == "slurm":
-        from distlaunch.launcher.transports import slurm
-
-        return Backend(slurm.plan, slurm.open_launch)
-    from distlaunch.launcher.transports import routing
-
-    return Backend(routing.plan, routing.open_launch)
-
-
 def build_plan(loaded: LoadedSpec, target: RunTarget) -> Plan:
     """The plan `up` would start for ``target``, with no host contacted (`plan`, `tfconfig`)."""
-    return backend(loaded.spec.backend).plan(loaded, target.run_id, target.run_dir, target.attempt)
+    # Only the run's own backend's module is imported: a start does not wait for the others.
+    return load_backend(loaded.spec.backend).plan(
+        loaded, target.run_id, target.run_dir, target.attempt
+    )
 
 
 def claim_and_up(
@@ -124,7 +110,8 @@ def up(
     """
     procs.raise_fd_limit()  # a few descriptors per task: hundreds of tasks pass 1024
     private = loaded.spec.permissions == "private"
-    with backend(loaded.spec.backend).open(loaded, console, image=image, requeue=requeue) as launch:
+    options = UpOptions(image, requeue)
+    with load_backend(loaded.spec.backend).open(loaded, console, options) as launch:
         plan = launch.plan(target.run_id, target.run_dir, target.attempt)
         with _umask(rundir.PRIVATE_UMASK if private else None):
             rundir.make_dirs(target.run_dir, target.attempt, private)
@@ -132,7 +119,8 @@ def up(
                 before_start(target.run_dir)
             record = _new_record(loaded, plan, target)
             verb = "resuming" if target.previous else "starting"
-            where = " in containers" if all(t.transport == "compose" for t in plan.tasks) else ""
+            contained = all(TaskTransport(t.transport).contained for t in plan.tasks)
+            where = " in containers" if contained else ""
             console.say(
                 f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks{where}, "
                 f"{plan.strategy}; run dir {plan.run_dir}"
@@ -140,6 +128,8 @@ def up(
             _say_program(console, plan)
             with launch.open(plan) as opened:
                 record.update(opened.record)
+                if opened.section is not None:
+                    record.section = opened.section.to_json()
                 for note in opened.notes:
                     console.say(note)
                 shown = opened.console or console
@@ -210,6 +200,7 @@ def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> RunRecord:
         spec_file=str(loaded.file.resolve()),
         spec=masked_spec(loaded.raw),
         strategy=plan.strategy,
+        backend=loaded.spec.backend,
         state=RunState.RUNNING,
         attempt=plan.attempt,
         launcher_pid=os.getpid(),

@@ -1,10 +1,13 @@
-"""Shared test helpers: writing specs, running the real `distlaunch` CLI, finding stray processes."""
+"""Shared test helpers: writing specs, running the real `distlaunch` CLI (in the foreground, or in
+the background through the `launch` fixture, which kills what is left), waiting on a run,
+finding stray processes; the SSH and Slurm labs as fixtures."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +35,31 @@ def write_spec(folder: Path, name: str = "spec.json", **fields) -> Path:
     return path
 
 
+def example(module: str = "mnist_mlp", epochs: int = 1, steps: int = 5, *more: str) -> dict:
+    """The spec's ``program``: one of distlaunch.worker.examples, ``epochs`` of ``steps`` steps
+    each, then ``more`` of its options (e.g. "--checkpoint-every", "5")."""
+    return {
+        "module": f"distlaunch.worker.examples.{module}",
+        "args": ["--epochs", str(epochs), "--steps-per-epoch", str(steps), *more],
+    }
+
+
+# Arguments a program must get exactly as written: one with a space, one a shell would expand.
+SELFCHECK_ARGS = ("--flag", "a b", "$(x)")
+
+
+def selfcheck_program(tmp: Path, text: str, kind: str) -> dict:
+    """Write ``text`` as tmp/work/selfcheck.py; return the spec's ``program`` that runs it with
+    SELFCHECK_ARGS as a script (``kind`` "script": from the spec's folder, the default workdir)
+    or as a module (from work/)."""
+    work = tmp / "work"
+    work.mkdir()
+    (work / "selfcheck.py").write_text(text)
+    if kind == "script":
+        return {"script": "work/selfcheck.py", "args": list(SELFCHECK_ARGS)}
+    return {"module": "selfcheck", "workdir": "work", "args": list(SELFCHECK_ARGS)}
+
+
 def distlaunch(
     *args: str, cwd: Path | None = None, timeout: float = 300, **kw
 ) -> subprocess.CompletedProcess:
@@ -46,17 +74,57 @@ def distlaunch(
     )
 
 
-def start_up(spec: Path) -> subprocess.Popen:
-    """Start the real `distlaunch up SPEC` in the background, its output going to stdout.txt and
-    stderr.txt beside the spec (a pipe nobody reads would fill up and stall the launcher)."""
+def start_up(spec: Path, *args: str) -> subprocess.Popen:
+    """Start the real `distlaunch up SPEC ARGS` in the background, its output going to stdout.txt
+    and stderr.txt beside the spec (a pipe nobody reads would fill up and stall the launcher).
+    Tests start it through the `launch` fixture, which makes sure it ends."""
     folder = spec.parent
     with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
+            [sys.executable, "-m", "distlaunch.launcher", "up", str(spec), *args],
             cwd=folder,
             stdout=out,
             stderr=err,
         )
+
+
+def kill(launcher: subprocess.Popen) -> None:
+    """SIGKILL ``launcher`` (resumed first, should the test have stopped it) and reap it; its
+    tasks die with it."""
+    if launcher.poll() is None:
+        os.kill(launcher.pid, signal.SIGCONT)
+        launcher.kill()
+    launcher.wait()
+
+
+@pytest.fixture
+def launch():
+    """`start_up` for one test: whatever it started is killed and reaped when the test ends,
+    passed or failed, and the tail of its stderr.txt is printed (shown when the test fails)."""
+    started: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(spec: Path, *args: str) -> subprocess.Popen:
+        launcher = start_up(spec, *args)
+        started.append((launcher, spec.parent / "stderr.txt"))
+        return launcher
+
+    yield start
+    for launcher, stderr in started:
+        kill(launcher)
+        if stderr.exists():
+            print(f"--- {stderr} (exit {launcher.returncode})\n{stderr.read_text()[-5000:]}")
+
+
+def all_running(run_dir: Path, count: int | None = None, attempt: int = 0) -> dict | None:
+    """run.json when every task of the run (``count`` of them, when given) is running in attempt
+    ``attempt`` or a later one, else None."""
+    record = run_record(run_dir)
+    tasks = (record.get("tasks") or {}).values()
+    if count is not None and len(tasks) != count:
+        return None
+    if tasks and all(t.get("state") == "running" and t.get("attempt", 0) >= attempt for t in tasks):
+        return record
+    return None
 
 
 def wait_for_run_dir(shared: Path, launcher: subprocess.Popen | None = None) -> Path:
@@ -131,6 +199,40 @@ def docker_lock():
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
         fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module")
+def ssh_lab():
+    """Two SSH test hosts and an outsider (tests/sshhosts.py: network namespaces with an sshd
+    each, sharing this filesystem as a cluster's common mount does) for one module's tests;
+    removed (namespaces, sshd, keys) afterwards. Run under `flock /tmp/dl-ssh.lock`."""
+    import sshhosts
+
+    reason = sshhosts.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        made = sshhosts.HostLab()
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"cannot make test hosts here: {exc}")
+    with made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def slurm_lab():
+    """A 2-node Slurm cluster (tests/slurmcluster.py) for one module's tests; removed (daemons,
+    namespaces, files) afterwards. Run under `flock /tmp/dl-slurm.lock`.
+
+    Skipped only where slurmd cannot run at all; a cluster that fails to come up is a failure.
+    """
+    from slurmcluster import SlurmLab, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with SlurmLab(2) as cluster:
+        yield cluster
 
 
 @pytest.fixture

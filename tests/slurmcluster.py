@@ -11,9 +11,9 @@ Layout (N is picked at random so parallel sessions do not collide)::
 The outsider is a machine on the same network that is no part of the cluster: firewall tests check
 that it cannot reach a run's task ports.
 
-As in tests/sshhosts.py, the bridge lives in a namespace of its own, so the root namespace's
-firewall (Docker sets FORWARD to DROP) never sees node-to-node traffic and nothing of the
-machine's own network setup is changed.
+The network (namespaces, bridge, veths, addresses) is tests/netlab.py's, as for tests/sshhosts.py:
+its bridge lives in a namespace of its own, so the root namespace's firewall (Docker sets FORWARD
+to DROP) never sees node-to-node traffic and nothing of the machine's own network setup is changed.
 
 Nothing outside the lab's temp dir is touched either:
 - slurm.conf and cgroup.conf are generated there; ``SLURM_CONF`` (in `env`) points the daemons
@@ -25,20 +25,17 @@ Nothing outside the lab's temp dir is touched either:
 - each slurmd runs in its node's network namespace and a UTS namespace with the node's hostname,
   so `hostname` in a job step prints the node's name, as on a real cluster.
 
-The facts this rests on (Slurm 22.05 from Debian 12): ../shared/FINDINGS.md "A real Slurm cluster
-on one machine" (cgroup v1 plugin with the mountpoint named; proctrack/linuxproc; task/none).
+What a Slurm 22.05 cluster (Debian 12) needs to run this way on one machine: the cgroup v1 plugin
+with its mountpoint named, proctrack/linuxproc and task/none (see `_write_files`).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import pwd
-import random
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -47,6 +44,7 @@ from typing import Self
 
 import portpicker
 import psutil
+from netlab import NetLab, free_subnet, stop_daemons
 
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 TOOLS = (
@@ -96,7 +94,7 @@ class SlurmLab:
     """Starts munged, slurmctld and one slurmd per node; ``close()`` removes every trace of them."""
 
     def __init__(self, nodes: int = 2) -> None:
-        self.subnet = _free_subnet()
+        self.subnet = free_subnet(79, "dlsl")
         n = self.subnet.network_address.packed[2]
         self.prefix = f"dlsl{n}"
         self.cluster_name = self.prefix
@@ -122,10 +120,11 @@ class SlurmLab:
         ]:
             if name != "SLURM_CONF":
                 del self.env[name]
-        self._namespaces: list[str] = []
+        self._net: NetLab | None = None
         self._daemons: list[subprocess.Popen] = []
         try:
-            self._make_network()
+            machines = [(n.netns, n.address) for n in (*self.nodes, self.outsider)]
+            self._net = NetLab(self.prefix, self.subnet, self.controller_address, machines)
             self._write_files()
             self._start_munged()
             self._start_slurmctld()
@@ -182,19 +181,14 @@ class SlurmLab:
 
     def processes(self, node: Node) -> list[psutil.Process]:
         """Every live process in ``node``'s namespace other than the Slurm daemons themselves."""
-        found = []
-        for proc in self._all_in(node.netns):
-            try:
-                if proc.name() not in DAEMONS and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                continue
-        return found
+        assert self._net is not None
+        return self._net.processes(node.netns, DAEMONS)
 
     def run_in(self, node: Node, argv: list[str]) -> subprocess.CompletedProcess:
         """Run ``argv`` inside ``node``'s network namespace and wait for it."""
+        assert self._net is not None
         return subprocess.run(
-            ["ip", "netns", "exec", node.netns, *argv],
+            self._net.exec_argv(node.netns, argv),
             check=False,
             capture_output=True,
             text=True,
@@ -204,9 +198,8 @@ class SlurmLab:
     def connects(self, node: Node, address: str, port: int) -> bool:
         """Whether a TCP connection from inside ``node``'s namespace (or the outsider's) to
         ``address:port`` is accepted within a second (a dropped SYN counts as no)."""
-        probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)"
-        done = self.run_in(node, [sys.executable, "-c", probe, address, str(port)])
-        return done.returncode == 0
+        assert self._net is not None
+        return self._net.connects(node.netns, address, port)
 
     def log(self, name: str) -> str:
         """A daemon's log file (``slurmctld``, ``slurmd-NODE``, ``munged``), for failure messages."""
@@ -223,25 +216,10 @@ class SlurmLab:
                 )
             except (subprocess.TimeoutExpired, OSError):
                 pass
-        for proc in reversed(self._daemons):
-            _signal_group(proc, 15)
-        for proc in reversed(self._daemons):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, 9)
-                proc.wait()
+        stop_daemons(self._daemons[::-1])
         # slurmstepd and job steps detach from slurmd: whatever is left in a node goes by namespace.
-        for name in self._namespaces:
-            for proc in self._all_in(name):
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
-        for name in reversed(self._namespaces):
-            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
-        subprocess.run(["ip", "link", "del", f"{self.prefix}-r"], check=False, capture_output=True)
-        self._namespaces.clear()
+        if self._net is not None:
+            self._net.close()
         self._daemons.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -252,43 +230,6 @@ class SlurmLab:
         self.close()
 
     # ---- setup ----------------------------------------------------------------------------
-
-    def _make_network(self) -> None:
-        sw, br, bits = f"{self.prefix}-sw", f"{self.prefix}-br", self.subnet.prefixlen
-        self._netns_add(sw)
-        _ip("-n", sw, "link", "add", br, "type", "bridge")
-        _ip("-n", sw, "link", "set", br, "up")
-        root, root_peer = f"{self.prefix}-r", f"{self.prefix}-rs"
-        _ip("link", "add", root, "type", "veth", "peer", "name", root_peer, "netns", sw)
-        _ip("-n", sw, "link", "set", root_peer, "master", br, "up")
-        _ip("addr", "add", f"{self.controller_address}/{bits}", "dev", root)
-        _ip("link", "set", root, "up")
-        legs = [(node, f"{self.prefix}-n{i}") for i, node in enumerate(self.nodes, start=1)]
-        for node, leg_name in [*legs, (self.outsider, f"{self.prefix}-o")]:
-            self._netns_add(node.netns)
-            leg, peer = f"{leg_name}v", f"{leg_name}s"
-            _ip(
-                "-n",
-                node.netns,
-                "link",
-                "add",
-                leg,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                peer,
-                "netns",
-                sw,
-            )
-            _ip("-n", sw, "link", "set", peer, "master", br, "up")
-            _ip("-n", node.netns, "addr", "add", f"{node.address}/{bits}", "dev", leg)
-            _ip("-n", node.netns, "link", "set", leg, "up")
-            _ip("-n", node.netns, "link", "set", "lo", "up")
-
-    def _netns_add(self, name: str) -> None:
-        _ip("netns", "add", name)
-        self._namespaces.append(name)
 
     def _write_files(self) -> None:
         hosts = Path("/etc/hosts").read_text()
@@ -452,48 +393,3 @@ class SlurmLab:
                     f"Slurm lab: no {what} (see {self.dir}):\n{self.log(log)[-3000:]}\n{outs}"
                 )
             time.sleep(0.2)
-
-    def _all_in(self, netns: str) -> list[psutil.Process]:
-        out = subprocess.run(
-            ["ip", "netns", "pids", netns], check=False, capture_output=True, text=True
-        )
-        found = []
-        for pid in out.stdout.split():
-            try:
-                found.append(psutil.Process(int(pid)))
-            except psutil.NoSuchProcess:
-                continue
-        return found
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    """A 10.79.N.0/24 that no interface or route of this machine's root namespace uses."""
-    used = subprocess.run(
-        ["ip", "-4", "-o", "addr"], check=False, capture_output=True, text=True
-    ).stdout
-    used += subprocess.run(
-        ["ip", "-4", "route"], check=False, capture_output=True, text=True
-    ).stdout
-    names = subprocess.run(
-        ["ip", "netns", "list"], check=False, capture_output=True, text=True
-    ).stdout
-    candidates = list(range(100, 200))
-    random.shuffle(candidates)
-    for n in candidates:
-        if f"10.79.{n}." not in used and f"dlsl{n}-" not in names:
-            return ipaddress.IPv4Network(f"10.79.{n}.0/24")
-    raise RuntimeError("no free 10.79.N.0/24 subnet for a Slurm test cluster")
-
-
-def _ip(*args: str) -> None:
-    argv = ["ip", *args]
-    result = subprocess.run(argv, check=False, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} failed: {result.stderr.strip()}")

@@ -11,10 +11,9 @@ The outsider is a machine on the same network that is no part of any cluster: fi
 check that it cannot reach a run's task ports. `HostLab.through` reaches one host through another
 (a jump host, as ProxyJump or ProxyCommand do on real networks).
 
-The bridge lives in a namespace of its own: its netfilter tables are empty, so firewall rules of
-the root namespace (Docker sets FORWARD to DROP) never see host-to-host traffic, and nothing of
-the machine's own firewall is changed. Every address is in 10.77.N.0/24 and exists only inside
-these namespaces.
+The network (namespaces, bridge, veths, addresses) is tests/netlab.py's: its bridge lives in a
+namespace of its own, so the root namespace's firewall never sees host-to-host traffic. Every
+address is in 10.77.N.0/24 and exists only inside these namespaces.
 
 Each sshd runs in a private mount namespace with a tmpfs over ``private_dir``: that one path is
 a disk of the host's own (for "hosts share nothing" tests) while the rest of the filesystem,
@@ -23,9 +22,7 @@ Python and distlaunch included, is shared as on a cluster with a common mount.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import random
 import shlex
 import shutil
 import socket
@@ -37,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from netlab import NetLab, free_subnet, run, stop_daemons
 
 SSHD = "/usr/sbin/sshd"
 # Only the namespaces' own processes count as "left running"; sshd is the test host itself.
@@ -69,7 +67,7 @@ class HostLab:
     """Creates the namespaces, keys and sshd servers; ``close()`` removes every one of them."""
 
     def __init__(self, count: int = 2) -> None:
-        self.subnet = _free_subnet()
+        self.subnet = free_subnet(77, "dls")
         n = self.subnet.network_address.packed[2]
         self.prefix = f"dls{n}"
         self.dir = Path(tempfile.mkdtemp(prefix=f"distlaunch-sshlab-{n}-"))
@@ -86,11 +84,11 @@ class HostLab:
             for i in range(1, count + 1)
         )
         self.outsider = TestHost("outsider", f"{self.prefix}-o", str(addresses[count + 1]))
-        self._switch = f"{self.prefix}-sw"
-        self._namespaces: list[str] = []
+        self._net: NetLab | None = None
         self._sshd: list[subprocess.Popen] = []
         try:
-            self._make_network()
+            machines = [(h.netns, h.address) for h in (*self.hosts, self.outsider)]
+            self._net = NetLab(self.prefix, self.subnet, self.launcher_address, machines)
             self._make_keys()
             for host in self.hosts:
                 self._start_sshd(host)
@@ -141,53 +139,26 @@ class HostLab:
 
     def processes(self, host: TestHost) -> list[psutil.Process]:
         """Every live process in ``host``'s namespace other than its sshd."""
-        out = subprocess.run(
-            ["ip", "netns", "pids", host.netns], capture_output=True, text=True, check=True
-        )
-        found = []
-        for pid in out.stdout.split():
-            try:
-                proc = psutil.Process(int(pid))
-                if proc.name() not in HOST_DAEMONS and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.ZombieProcess):
-                continue
-        return found
+        assert self._net is not None
+        return self._net.processes(host.netns, HOST_DAEMONS)
 
     def run_in(self, host: TestHost, argv: list[str], **kw) -> subprocess.Popen:
         """Start ``argv`` inside ``host``'s network namespace."""
-        return subprocess.Popen(["ip", "netns", "exec", host.netns, *argv], **kw)
+        assert self._net is not None
+        return subprocess.Popen(self._net.exec_argv(host.netns, argv), **kw)
 
     def connects(self, host: TestHost, address: str, port: int) -> bool:
         """Whether a TCP connection from inside ``host``'s namespace to ``address:port`` is accepted
         within a second (a dropped SYN counts as no)."""
-        probe = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), 1)"
-        argv = [sys.executable, "-c", probe, address, str(port)]
-        done = subprocess.run(
-            ["ip", "netns", "exec", host.netns, *argv], capture_output=True, timeout=60
-        )
-        return done.returncode == 0
+        assert self._net is not None
+        return self._net.connects(host.netns, address, port)
 
     def close(self) -> None:
-        """Stop every sshd and delete every namespace (their veths and the bridge go with them)."""
-        for proc in self._sshd:
-            proc.terminate()
-        for proc in self._sshd:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for host in self.hosts:
-            # A session process sshd forked for a connection that is still open.
-            if host.netns in self._namespaces:
-                for proc in self._all_in(host.netns):
-                    proc.kill()
-        for name in reversed(self._namespaces):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        # The root end of a veth disappears with its peer; this only matters after a failed setup.
-        subprocess.run(["ip", "link", "del", f"{self.prefix}-r"], capture_output=True)
-        self._namespaces.clear()
+        """Stop every sshd, then remove the network (tests/netlab.py) and the lab's files."""
+        stop_daemons(self._sshd)
+        # Then a session process sshd forked for a connection that is still open goes with it.
+        if self._net is not None:
+            self._net.close()
         self._sshd.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -197,57 +168,9 @@ class HostLab:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _all_in(self, netns: str) -> list[psutil.Process]:
-        out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
-        found = []
-        for pid in out.stdout.split():
-            try:
-                found.append(psutil.Process(int(pid)))
-            except psutil.NoSuchProcess:
-                continue
-        return found
-
-    def _make_network(self) -> None:
-        sw, br, bits = self._switch, f"{self.prefix}-br", self.subnet.prefixlen
-        self._netns_add(sw)
-        _ip("-n", sw, "link", "add", br, "type", "bridge")
-        _ip("-n", sw, "link", "set", br, "up")
-        _ip("-n", sw, "link", "set", "lo", "up")
-        # The launcher's leg: root namespace <-> bridge.
-        root, root_peer = f"{self.prefix}-r", f"{self.prefix}-rs"
-        _ip("link", "add", root, "type", "veth", "peer", "name", root_peer, "netns", sw)
-        _ip("-n", sw, "link", "set", root_peer, "master", br, "up")
-        _ip("addr", "add", f"{self.launcher_address}/{bits}", "dev", root)
-        _ip("link", "set", root, "up")
-        for host in (*self.hosts, self.outsider):
-            self._netns_add(host.netns)
-            leg, peer = host.netns, f"{host.netns}s"
-            _ip(
-                "-n",
-                host.netns,
-                "link",
-                "add",
-                leg,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                peer,
-                "netns",
-                sw,
-            )
-            _ip("-n", sw, "link", "set", peer, "master", br, "up")
-            _ip("-n", host.netns, "addr", "add", f"{host.address}/{bits}", "dev", leg)
-            _ip("-n", host.netns, "link", "set", leg, "up")
-            _ip("-n", host.netns, "link", "set", "lo", "up")
-
-    def _netns_add(self, name: str) -> None:
-        _ip("netns", "add", name)
-        self._namespaces.append(name)
-
     def _make_keys(self) -> None:
         for key in (self.identity, self.wrong_identity):
-            _run(
+            run(
                 [
                     "ssh-keygen",
                     "-q",
@@ -265,7 +188,7 @@ class HostLab:
         lines = []
         for host in self.hosts:
             key = self.dir / f"hostkey-{host.name}"
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)])
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)])
             kind, blob = key.with_suffix(".pub").read_text().split()[:2]
             lines.append(f"{host.address} {kind} {blob}")
         self.known_hosts.write_text("\n".join(lines) + "\n")
@@ -324,26 +247,3 @@ def _accepts(address: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _free_subnet() -> ipaddress.IPv4Network:
-    """A 10.77.N.0/24 that no interface or route of this machine's root namespace uses."""
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    used += subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    candidates = list(range(100, 200))
-    random.shuffle(candidates)
-    for n in candidates:
-        if f"10.77.{n}." not in used and f"dls{n}-" not in names:
-            return ipaddress.IPv4Network(f"10.77.{n}.0/24")
-    raise RuntimeError("no free 10.77.N.0/24 subnet for test hosts")
-
-
-def _ip(*args: str) -> None:
-    _run(["ip", *args])
-
-
-def _run(argv: list[str]) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} failed: {result.stderr.strip()}")

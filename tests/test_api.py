@@ -391,30 +391,13 @@ def test_a_caller_killed_outright_leaves_no_task_behind(here):
 # ---- run(fn, spec=...) on SSH test hosts -----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def lab():
-    """Two SSH test hosts (network namespaces with an sshd each, sharing this filesystem as a
-    cluster's common mount does); removed afterwards. Run under `flock /tmp/dl-ssh.lock`."""
-    import sshhosts
-
-    reason = sshhosts.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        made = sshhosts.HostLab()
-    except (RuntimeError, OSError) as exc:
-        pytest.skip(f"cannot make test hosts here: {exc}")
-    with made:
-        yield made
-
-
-def test_run_with_a_spec_of_ssh_hosts_returns_every_tasks_value(lab, here):
-    node1, node2 = lab.hosts
+def test_run_with_a_spec_of_ssh_hosts_returns_every_tasks_value(ssh_lab, here):
+    node1, node2 = ssh_lab.hosts
     spec = {
         "name": "ssh-call",
         "strategy": "multi_worker_mirrored",
         "program": {"module": "replaced.by.run"},
-        "hosts": {h.name: lab.host_entry(h) for h in lab.hosts},
+        "hosts": {h.name: ssh_lab.host_entry(h) for h in ssh_lab.hosts},
         "tasks": {"worker": [{"host": node1.name}, {"host": node2.name}]},
         "shared_dir": "runs",
         "timeouts": {"grace_s": 2, "startup_s": 120},
@@ -431,7 +414,7 @@ def test_run_with_a_spec_of_ssh_hosts_returns_every_tasks_value(lab, here):
 
     values = distlaunch.run(where, 1.0, spec=spec)
     assert values == {"worker-0": (node1.address, 3.0), "worker-1": (node2.address, 3.0)}
-    assert not any(lab.processes(host) for host in lab.hosts)
+    assert not any(ssh_lab.processes(host) for host in ssh_lab.hosts)
 
 
 # ---- run(fn, spec=...) on a Slurm cluster ----------------------------------------------------
@@ -452,18 +435,6 @@ def where(x):
 
 print("values", json.dumps(distlaunch.run(where, 1.0, spec="spec.json", quiet=True)))
 """
-
-
-@pytest.fixture(scope="module")
-def slurm_lab():
-    """A 2-node Slurm cluster (tests/slurmcluster.py); run under `flock /tmp/dl-slurm.lock`."""
-    from slurmcluster import SlurmLab, unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with SlurmLab(2) as cluster:
-        yield cluster
 
 
 def test_run_with_a_slurm_spec_inside_an_allocation(slurm_lab, here):
@@ -520,15 +491,15 @@ def test_restarts_report_each_tasks_latest_attempt(here):
     assert caught.value.failure.kind == "signal"
 
 
-def test_a_host_that_fails_its_check_raises_start_error_and_starts_nothing(lab, here):
-    node1, node2 = lab.hosts
+def test_a_host_that_fails_its_check_raises_start_error_and_starts_nothing(ssh_lab, here):
+    node1, node2 = ssh_lab.hosts
     spec = {
         "name": "ssh-bad",
         "strategy": "multi_worker_mirrored",
         "program": {"module": "replaced.by.run"},
         "hosts": {
-            node1.name: lab.host_entry(node1),
-            node2.name: lab.host_entry(node2, python="/nonexistent/python3"),
+            node1.name: ssh_lab.host_entry(node1),
+            node2.name: ssh_lab.host_entry(node2, python="/nonexistent/python3"),
         },
         "tasks": {"worker": [{"host": node1.name}, {"host": node2.name}]},
         "shared_dir": "runs",
@@ -537,7 +508,7 @@ def test_a_host_that_fails_its_check_raises_start_error_and_starts_nothing(lab, 
         distlaunch.run(print, spec=spec, quiet=True)
     assert node2.name in str(caught.value) and "/nonexistent/python3" in str(caught.value)
     assert not list(here.glob("runs/*/run.json"))
-    assert not any(lab.processes(host) for host in lab.hosts)
+    assert not any(ssh_lab.processes(host) for host in ssh_lab.hosts)
 
 
 def test_env_reaches_every_task_and_timeout_s_ends_a_run_that_hangs(here):

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from conftest import (
+    all_running,
     distlaunch,
     events,
+    example,
     only_run_dir,
     processes_of_run,
     run_record,
-    start_up,
     wait_for,
     wait_for_run_dir,
     write_spec,
@@ -46,57 +47,36 @@ def reported_step(run_dir: Path, task: str) -> int:
     return int(status.get("step", 0))
 
 
-def all_running(run_dir: Path, attempt_at_least: int = 0) -> bool:
-    tasks = run_record(run_dir).get("tasks", {}).values()
-    return bool(tasks) and all(
-        t.get("state") == "running" and t.get("attempt", 0) >= attempt_at_least for t in tasks
-    )
-
-
-def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
+def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp, launch):
     epochs, steps = 6, 20
     spec = write_spec(
         tmp,
-        program={
-            "module": "distlaunch.worker.examples.mnist_mlp",
-            "args": [
-                "--epochs",
-                str(epochs),
-                "--steps-per-epoch",
-                str(steps),
-                "--checkpoint-every",
-                str(INTERVAL),
-            ],
-        },
+        program=example("mnist_mlp", epochs, steps, "--checkpoint-every", str(INTERVAL)),
         restart=ON_FAILURE,
     )
-    launcher = start_up(spec)
+    launcher = launch(spec)
     kills = []
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        for round_ in (1, 2):
-            # Kill once a checkpoint of this incarnation exists and training is past it.
-            floor = latest_checkpoint_step(run_dir)
-            wait_for(
-                lambda: (
-                    all_running(run_dir, round_ - 1) and latest_checkpoint_step(run_dir) > floor
-                ),
-                f"a checkpoint in round {round_}",
-            )
-            victim = "worker-1" if round_ == 1 else "worker-0"
-            pid = run_record(run_dir)["tasks"][victim]["pid"]
-            step_at_kill = reported_step(run_dir, victim)
-            saved = latest_checkpoint_step(run_dir)
-            os.kill(pid, signal.SIGKILL)
-            kills.append((victim, pid, step_at_kill, saved))
-            wait_for(
-                lambda: sum(e["event"] == "restarted" for e in events(run_dir)) >= 2 * round_,
-                f"the gang restart in round {round_}",
-            )
-        launcher.wait(timeout=300)
-    finally:
-        launcher.kill()
-        print((tmp / "stderr.txt").read_text()[-5000:])
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    for round_ in (1, 2):
+        # Kill once a checkpoint of this incarnation exists and training is past it.
+        floor = latest_checkpoint_step(run_dir)
+        wait_for(
+            lambda: (
+                all_running(run_dir, attempt=round_ - 1) and latest_checkpoint_step(run_dir) > floor
+            ),
+            f"a checkpoint in round {round_}",
+        )
+        victim = "worker-1" if round_ == 1 else "worker-0"
+        pid = run_record(run_dir)["tasks"][victim]["pid"]
+        step_at_kill = reported_step(run_dir, victim)
+        saved = latest_checkpoint_step(run_dir)
+        os.kill(pid, signal.SIGKILL)
+        kills.append((victim, pid, step_at_kill, saved))
+        wait_for(
+            lambda: sum(e["event"] == "restarted" for e in events(run_dir)) >= 2 * round_,
+            f"the gang restart in round {round_}",
+        )
+    launcher.wait(timeout=300)
     assert launcher.returncode == 0
     rec = run_record(run_dir)
     assert rec["state"] == "succeeded"
@@ -123,47 +103,32 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp):
     assert not processes_of_run(rec["run_id"])
 
 
-def test_mwms_both_workers_exit_at_once_gang_restarts_and_finishes(tmp):
+def test_mwms_both_workers_exit_at_once_gang_restarts_and_finishes(tmp, launch):
     """MWMS peers die within milliseconds of each other: the launcher must take both exits of one
     event-loop turn and restart the gang once (it crashed on a KeyError in supervisor.py)."""
     epochs, steps = 3, 20
     spec = write_spec(
         tmp,
-        program={
-            "module": "distlaunch.worker.examples.mnist_mlp",
-            "args": [
-                "--epochs",
-                str(epochs),
-                "--steps-per-epoch",
-                str(steps),
-                "--checkpoint-every",
-                str(INTERVAL),
-            ],
-        },
+        program=example("mnist_mlp", epochs, steps, "--checkpoint-every", str(INTERVAL)),
         restart=ON_FAILURE,
     )
-    launcher = start_up(spec)
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(
-            lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > 0,
-            "a first checkpoint",
-        )
-        pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
-        # Both exits are made to land in one select() batch: the launcher sleeps through them.
-        os.kill(launcher.pid, signal.SIGSTOP)
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        wait_for(
-            lambda: not any(os.path.exists(f"/proc/{pid}/fd/0") for pid in pids),
-            "both workers to be dead",
-        )
-        os.kill(launcher.pid, signal.SIGCONT)
-        launcher.wait(timeout=300)
-    finally:
-        os.kill(launcher.pid, signal.SIGCONT) if launcher.poll() is None else None
-        launcher.kill()
-        print((tmp / "stderr.txt").read_text()[-5000:])
+    launcher = launch(spec)
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    wait_for(
+        lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > 0,
+        "a first checkpoint",
+    )
+    pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
+    # Both exits are made to land in one select() batch: the launcher sleeps through them.
+    os.kill(launcher.pid, signal.SIGSTOP)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(
+        lambda: not any(os.path.exists(f"/proc/{pid}/fd/0") for pid in pids),
+        "both workers to be dead",
+    )
+    os.kill(launcher.pid, signal.SIGCONT)
+    launcher.wait(timeout=300)
     assert launcher.returncode == 0
     rec = run_record(run_dir)
     assert rec["state"] == "succeeded"
@@ -242,53 +207,43 @@ def attempt_started_after(story: list[dict], decision: dict, task: str) -> int:
     return next(e["attempt"] for e in later if e["event"] == "restarted" and e["task"] == task)
 
 
-def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp):
+def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp, launch):
     epochs, steps = 10, 30
     spec = write_spec(
         tmp,
         strategy="parameter_server",
         tasks={"chief": {}, "worker": {"count": 2}, "ps": {}},
-        program={
-            "module": "distlaunch.worker.examples.cnn_mnist",
-            "args": [
-                "--epochs",
-                str(epochs),
-                "--steps-per-epoch",
-                str(steps),
-                "--checkpoint-every",
-                str(INTERVAL),
-                "--train-examples",
-                "2000",
-            ],
-        },
+        program=example(
+            "cnn_mnist",
+            epochs,
+            steps,
+            "--checkpoint-every",
+            str(INTERVAL),
+            "--train-examples",
+            "2000",
+        ),
         restart=PSS_ON_FAILURE,
     )
-    launcher = start_up(spec)
+    launcher = launch(spec)
     kills = []
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        for victim in ("worker-1", "ps-0", "chief-0"):
-            floor = latest_checkpoint_step(run_dir)
-            wait_for(
-                lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor,
-                f"a checkpoint before killing {victim}",
-            )
-            task = run_record(run_dir)["tasks"][victim]
-            kills.append(
-                (victim, reported_step(run_dir, "chief-0"), latest_checkpoint_step(run_dir))
-            )
-            os.kill(task["pid"], signal.SIGKILL)
-            wait_for(
-                lambda: (
-                    run_record(run_dir)["tasks"][victim].get("attempt", 0) > task.get("attempt", 0)
-                    and all_running(run_dir)
-                ),
-                f"{victim} back",
-            )
-        launcher.wait(timeout=300)
-    finally:
-        launcher.kill()
-        print((tmp / "stderr.txt").read_text()[-5000:])
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    for victim in ("worker-1", "ps-0", "chief-0"):
+        floor = latest_checkpoint_step(run_dir)
+        wait_for(
+            lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > floor,
+            f"a checkpoint before killing {victim}",
+        )
+        task = run_record(run_dir)["tasks"][victim]
+        kills.append((victim, reported_step(run_dir, "chief-0"), latest_checkpoint_step(run_dir)))
+        os.kill(task["pid"], signal.SIGKILL)
+        wait_for(
+            lambda: (
+                run_record(run_dir)["tasks"][victim].get("attempt", 0) > task.get("attempt", 0)
+                and all_running(run_dir)
+            ),
+            f"{victim} back",
+        )
+    launcher.wait(timeout=300)
     assert launcher.returncode == 0
     rec = run_record(run_dir)
     story = events(run_dir)
@@ -351,31 +306,27 @@ sys.exit(1)
 """
 
 
-def test_two_workers_exiting_in_one_batch_gang_restart_once_and_succeed(tmp):
+def test_two_workers_exiting_in_one_batch_gang_restart_once_and_succeed(tmp, launch):
     # Issue 14 item 1: both exits reach the launcher in one select() batch (it is stopped while
     # they exit), as MWMS peers that fail within milliseconds of each other do.
     (tmp / "task.py").write_text(BOTH_EXIT)
     go = tmp / "go"
     spec = write_spec(tmp, program={"script": "task.py", "args": [str(go)]}, restart=ON_FAILURE)
-    launcher = start_up(spec)
+    launcher = launch(spec)
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    wait_for(
+        lambda: all_running(run_dir, 2),
+        "both workers joined",
+        launcher=launcher,
+    )
+    pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
+    os.kill(launcher.pid, signal.SIGSTOP)
     try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(
-            lambda: all_running(run_dir) and len(run_record(run_dir)["tasks"]) == 2,
-            "both workers joined",
-            launcher=launcher,
-        )
-        pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
-        os.kill(launcher.pid, signal.SIGSTOP)
-        try:
-            go.touch()
-            wait_for(lambda: all(_ended(pid) for pid in pids), "both workers exited")
-        finally:
-            os.kill(launcher.pid, signal.SIGCONT)
-        launcher.wait(timeout=120)
+        go.touch()
+        wait_for(lambda: all(_ended(pid) for pid in pids), "both workers exited")
     finally:
-        launcher.kill()
-        print((tmp / "stderr.txt").read_text()[-5000:])
+        os.kill(launcher.pid, signal.SIGCONT)
+    launcher.wait(timeout=120)
     assert launcher.returncode == 0
     record = run_record(run_dir)
     assert record["state"] == "succeeded" and record["attempt"] == 1

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import distlaunch
+from conftest import distlaunch, write_spec
 from distlaunch.launcher.cli import ExitCode, exit_code
 from distlaunch.launcher.errors import HostError, Interrupted, RunFailed, SpecError, UsageError
 from distlaunch.launcher.transports.docker import DockerError
@@ -80,3 +80,22 @@ def test_the_start_imports_only_what_it_uses() -> None:
         "from distlaunch.launcher.transports import routing, local, netns"
     )
     assert _loaded_after(up_path) == set()
+
+
+def test_up_imports_its_own_backend_alone_and_scans_no_entry_points(tmp: Path) -> None:
+    # Backends are named in launcher/backends.py; a built-in one is found without reading the
+    # installed packages' entry points (importlib.metadata), and the others are not imported.
+    (tmp / "noop.py").write_text("")
+    spec = write_spec(tmp, program={"script": "noop.py"}, tasks={"worker": {"count": 1}})
+    up_run = (
+        "from distlaunch.launcher.cli import cli\n"
+        f"cli.main(['up', {str(spec)!r}], standalone_mode=False)\n"
+        "print(*sorted(m for m in sys.modules if m == 'importlib.metadata' or "
+        "m.startswith('distlaunch.launcher.transports.') and m.endswith(('compose', 'slurm'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", f"import sys\n{up_run}"], cwd=tmp, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "succeeded" in result.stderr + result.stdout
+    assert result.stdout.strip().split("\n")[-1] == ""

@@ -9,69 +9,59 @@ import sys
 import pytest
 
 from conftest import (
+    all_running,
     distlaunch,
+    events,
+    example,
     processes_of_run,
     run_record,
-    start_up,
     wait_for,
     wait_for_run_dir,
     write_spec,
 )
-from test_chaos import events
 
 pytestmark = pytest.mark.integration
 
 
-def test_status_logs_restart_down_from_another_shell(tmp):
+def test_status_logs_restart_down_from_another_shell(tmp, launch):
     spec = write_spec(
         tmp,
-        program={
-            "module": "distlaunch.worker.examples.mnist_mlp",
-            "args": ["--epochs", "1000", "--steps-per-epoch", "100"],
-        },
+        program=example("mnist_mlp", 1000, 100),
     )
-    launcher = start_up(spec)
-    follower = None
+    launcher = launch(spec)
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    run_id = run_dir.name
+    wait_for(lambda: all_running(run_dir, 2), "both joined")
+
+    status = distlaunch("status", run_id, "--json", cwd=tmp)  # by id, under ./runs
+    assert status.returncode == 0, status.stderr
+    table = json.loads(status.stdout)
+    assert table["state"] == "running"
+    assert [(r["task"], r["state"], r["attempt"], r["restarts"]) for r in table["tasks"]] == [
+        ("worker-0", "running", 0, 0),
+        ("worker-1", "running", 0, 0),
+    ]
+    assert all(r["pid"] > 0 and r["uptime_s"] >= 0 for r in table["tasks"])
+    text = distlaunch("status", str(run_dir), cwd=tmp)
+    assert "worker-1" in text.stdout and "RESTARTS" in text.stdout
+
+    follower = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "distlaunch.launcher",
+            "logs",
+            str(run_dir),
+            "worker-1",
+            "-f",
+            "-n",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        run_id = run_dir.name
-        wait_for(
-            lambda: (
-                all(t.get("state") == "running" for t in run_record(run_dir)["tasks"].values())
-                and len(run_record(run_dir)["tasks"]) == 2
-            ),
-            "both joined",
-        )
-
-        status = distlaunch("status", run_id, "--json", cwd=tmp)  # by id, under ./runs
-        assert status.returncode == 0, status.stderr
-        table = json.loads(status.stdout)
-        assert table["state"] == "running"
-        assert [(r["task"], r["state"], r["attempt"], r["restarts"]) for r in table["tasks"]] == [
-            ("worker-0", "running", 0, 0),
-            ("worker-1", "running", 0, 0),
-        ]
-        assert all(r["pid"] > 0 and r["uptime_s"] >= 0 for r in table["tasks"])
-        text = distlaunch("status", str(run_dir), cwd=tmp)
-        assert "worker-1" in text.stdout and "RESTARTS" in text.stdout
-
-        follower = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "distlaunch.launcher",
-                "logs",
-                str(run_dir),
-                "worker-1",
-                "-f",
-                "-n",
-                "0",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
         # A manual restart of one MWMS worker restarts the gang, outside the (never) policy's budget.
         restarted = distlaunch("restart", str(run_dir), "worker:1")
         assert restarted.returncode == 0, restarted.stderr
@@ -99,9 +89,7 @@ def test_status_logs_restart_down_from_another_shell(tmp):
         launcher.wait(timeout=60)
         follower_out, _ = follower.communicate(timeout=60)  # -f ends with the run
     finally:
-        launcher.kill()
-        if follower:
-            follower.kill()
+        follower.kill()
     assert launcher.returncode == 128 + 15  # stopped by down's SIGTERM
     assert run_record(run_dir)["state"] == "interrupted"
     assert "worker-1 | " in follower_out  # the restarted task's new attempt was followed

@@ -19,11 +19,14 @@ from pathlib import Path
 import pytest
 
 from conftest import (
+    SELFCHECK_ARGS,
+    all_running,
     distlaunch,
     events,
     only_run_dir,
     processes_of_run,
     run_record,
+    selfcheck_program,
     wait_for,
     wait_for_run_dir,
     write_spec,
@@ -93,14 +96,11 @@ def test_nothing_a_task_started_survives_its_success(tmp: Path, isolation: str) 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("isolation", ISOLATIONS)
-def test_nothing_a_task_started_survives_a_sigkilled_launcher(tmp: Path, isolation: str) -> None:
+def test_nothing_a_task_started_survives_a_sigkilled_launcher(
+    tmp: Path, isolation: str, launch
+) -> None:
     spec = _family(tmp, isolation, 300)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
-        cwd=tmp,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    launcher = launch(spec)
     run_dir = wait_for_run_dir(tmp / "runs", launcher)
     wait_for(
         lambda: len(list(run_dir.glob("pids-*.json"))) == 2,
@@ -169,7 +169,7 @@ time.sleep(300)
 
 
 @pytest.mark.integration
-def test_a_dead_namespace_holder_fails_the_run(tmp: Path) -> None:
+def test_a_dead_namespace_holder_fails_the_run(tmp: Path, launch) -> None:
     if not (CAPS.netns or CAPS.userns):
         pytest.skip(f"no private network namespace here: {CAPS.detail}")
     (tmp / "hang.py").write_text(HANG)
@@ -182,28 +182,15 @@ def test_a_dead_namespace_holder_fails_the_run(tmp: Path) -> None:
             "backoff": {"initial_s": 0.1, "max_s": 0.1},
         },
     )
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
-        cwd=tmp,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    launcher = launch(spec)
     run_dir = wait_for_run_dir(tmp / "runs", launcher)
-
-    def running() -> dict | None:
-        record = run_record(run_dir)
-        tasks = record.get("tasks") or {}
-        return (
-            record
-            if len(tasks) == 2 and all(t.get("state") == "running" for t in tasks.values())
-            else None
-        )
-
-    record = wait_for(running, "both tasks to be running", launcher=launcher)
+    record = wait_for(
+        lambda: all_running(run_dir, 2), "both tasks to be running", launcher=launcher
+    )
     os.kill(record["netns_holder_pid"], signal.SIGKILL)
     os.kill(record["tasks"]["worker-1"]["pid"], signal.SIGKILL)
-    out, err = launcher.communicate(timeout=120)
+    launcher.wait(timeout=120)
+    out, err = (tmp / "stdout.txt").read_text(), (tmp / "stderr.txt").read_text()
     assert launcher.returncode == 1, out + err
     assert (
         f"holder of the run's private network namespace (pid {record['netns_holder_pid']}) has died"
@@ -267,16 +254,9 @@ print("SELF " + json.dumps({
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["script", "module"])
 def test_the_program_cannot_tell_it_was_bootstrapped(tmp: Path, kind: str) -> None:
-    work = tmp / "work"
-    work.mkdir()
-    (work / "selfcheck.py").write_text(SELF)
-    args = ["--flag", "a b", "$(x)"]
-    program = (
-        {"script": "work/selfcheck.py"}
-        if kind == "script"
-        else {"module": "selfcheck", "workdir": "work"}
-    )
-    spec = write_spec(tmp, program={**program, "args": args}, tasks={"worker": {"count": 1}})
+    work, args = tmp / "work", SELFCHECK_ARGS
+    program = selfcheck_program(tmp, SELF, kind)
+    spec = write_spec(tmp, program=program, tasks={"worker": {"count": 1}})
     done = distlaunch("up", str(spec), cwd=tmp, timeout=120)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.split("SELF ", 1)[1].splitlines()[0])

@@ -18,7 +18,6 @@ from conftest import (
     events,
     only_run_dir,
     run_record,
-    start_up,
     wait_for,
     wait_for_run_dir,
     write_spec,
@@ -64,28 +63,32 @@ def _log(run_dir: Path, task: str) -> str:
     return path.read_text() if path.exists() else ""
 
 
-@pytest.mark.timeout(400)
-def test_hung_worker_is_found_by_the_watchdog_and_stacks_show_where_everyone_waits(tmp):
+def _until_worker_1_stops(tmp: Path, launch, **fields) -> tuple[subprocess.Popen, Path]:
+    """Start MWMS_STEPS (spec ``fields`` over write_spec's) through ``launch``; return the
+    launcher and its run dir once worker-1 has stopped inside step 3."""
     (tmp / "task.py").write_text(MWMS_STEPS)
-    spec = write_spec(tmp, timeouts={"grace_s": 2, "startup_s": 120, "silence_s": 30})
-    launcher = start_up(spec)
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(
-            lambda: "stops inside step" in _log(run_dir, "worker-1"),
-            "worker-1 to stop",
-            launcher=launcher,
-        )
-        # `distlaunch stacks` on the running run: every task's stack, and where it is.
-        shown = distlaunch("stacks", run_dir.name, "--no-native", "--full", cwd=tmp)
-        print(shown.stdout, shown.stderr)
-        assert shown.returncode == 0
-        assert "worker-0 | Thread" in shown.stdout and "worker-1 | Thread" in shown.stdout
-        assert "worker-1: in its own code at train (task.py:22)" in shown.stdout
-        assert "worker-0: waits in" in shown.stdout
-        launcher.wait(timeout=300)
-    finally:
-        launcher.kill()
+    launcher = launch(write_spec(tmp, **fields))
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    wait_for(
+        lambda: "stops inside step" in _log(run_dir, "worker-1"),
+        "worker-1 to stop",
+        launcher=launcher,
+    )
+    return launcher, run_dir
+
+
+@pytest.mark.timeout(400)
+def test_hung_worker_is_found_by_the_watchdog_and_stacks_show_where_everyone_waits(tmp, launch):
+    timeouts = {"grace_s": 2, "startup_s": 120, "silence_s": 30}
+    launcher, run_dir = _until_worker_1_stops(tmp, launch, timeouts=timeouts)
+    # `distlaunch stacks` on the running run: every task's stack, and where it is.
+    shown = distlaunch("stacks", run_dir.name, "--no-native", "--full", cwd=tmp)
+    print(shown.stdout, shown.stderr)
+    assert shown.returncode == 0
+    assert "worker-0 | Thread" in shown.stdout and "worker-1 | Thread" in shown.stdout
+    assert "worker-1: in its own code at train (task.py:22)" in shown.stdout
+    assert "worker-0: waits in" in shown.stdout
+    launcher.wait(timeout=300)
     err = (tmp / "stderr.txt").read_text()
     print(err[-4000:])
     assert launcher.returncode == 1
@@ -112,21 +115,10 @@ def test_hung_worker_is_found_by_the_watchdog_and_stacks_show_where_everyone_wai
 
 
 @pytest.mark.timeout(400)
-def test_a_killed_worker_is_the_root_cause_not_the_survivors_unavailable_error(tmp):
-    (tmp / "task.py").write_text(MWMS_STEPS)
-    spec = write_spec(tmp)
-    launcher = start_up(spec)
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(
-            lambda: "stops inside step" in _log(run_dir, "worker-1"),
-            "worker-1 to stop",
-            launcher=launcher,
-        )
-        os.kill(run_record(run_dir)["tasks"]["worker-1"]["pid"], signal.SIGKILL)
-        launcher.wait(timeout=300)
-    finally:
-        launcher.kill()
+def test_a_killed_worker_is_the_root_cause_not_the_survivors_unavailable_error(tmp, launch):
+    launcher, run_dir = _until_worker_1_stops(tmp, launch)
+    os.kill(run_record(run_dir)["tasks"]["worker-1"]["pid"], signal.SIGKILL)
+    launcher.wait(timeout=300)
     err = (tmp / "stderr.txt").read_text()
     print(err[-4000:])
     assert launcher.returncode == 1
@@ -135,25 +127,14 @@ def test_a_killed_worker_is_the_root_cause_not_the_survivors_unavailable_error(t
 
 
 @pytest.mark.timeout(400)
-def test_a_frozen_worker_named_lost_by_the_survivor_is_the_root_cause(tmp):
+def test_a_frozen_worker_named_lost_by_the_survivor_is_the_root_cause(tmp, launch):
     # SIGSTOP: worker-1's process stays, its heartbeats stop; worker-0's all-reduce is aborted with
     # an UnavailableError naming it. Before any task has died, the summary must name worker-1.
-    (tmp / "task.py").write_text(MWMS_STEPS)
-    spec = write_spec(tmp)
-    launcher = start_up(spec)
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(
-            lambda: "stops inside step" in _log(run_dir, "worker-1"),
-            "worker-1 to stop",
-            launcher=launcher,
-        )
-        # The program itself, not the taskinit keeper the launcher started above it.
-        pid = stacks.program_pid(run_record(run_dir)["tasks"]["worker-1"]["pid"])
-        os.kill(pid, signal.SIGSTOP)
-        launcher.wait(timeout=300)
-    finally:
-        launcher.kill()  # a stopped task still dies of the SIGKILL its launcher's death sends
+    launcher, run_dir = _until_worker_1_stops(tmp, launch)
+    # The program itself, not the taskinit keeper the launcher started above it.
+    pid = stacks.program_pid(run_record(run_dir)["tasks"]["worker-1"]["pid"])
+    os.kill(pid, signal.SIGSTOP)
+    launcher.wait(timeout=300)
     err = (tmp / "stderr.txt").read_text()
     print(err[-4000:])
     assert launcher.returncode == 1
@@ -363,47 +344,44 @@ def _python_elsewhere(root: Path) -> Path:
 
 
 @pytest.mark.timeout(200)
-def test_stacks_fall_back_to_the_tasks_faulthandler_when_py_spy_cannot_read_it(tmp):
+def test_stacks_fall_back_to_the_tasks_faulthandler_when_py_spy_cannot_read_it(tmp, launch):
     (tmp / "task.py").write_text(SLEEPS_IN_ITS_CODE)
     spec = write_spec(
         tmp, tasks={"worker": {"count": 1}}, timeouts={"grace_s": 2, "startup_s": 120}
     )
-    launcher = start_up(spec)
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(
-            lambda: "waiting" in _log(run_dir, "worker-0"),
-            "the task to wait",
-            launcher=launcher,
-        )
-        # No py-spy on PATH nor beside the interpreter (a link to it in a folder of its own,
-        # since py-spy may be installed beside the real one): the launcher cannot attach.
-        bare = {**os.environ, "PATH": "/usr/bin:/bin"}
-        shown = subprocess.run(
-            [
-                str(_python_elsewhere(tmp / "env")),
-                "-m",
-                "distlaunch.launcher",
-                "stacks",
-                run_dir.name,
-                "--full",
-            ],
-            cwd=tmp,
-            env=bare,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        print(shown.stdout, shown.stderr)
-        assert shown.returncode == 0
-        assert (
-            "worker-0 | faulthandler dump (py-spy could not read the task: py-spy is not installed"
-            in shown.stdout
-        )
-        assert "worker-0: in its own code at wait_for_ever (task.py:8)" in shown.stdout
-        assert "worker-0 | Thread" not in shown.stdout or "Current thread" in shown.stdout
-        assert launcher.poll() is None  # the signal dumped the stacks; it did not stop the task
-        assert distlaunch("down", run_dir.name, cwd=tmp).returncode == 0
-        launcher.wait(timeout=60)
-    finally:
-        launcher.kill()
+    launcher = launch(spec)
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    wait_for(
+        lambda: "waiting" in _log(run_dir, "worker-0"),
+        "the task to wait",
+        launcher=launcher,
+    )
+    # No py-spy on PATH nor beside the interpreter (a link to it in a folder of its own,
+    # since py-spy may be installed beside the real one): the launcher cannot attach.
+    bare = {**os.environ, "PATH": "/usr/bin:/bin"}
+    shown = subprocess.run(
+        [
+            str(_python_elsewhere(tmp / "env")),
+            "-m",
+            "distlaunch.launcher",
+            "stacks",
+            run_dir.name,
+            "--full",
+        ],
+        cwd=tmp,
+        env=bare,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    print(shown.stdout, shown.stderr)
+    assert shown.returncode == 0
+    assert (
+        "worker-0 | faulthandler dump (py-spy could not read the task: py-spy is not installed"
+        in shown.stdout
+    )
+    assert "worker-0: in its own code at wait_for_ever (task.py:8)" in shown.stdout
+    assert "worker-0 | Thread" not in shown.stdout or "Current thread" in shown.stdout
+    assert launcher.poll() is None  # the signal dumped the stacks; it did not stop the task
+    assert distlaunch("down", run_dir.name, cwd=tmp).returncode == 0
+    launcher.wait(timeout=60)

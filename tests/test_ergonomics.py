@@ -338,28 +338,12 @@ def test_forwarded_env_reaches_local_tasks(tmp: Path) -> None:
     assert "s3cret" not in json.dumps(record)
 
 
-@pytest.fixture(scope="module")
-def lab():
-    """Two SSH test hosts (tests/sshhosts.py); removed afterwards."""
-    import sshhosts
-
-    reason = sshhosts.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        made = sshhosts.HostLab()
-    except (RuntimeError, OSError) as exc:
-        pytest.skip(f"cannot make test hosts here: {exc}")
-    with made:
-        yield made
-
-
 @pytest.mark.integration
-def test_a_host_file_run_over_ssh_gets_the_forwarded_env(lab, tmp: Path) -> None:
+def test_a_host_file_run_over_ssh_gets_the_forwarded_env(ssh_lab, tmp: Path) -> None:
     (tmp / "task.py").write_text(PRINT_ENV)
     # The host file names the hosts by address; the template has what every host needs.
-    (tmp / "hosts.txt").write_text("".join(f"{h.address} slots=1\n" for h in lab.hosts))
-    template = lab.host_entry(lab.hosts[0])
+    (tmp / "hosts.txt").write_text("".join(f"{h.address} slots=1\n" for h in ssh_lab.hosts))
+    template = ssh_lab.host_entry(ssh_lab.hosts[0])
     del template["address"]
     spec = write_spec(
         tmp,
@@ -374,7 +358,7 @@ def test_a_host_file_run_over_ssh_gets_the_forwarded_env(lab, tmp: Path) -> None
     assert len(got) == 2 and all(line == FORWARDED for line in got), result.stdout
     # Each task ran on its own host of the host file.
     assert sorted(re.findall(r"^worker-\d@(\S+) ", result.stdout, re.M)) == sorted(
-        h.address for h in lab.hosts
+        h.address for h in ssh_lab.hosts
     )
 
 

@@ -308,19 +308,11 @@ def test_remove_takes_away_what_a_sigkilled_guard_left(netns_name: str, backend:
 
 
 @pytest.fixture(scope="module")
-def fw_lab():
-    """The SSH test hosts and the outsider, for this module's tests; removed afterwards."""
-    reason = sshhosts.unavailable_reason()
-    if reason is None and shutil.which("nft") is None:
-        reason = "nft is not installed (apt-get install nftables)"
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        made = sshhosts.HostLab()
-    except (RuntimeError, OSError) as exc:
-        pytest.skip(f"cannot make test hosts here: {exc}")
-    with made:
-        yield made
+def fw_lab(ssh_lab):
+    """The SSH test hosts and the outsider (conftest's ssh_lab), where nft is installed."""
+    if shutil.which("nft") is None:
+        pytest.skip("nft is not installed (apt-get install nftables)")
+    return ssh_lab
 
 
 def _tables(lab: sshhosts.HostLab) -> dict[str, list[str]]:

@@ -177,11 +177,27 @@ def test_a_rejected_value_is_one_line_and_exit_2(tmp: Path) -> None:
 # ---------------------------------------------------------------- secrets
 
 
+# Secret by name (shown as ***) and by being a URL's password (only the password is hidden).
 SECRETS = {
     "API_TOKEN": "tok-1234567",
     "DB_PASSWORD": "pw-7654321",
     "AWS_SECRET_ACCESS_KEY": "ak-999888",
+    "DB_PASS": "pw-aaa111",
+    "MYSQL_PWD": "pw-bbb222",
+    "X_AUTH_HEADER": "Bearer zzz999",
+    "HTTPS_PROXY": "http://bob:s3cr3t@proxy.example:3128",
+    "DATABASE_URL": "postgres://u:pa55word@db.example/x",
 }
+HIDDEN = (
+    "tok-1234567",
+    "pw-7654321",
+    "ak-999888",
+    "pw-aaa111",
+    "pw-bbb222",
+    "zzz999",
+    "s3cr3t",
+    "pa55word",
+)
 # Exits 3 only when the task itself did receive every secret, so the failure summary is printed.
 SECRET_TASK = """
 import os, sys
@@ -204,6 +220,7 @@ def test_secrets_are_masked_everywhere_the_launcher_prints_or_stores_env(tmp: Pa
         done = distlaunch(*args)
         assert done.returncode == 0, done.stderr
         assert "visible-1" in done.stdout and "***" in done.stdout
+        assert "proxy.example:3128" in done.stdout  # the rest of a URL stays
         shown.append(done.stdout + done.stderr)
     up = distlaunch("up", str(spec))
     assert up.returncode == 1, up.stderr
@@ -215,10 +232,15 @@ def test_secrets_are_masked_everywhere_the_launcher_prints_or_stores_env(tmp: Pa
         assert done.returncode == 0, done.stderr
         shown.append(done.stdout + done.stderr)
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["spec"]["program"]["env"] == {**{k: "***" for k in SECRETS}, "PLAIN": "visible-1"}
+    assert record["spec"]["program"]["env"] == {
+        **{k: "***" for k in SECRETS if k not in ("HTTPS_PROXY", "DATABASE_URL")},
+        "HTTPS_PROXY": "http://bob:***@proxy.example:3128",
+        "DATABASE_URL": "postgres://u:***@db.example/x",
+        "PLAIN": "visible-1",
+    }
     shown += [(run_dir / "run.json").read_text(), (run_dir / "events.jsonl").read_text()]
     for text in shown:
-        for value in SECRETS.values():
+        for value in HIDDEN:
             assert value not in text
 
 

@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from conftest import (
 )
 from distlaunch.launcher import isolation, ports, procs
 from distlaunch.launcher.errors import SpecError
+from distlaunch.launcher.placement import on_hosts
 from distlaunch.launcher.spec import load_spec
 from distlaunch.launcher.transports import netns
 
@@ -99,12 +99,17 @@ def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
     auto = load_spec(write_spec(tmp))
     off = load_spec(write_spec(tmp, "off.json", isolation="off"))
     both = isolation.Capabilities(netns=True, userns=True, detail="")
-    assert isolation.choose(off, None).mode == isolation.HOST
-    assert isolation.choose(off, both).mode == isolation.HOST
-    assert isolation.choose(auto, both).mode == isolation.NETNS
-    assert isolation.choose(auto, isolation.Capabilities(False, True, "")).mode == isolation.USERNS
+    assert isolation.choose(off, on_hosts(off), None).mode == isolation.HOST
+    assert isolation.choose(off, on_hosts(off), both).mode == isolation.HOST
+    assert isolation.choose(auto, on_hosts(auto), both).mode == isolation.NETNS
+    assert (
+        isolation.choose(auto, on_hosts(auto), isolation.Capabilities(False, True, "")).mode
+        == isolation.USERNS
+    )
     unable = isolation.choose(
-        auto, isolation.Capabilities(False, False, "unshare: Operation not permitted")
+        auto,
+        on_hosts(auto),
+        isolation.Capabilities(False, False, "unshare: Operation not permitted"),
     )
     assert unable.mode == isolation.HOST and not unable.private
     assert "unshare: Operation not permitted" in unable.reason and "root" in unable.remedy
@@ -116,7 +121,7 @@ def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
                 tmp, "mixed.json", hosts=hosts, tasks={"worker": [{"host": "me"}, {"host": "gpu1"}]}
             )
         )
-        reached = isolation.choose(mixed, both)
+        reached = isolation.choose(mixed, on_hosts(mixed), both)
         assert (
             reached.mode == isolation.HOST
             and "worker:0 at 10.1.2.3" in reached.reason
@@ -129,7 +134,9 @@ def test_plan_shows_the_isolation_mode(tmp: Path) -> None:
     spec = write_spec(tmp)
     auto = distlaunch("plan", "--json", str(spec))
     assert auto.returncode == 0, auto.stderr
-    assert json.loads(auto.stdout)["isolation"] == isolation.choose(load_spec(spec), CAPS).to_json()
+    loaded = load_spec(spec)
+    chosen = isolation.choose(loaded, on_hosts(loaded), CAPS)
+    assert json.loads(auto.stdout)["isolation"] == chosen.to_json()
     off = distlaunch("plan", str(write_spec(tmp, "off.json", isolation="off")))
     assert off.returncode == 0, off.stderr
     assert 'isolation: host (the spec sets "isolation": "off")' in off.stdout
@@ -146,14 +153,14 @@ def test_private_ports_need_no_lookup_and_no_check(tmp: Path) -> None:
     try:
         fixed = [{"port": taken}, {"port": "auto"}, {"port": "auto"}]
         loaded = load_spec(write_spec(tmp, tasks={"worker": fixed}))
-        got = ports.allocate(loaded, private=True)
+        got = ports.allocate(loaded, on_hosts(loaded), private=True)
         assert got == {
             ("worker", 0): taken,
             ("worker", 1): ports.FIRST_PRIVATE_PORT,
             ("worker", 2): ports.FIRST_PRIVATE_PORT + 1,
         }
         with pytest.raises(SpecError, match="in use"):
-            ports.allocate(loaded, private=False)
+            ports.allocate(loaded, on_hosts(loaded), private=False)
     finally:
         busy.close()
 
@@ -163,10 +170,10 @@ def test_private_ports_need_no_lookup_and_no_check(tmp: Path) -> None:
 
 @pytest.mark.integration
 def test_isolated_cluster_trains_and_its_ports_are_unreachable(
-    tmp: Path, needs_netns: None
+    tmp: Path, needs_netns: None, launch
 ) -> None:
     spec = write_spec(tmp, program=MNIST)
-    launcher, run_dir = _start(spec)
+    launcher, run_dir = _start(launch, spec)
     record = _wait_running(run_dir, launcher)
     holder = record["netns_holder_pid"]
     namespace = os.readlink(f"/proc/{holder}/ns/net")
@@ -179,7 +186,7 @@ def test_isolated_cluster_trains_and_its_ports_are_unreachable(
         assert procs.listening(holder, task["port"]), (
             f"{task['name']} stopped listening too early to tell"
         )
-    out, err = launcher.communicate(timeout=DEADLINE_S)
+    out, err = _ended(launcher, spec)
     assert launcher.returncode == 0, err
     assert "isolated: tasks run in a private network namespace" in err
     assert "can be reached from other machines" not in err
@@ -188,9 +195,9 @@ def test_isolated_cluster_trains_and_its_ports_are_unreachable(
 
 
 @pytest.mark.integration
-def test_cluster_with_isolation_off_is_reachable(tmp: Path) -> None:
+def test_cluster_with_isolation_off_is_reachable(tmp: Path, launch) -> None:
     spec = write_spec(tmp, program=MNIST, isolation="off")
-    launcher, run_dir = _start(spec)
+    launcher, run_dir = _start(launch, spec)
     record = _wait_running(run_dir, launcher)
     assert "netns_holder_pid" not in record
     assert record["plan"]["isolation"]["mode"] == isolation.HOST
@@ -198,7 +205,7 @@ def test_cluster_with_isolation_off_is_reachable(tmp: Path) -> None:
         # TensorFlow listens on every interface, whatever TF_CONFIG says: that is the problem.
         for address in _host_addresses():
             socket.create_connection((address, task["port"]), timeout=5).close()
-    out, err = launcher.communicate(timeout=DEADLINE_S)
+    out, err = _ended(launcher, spec)
     assert launcher.returncode == 0, err
     assert "can be reached from other machines" in err and 'remove "isolation": "off"' in err
     assert "isolated:" not in err
@@ -209,10 +216,10 @@ def test_cluster_with_isolation_off_is_reachable(tmp: Path) -> None:
 
 
 @pytest.mark.integration
-def test_success_leaves_nothing(tmp: Path, needs_netns: None) -> None:
+def test_success_leaves_nothing(tmp: Path, needs_netns: None, launch) -> None:
     spec = _stand_in(tmp, "peers")
-    launcher, run_dir = _start(spec)
-    out, err = launcher.communicate(timeout=DEADLINE_S)
+    launcher, run_dir = _start(launch, spec)
+    out, err = _ended(launcher, spec)
     assert launcher.returncode == 0, err
     # Every task reached every other over loopback, in one namespace that is not ours.
     assert out.count("reached every peer") == 2
@@ -221,38 +228,38 @@ def test_success_leaves_nothing(tmp: Path, needs_netns: None) -> None:
 
 
 @pytest.mark.integration
-def test_failure_leaves_nothing(tmp: Path, needs_netns: None) -> None:
+def test_failure_leaves_nothing(tmp: Path, needs_netns: None, launch) -> None:
     spec = _stand_in(tmp, "fail")
-    launcher, run_dir = _start(spec)
-    out, err = launcher.communicate(timeout=DEADLINE_S)
+    launcher, run_dir = _start(launch, spec)
+    out, err = _ended(launcher, spec)
     assert launcher.returncode == 1, err
     assert "worker-1 exit code 3" in err
     _assert_nothing_left(_run_id(run_dir), _one_namespace(out))
 
 
 @pytest.mark.integration
-def test_ctrl_c_leaves_nothing(tmp: Path, needs_netns: None) -> None:
+def test_ctrl_c_leaves_nothing(tmp: Path, needs_netns: None, launch) -> None:
     spec = _stand_in(tmp, "hang")
-    launcher, run_dir = _start(spec)
+    launcher, run_dir = _start(launch, spec)
     record = _wait_running(run_dir, launcher)
     namespace = os.readlink(f"/proc/{record['netns_holder_pid']}/ns/net")
     launcher.send_signal(signal.SIGINT)
-    _, err = launcher.communicate(timeout=DEADLINE_S)
+    _, err = _ended(launcher, spec)
     assert launcher.returncode == 128 + signal.SIGINT, err
     assert run_record(run_dir)["state"] == "interrupted"
     _assert_nothing_left(record["run_id"], namespace)
 
 
 @pytest.mark.integration
-def test_sigkilled_launcher_then_down_leaves_nothing(tmp: Path, needs_netns: None) -> None:
+def test_sigkilled_launcher_then_down_leaves_nothing(tmp: Path, needs_netns: None, launch) -> None:
     spec = _stand_in(tmp, "fork")
-    launcher, run_dir = _start(spec)
+    launcher, run_dir = _start(launch, spec)
     record = _wait_running(run_dir, launcher)
     run_id = record["run_id"]
     namespace = os.readlink(f"/proc/{record['netns_holder_pid']}/ns/net")
     wait_for(lambda: len(processes_of_run(run_id)) >= 5, "holder, 2 tasks and their 2 children")
     launcher.kill()
-    launcher.communicate(timeout=DEADLINE_S)
+    launcher.wait(timeout=DEADLINE_S)
     # The tasks die with the launcher (parent-death signal), what they forked with them (each task
     # is its PID namespace's init), and so does the holder (its lifeline pipe closes).
     _assert_nothing_left(run_id, namespace)
@@ -265,15 +272,15 @@ def test_sigkilled_launcher_then_down_leaves_nothing(tmp: Path, needs_netns: Non
 
 
 @pytest.mark.integration
-def test_down_on_a_live_run_stops_its_launcher_first(tmp: Path, needs_netns: None) -> None:
+def test_down_on_a_live_run_stops_its_launcher_first(tmp: Path, needs_netns: None, launch) -> None:
     spec = _stand_in(tmp, "hang")
-    launcher, run_dir = _start(spec)
+    launcher, run_dir = _start(launch, spec)
     record = _wait_running(run_dir, launcher)
     namespace = os.readlink(f"/proc/{record['netns_holder_pid']}/ns/net")
     down = distlaunch("down", record["run_id"], "--shared-dir", str(run_dir.parent))
     assert down.returncode == 0, down.stderr
     assert f"stopped its launcher (pid {launcher.pid})" in down.stdout
-    launcher.communicate(timeout=DEADLINE_S)
+    launcher.wait(timeout=DEADLINE_S)
     # The launcher tore its run down itself and recorded why.
     assert launcher.returncode == 128 + signal.SIGTERM
     assert run_record(run_dir)["state"] == "interrupted"
@@ -376,16 +383,17 @@ def _stand_in(tmp: Path, what: str) -> Path:
     return write_spec(tmp, program={"script": "task.py", "args": [what]})
 
 
-def _start(spec: Path) -> tuple[subprocess.Popen, Path]:
-    """Start `distlaunch up SPEC` in the background; return it and its run dir (once it exists)."""
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
-        cwd=spec.parent,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _start(launch, spec: Path) -> tuple[subprocess.Popen, Path]:
+    """Start `distlaunch up SPEC` in the background through the ``launch`` fixture; return it and
+    its run dir (once it exists)."""
+    launcher = launch(spec)
     return launcher, wait_for_run_dir(spec.parent / "runs", launcher)
+
+
+def _ended(launcher: subprocess.Popen, spec: Path) -> tuple[str, str]:
+    """Wait for ``launcher`` to end; return its stdout and stderr."""
+    launcher.wait(timeout=DEADLINE_S)
+    return (spec.parent / "stdout.txt").read_text(), (spec.parent / "stderr.txt").read_text()
 
 
 def _run_id(run_dir: Path) -> str:

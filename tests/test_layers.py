@@ -38,8 +38,12 @@ LAYER_OF = {
     "distlaunch.launcher.hints": "spec",
     "distlaunch.launcher.api_types": "spec",  # the API's results and errors: plain data
     "distlaunch.launcher.api_protocol": "spec",  # the API's caller <-> launcher process lines
+    "distlaunch.launcher.backends": "spec",  # the registry: every backend's name, none imported
+    # run.json: a backend class reads its own section of it, so it sits below the transports
+    "distlaunch.launcher.state": "spec",
     # plan: pure decisions made from the spec
     "distlaunch.launcher.plan": "plan",
+    "distlaunch.launcher.placement": "plan",  # where each task runs, decided once per backend
     "distlaunch.launcher.ports": "plan",
     "distlaunch.launcher.isolation": "plan",
     "distlaunch.launcher.policy": "plan",
@@ -56,7 +60,6 @@ LAYER_OF = {
     "distlaunch.launcher.transports.helper": "transports",  # the helper-over-stdin transport
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",
-    "distlaunch.launcher.state": "supervisor",
     "distlaunch.launcher.progress_view": "supervisor",  # the live line and status --watch
     "distlaunch.launcher.formation": "supervisor",  # whether the cluster formed, from its log
     # up and the commands that inspect or steer a run from another shell

@@ -8,6 +8,7 @@ from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.policy import (
     Action,
     Cluster,
+    History,
     RestartPolicy,
     RestartRules,
     TaskEvent,
@@ -27,9 +28,12 @@ ON_FAILURE = RestartRules(policy="on-failure", max_restarts=3, initial_backoff_s
 
 
 def decide(cluster, rules, name, code, error_type=None, exited=None, restarts=(), now=100.0):
-    role = cluster.role_of(name)
+    role = name.rsplit("-", 1)[0]
     return RestartPolicy(cluster, rules).decide(
-        TaskEvent(name, role, code, error_type), exited or {name: code}, restarts, now
+        TaskEvent(name, role, code, error_type),
+        exited or {name: code},
+        History(tuple(restarts)),
+        now,
     )
 
 
@@ -99,13 +103,15 @@ def test_window_forgets_old_restarts():
 
 def test_manual_restart_uses_the_same_sets_and_no_budget():
     policy = RestartPolicy(PSS, RestartRules())
-    d = policy.decide(TaskEvent("ps-0", "ps", None, kind=EventKind.MANUAL), {}, [1.0] * 10, 100.0)
+    d = policy.decide(
+        TaskEvent("ps-0", "ps", None, kind=EventKind.MANUAL), {}, History((1.0,) * 10), 100.0
+    )
     assert d.action is Action.RESTART and d.tasks == ("ps-0", "chief-0")
 
 
 def test_hang_counts_as_failure():
     d = RestartPolicy(MWMS, ON_FAILURE).decide(
-        TaskEvent("worker-1", "worker", None, kind=EventKind.HUNG), {}, [], 0.0
+        TaskEvent("worker-1", "worker", None, kind=EventKind.HUNG), {}, History(), 0.0
     )
     assert d.action is Action.RESTART and "stopped making progress" in d.reason
 
@@ -120,8 +126,6 @@ def test_backoff_stays_at_its_cap_after_thousands_of_restarts():
 
 
 def test_the_same_traceback_twice_is_a_crash_loop():
-    from distlaunch.launcher.policy import History
-
     policy = RestartPolicy(MWMS, ON_FAILURE)
     first = TaskEvent("worker-0", "worker", 1, "ValueError", fingerprint="ValueError\nbad N")
     assert policy.decide(first, {"worker-0": 1}, History(), 100.0).action is Action.RESTART
@@ -137,8 +141,6 @@ def test_the_same_traceback_twice_is_a_crash_loop():
 
 
 def test_a_survivor_that_lost_its_peer_is_never_the_cause():
-    from distlaunch.launcher.policy import History
-
     policy = RestartPolicy(MWMS, RestartRules())
     # worker-1 died first (SIGKILL); worker-0's UnavailableError followed.
     survivor = TaskEvent("worker-0", "worker", 1, "UnavailableError", peer_lost=True)
@@ -155,8 +157,6 @@ def test_a_survivor_that_lost_its_peer_is_never_the_cause():
 
 
 def test_a_task_named_lost_by_the_survivors_error_is_the_cause():
-    from distlaunch.launcher.policy import History
-
     survivor = TaskEvent(
         "worker-0", "worker", 1, "UnavailableError", peer_lost=True, lost_peers=("worker-1",)
     )
@@ -170,7 +170,7 @@ def test_a_task_named_lost_by_the_survivors_error_is_the_cause():
 def test_a_deadline_fails_the_run_whatever_the_budget(kind):
     # The limits set for the whole run: restarting cannot make the run meet them.
     event = TaskEvent("worker-1", "worker", None, kind=kind, detail="missed its deadline")
-    d = RestartPolicy(MWMS, ON_FAILURE).decide(event, {}, [], 0.0)
+    d = RestartPolicy(MWMS, ON_FAILURE).decide(event, {}, History(), 0.0)
     assert d.action is Action.FAIL and d.cause == "worker-1" and d.note == ""
     assert d.reason == "worker-1 missed its deadline"
 
@@ -178,5 +178,5 @@ def test_a_deadline_fails_the_run_whatever_the_budget(kind):
 def test_the_end_of_the_evaluators_drain_ends_the_run_as_done():
     for code in (None, 0, 1):  # its drain time ran out; it finished; it failed after training
         event = TaskEvent("evaluator-0", "evaluator", code, kind=EventKind.DRAINED, detail="why")
-        d = RestartPolicy(PSS, ON_FAILURE).decide(event, {}, [], 0.0)
+        d = RestartPolicy(PSS, ON_FAILURE).decide(event, {}, History(), 0.0)
         assert d.action is Action.DONE and d.reason == "why"

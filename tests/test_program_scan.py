@@ -10,8 +10,9 @@ import pytest
 
 from conftest import distlaunch, write_spec
 from distlaunch.launcher import program_scan
-from distlaunch.launcher.plan import make_plan
-from distlaunch.launcher.spec import load_spec
+from distlaunch.launcher.placement import on_hosts
+from distlaunch.launcher.plan import Plan, make_plan
+from distlaunch.launcher.spec import LoadedSpec, load_spec
 
 TF_KERAS = "import tensorflow as tf\nmodel = tf.keras.Sequential()\n"
 
@@ -54,6 +55,11 @@ def _loaded(tmp: Path, source: str, **fields):
     return load_spec(write_spec(tmp, program=program, **fields))
 
 
+def _plan(loaded: LoadedSpec, ports: dict[tuple[str, int], int], tmp: Path) -> Plan:
+    """The plan of run ``r`` with the tasks where the local backend puts them, at ``ports``."""
+    return make_plan(loaded, on_hosts(loaded).with_ports(ports), "r", tmp / "runs" / "r")
+
+
 def test_auto_runs_tf_keras_programs_with_tf_keras(tmp: Path) -> None:
     choice = program_scan.choose(_loaded(tmp, TF_KERAS))
     assert choice.keras == "tf_keras" and choice.keras_auto
@@ -64,12 +70,7 @@ def test_auto_runs_tf_keras_programs_with_tf_keras(tmp: Path) -> None:
     note = choice.start_note("multi_worker_mirrored")
     assert note.startswith("program uses tf.keras: running with tf_keras, because ")
     assert note.endswith('set "keras": "keras3" to override')
-    plan = make_plan(
-        _loaded(tmp, TF_KERAS),
-        {("worker", 0): 1, ("worker", 1): 2},
-        "r",
-        tmp / "runs" / "r",
-    )
+    plan = _plan(_loaded(tmp, TF_KERAS), {("worker", 0): 1, ("worker", 1): 2}, tmp)
     assert all(
         t.env["TF_USE_LEGACY_KERAS"] == "1" and t.env["DISTLAUNCH_KERAS"] == "tf_keras"
         for t in plan.tasks
@@ -90,7 +91,7 @@ def test_auto_keeps_keras3_otherwise(tmp: Path, source: str, fields: dict, why: 
     loaded = _loaded(tmp, source, **fields)
     choice = program_scan.choose(loaded)
     assert choice.keras == "keras3" and not choice.keras_auto and why in choice.keras_reason
-    plan = make_plan(loaded, {("worker", 0): 1, ("worker", 1): 2}, "r", tmp / "runs" / "r")
+    plan = _plan(loaded, {("worker", 0): 1, ("worker", 1): 2}, tmp)
     assert all(
         "TF_USE_LEGACY_KERAS" not in t.env and t.env["DISTLAUNCH_KERAS"] == "keras3"
         for t in plan.tasks
@@ -111,7 +112,7 @@ PSS_PORTS = {("chief", 0): 1, ("worker", 0): 2, ("ps", 0): 3, ("ps", 1): 4}
 
 
 def test_pss_ps_and_workers_serve_when_the_program_does_not(tmp: Path) -> None:
-    plan = make_plan(_loaded(tmp, TF_KERAS, **PSS), PSS_PORTS, "r", tmp / "runs" / "r")
+    plan = _plan(_loaded(tmp, TF_KERAS, **PSS), PSS_PORTS, tmp)
     assert plan.task("chief-0").argv[-1].endswith("job.py")
     for name in ("worker-0", "ps-0", "ps-1"):
         assert plan.task(name).argv[1:] == ("-m", "distlaunch.worker.serve")
@@ -126,7 +127,7 @@ def test_pss_ps_and_workers_serve_when_the_program_does_not(tmp: Path) -> None:
     ],
 )
 def test_pss_programs_that_serve_run_on_every_task(tmp: Path, source: str) -> None:
-    plan = make_plan(_loaded(tmp, source, **PSS), PSS_PORTS, "r", tmp / "runs" / "r")
+    plan = _plan(_loaded(tmp, source, **PSS), PSS_PORTS, tmp)
     assert all(t.argv[-1].endswith("job.py") for t in plan.tasks)
 
 

@@ -195,34 +195,6 @@ def test_a_program_without_its_faulthandler_is_never_signalled_and_the_reason_is
 # ---- the watchdog and `distlaunch stacks` on SSH hosts and a Slurm cluster -------------------------
 
 
-@pytest.fixture(scope="module")
-def ssh_lab():
-    """Two SSH test hosts (tests/sshhosts.py); removed afterwards."""
-    import sshhosts
-
-    reason = sshhosts.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        made = sshhosts.HostLab()
-    except (RuntimeError, OSError) as exc:
-        pytest.skip(f"cannot make test hosts here: {exc}")
-    with made:
-        yield made
-
-
-@pytest.fixture(scope="module")
-def slurm_lab():
-    """A 2-node Slurm cluster (tests/slurmcluster.py); removed afterwards."""
-    from slurmcluster import SlurmLab, unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with SlurmLab(2) as cluster:
-        yield cluster
-
-
 def _hang_spec(folder: Path, **fields: object) -> Path:
     (folder / "task.py").write_text(CHATTY_HANG)
     spec = {

@@ -24,21 +24,14 @@ from conftest import (
     wait_for,
     wait_for_run_dir,
 )
-from slurmcluster import SlurmLab, unavailable_reason
+from slurmcluster import SlurmLab
 from test_firewall import _rules_left
 
 
 @pytest.fixture(scope="module")
-def lab():
-    """A 2-node Slurm cluster for the module's tests; removed (daemons, namespaces, files) afterwards.
-
-    Skipped only where slurmd cannot run at all; a cluster that fails to come up is a failure.
-    """
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with SlurmLab(2) as cluster:
-        yield cluster
+def lab(slurm_lab):
+    """The module's Slurm cluster (conftest's slurm_lab)."""
+    return slurm_lab
 
 
 def test_the_lab_runs_a_step_on_both_nodes(lab: SlurmLab) -> None:

@@ -368,17 +368,9 @@ def test_plan_names_every_host_address_and_runs_the_host_python(tmp: Path) -> No
 
 
 @pytest.fixture(scope="module")
-def lab():
-    """Two SSH test hosts for this module's tests; removed (namespaces, sshd, keys) afterwards."""
-    reason = sshhosts.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        made = sshhosts.HostLab()
-    except (RuntimeError, OSError) as exc:
-        pytest.skip(f"cannot make test hosts here: {exc}")
-    with made:
-        yield made
+def lab(ssh_lab):
+    """The module's SSH test hosts (conftest's ssh_lab)."""
+    return ssh_lab
 
 
 def _spec(

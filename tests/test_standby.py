@@ -11,23 +11,24 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import (
+    SELFCHECK_ARGS,
     distlaunch,
     events,
     only_run_dir,
     processes_of_run,
     run_record,
+    selfcheck_program,
     wait_for,
     wait_for_run_dir,
     write_spec,
 )
 from distlaunch.launcher import procs, rundir
+from distlaunch.launcher.placement import on_hosts
 from distlaunch.launcher.plan import for_attempt, make_plan
 from distlaunch.launcher.spec import load_spec
 from distlaunch.launcher.standby import Standbys
@@ -152,18 +153,11 @@ sys.exit(1 if attempt == 0 else 0)
 
 @pytest.mark.parametrize("kind", ["script", "module"])
 def test_the_program_cannot_tell_it_was_started_through_a_standby(tmp: Path, kind: str) -> None:
-    work = tmp / "work"
-    work.mkdir()
-    (work / "selfcheck.py").write_text(SELF)
-    args = ["--flag", "a b", "$(x)"]
-    program = (
-        {"script": "work/selfcheck.py"}
-        if kind == "script"
-        else {"module": "selfcheck", "workdir": "work"}
-    )
+    work, args = tmp / "work", SELFCHECK_ARGS
+    program = selfcheck_program(tmp, SELF, kind)
     spec = write_spec(
         tmp,
-        program={**program, "args": args, "env": {"MINE": "set in the spec"}},
+        program={**program, "env": {"MINE": "set in the spec"}},
         tasks={"worker": {"count": 1}},
         restart=ON_FAILURE,
     )
@@ -207,12 +201,14 @@ def test_a_program_without_tensorflow_gets_no_standby(tmp: Path) -> None:
     for script in ("task.py", "tf_task.py"):
         spec = write_spec(tmp, program={"script": script}, restart=ON_FAILURE)
         ports = {("worker", i): 20000 + i for i in range(2)}
-        plans[script] = make_plan(load_spec(spec), ports, "r1", tmp / "runs" / "r1")
+        loaded = load_spec(spec)
+        placed = on_hosts(loaded).with_ports(ports)
+        plans[script] = make_plan(loaded, placed, "r1", tmp / "runs" / "r1")
     # A standby imports TensorFlow in advance: a program that never does would only pay for it.
     assert not plans["task.py"].standby and plans["tf_task.py"].standby
 
 
-def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path) -> None:
+def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path, launch) -> None:
     (tmp / "task.py").write_text(
         WAIT_FOR_STANDBY
         + "import socket, time\nimport tensorflow  # a TensorFlow program: it gets a standby\n"
@@ -221,38 +217,28 @@ def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path) -> None:
         + "s.listen()\nwait_for_standby(1)\nprint('standby ready', flush=True)\ntime.sleep(300)\n"
     )
     spec = write_spec(tmp, tasks={"worker": {"count": 1}}, restart=ON_FAILURE)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
-        cwd=tmp,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    launcher = launch(spec)
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    record = wait_for(
+        lambda: (
+            (run_record(run_dir).get("standbys") or {}).get("worker-0", {}).get("ready")
+            and run_record(run_dir)
+        ),
+        "the standby to be ready",
+        launcher=launcher,
     )
-    try:
-        run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        record = wait_for(
-            lambda: (
-                (run_record(run_dir).get("standbys") or {}).get("worker-0", {}).get("ready")
-                and run_record(run_dir)
-            ),
-            "the standby to be ready",
-            launcher=launcher,
-        )
-        running = [
-            p
-            for p in processes_of_run(record["run_id"])
-            if p.cmdline()[1:] == [bootstrap.__file__, str(tmp / "task.py")]
-        ]
-        # The standby's command line is the task's own; only its initial env tells them apart.
-        standby = [p for p in running if "DISTLAUNCH_STANDBY" in p.environ()]
-        task = [p for p in running if "DISTLAUNCH_STANDBY" not in p.environ()]
-        assert len(standby) == len(task) == 1
-        assert standby[0].cmdline() == task[0].cmdline()
-        launcher.kill()
-        launcher.wait()
-    finally:
-        launcher.kill()
-        launcher.communicate()
+    running = [
+        p
+        for p in processes_of_run(record["run_id"])
+        if p.cmdline()[1:] == [bootstrap.__file__, str(tmp / "task.py")]
+    ]
+    # The standby's command line is the task's own; only its initial env tells them apart.
+    standby = [p for p in running if "DISTLAUNCH_STANDBY" in p.environ()]
+    task = [p for p in running if "DISTLAUNCH_STANDBY" not in p.environ()]
+    assert len(standby) == len(task) == 1
+    assert standby[0].cmdline() == task[0].cmdline()
+    launcher.kill()
+    launcher.wait()
     wait_for(
         lambda: not processes_of_run(record["run_id"]),
         "the task and its standby to die with the launcher",
@@ -288,7 +274,8 @@ def test_a_standby_taken_before_its_imports_are_done_still_runs_the_task(tmp: Pa
     )
     run_dir = tmp / "runs" / "r1"
     rundir.make_dirs(run_dir, 0)
-    task = for_attempt(make_plan(loaded, {("worker", 0): 20000}, "r1", run_dir), 1).tasks[0]
+    placed = on_hosts(loaded).with_ports({("worker", 0): 20000})
+    task = for_attempt(make_plan(loaded, placed, "r1", run_dir), 1).tasks[0]
     standbys = Standbys()
     try:
         standbys.prepare([task])

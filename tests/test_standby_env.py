@@ -14,7 +14,8 @@ import pytest
 
 from conftest import distlaunch, events, only_run_dir, wait_for, write_spec
 from distlaunch.launcher import program_env, rundir
-from distlaunch.launcher.plan import for_attempt, make_plan
+from distlaunch.launcher.placement import on_hosts
+from distlaunch.launcher.plan import Plan, for_attempt, make_plan
 from distlaunch.launcher.spec import load_spec
 from distlaunch.launcher.standby import Standbys
 from test_standby import ON_FAILURE, WAIT_FOR_STANDBY
@@ -131,7 +132,7 @@ def test_a_warm_restart_imports_tensorflow_with_the_programs_env(tmp: Path) -> N
 def test_a_program_whose_writes_cannot_be_repeated_restarts_cold(tmp: Path) -> None:
     (tmp / "task.py").write_text('import os\nos.environ["X"] = str(1)\nimport tensorflow\n')
     spec = write_spec(tmp, tasks={"worker": {"count": 1}}, restart=ON_FAILURE)
-    plan = make_plan(load_spec(spec), {("worker", 0): 20000}, "r1", tmp / "runs" / "r1")
+    plan = _plan(spec, {("worker", 0): 20000}, "r1", tmp / "runs" / "r1")
     assert not plan.standby
     shown = distlaunch("plan", str(spec), cwd=tmp)
     assert f"standbys: off (restarts are cold: {tmp / 'task.py'}:2 sets the environment" in (
@@ -158,7 +159,7 @@ def test_a_module_of_its_own_that_sets_the_environment_first_makes_restarts_cold
         spec = write_spec(
             tmp, name=f"{script}.json", program={"script": script}, restart=ON_FAILURE
         )
-        plans[script] = make_plan(load_spec(spec), {("worker", 0): 1, ("worker", 1): 2}, "r", tmp)
+        plans[script] = _plan(spec, {("worker", 0): 1, ("worker", 1): 2}, "r", tmp)
     assert plans["task.py"].program.standby_env.cold == (
         f"{tmp / 'task.py'}:2 imports settings, which sets the environment "
         f"({tmp / 'settings.py'}:2) before TensorFlow is imported ({tmp / 'task.py'}:3)"
@@ -181,7 +182,7 @@ def test_pss_servers_keep_their_standbys_when_the_program_restarts_cold(tmp: Pat
     assert "standbys: on for the servers; the program restarts cold: " in shown.stdout
     ports = {("chief", 0): 20000, ("worker", 0): 20001, ("ps", 0): 20002}
     run_dir = tmp / "runs" / "r1"
-    plan = make_plan(load_spec(spec), ports, "r1", run_dir)
+    plan = _plan(spec, ports, "r1", run_dir)
     assert plan.standby
     rundir.make_dirs(run_dir, 0)
     standbys = Standbys()
@@ -197,3 +198,9 @@ def test_pss_servers_keep_their_standbys_when_the_program_restarts_cold(tmp: Pat
         wait_for(ready, "the servers' standbys to import TensorFlow")
     finally:
         standbys.close()
+
+
+def _plan(spec: Path, ports: dict[tuple[str, int], int], run_id: str, run_dir: Path) -> Plan:
+    """The plan of ``spec`` with its tasks where the local backend puts them, at ``ports``."""
+    loaded = load_spec(spec)
+    return make_plan(loaded, on_hosts(loaded).with_ports(ports), run_id, run_dir)

@@ -125,3 +125,37 @@ def test_the_failure_is_stored_typed_and_a_version_1_record_still_loads(tmp_path
     # Version 2's kind is what the API reads, whatever the words say.
     loaded.failure = RunFailure("worker-1", "words", "s", EventKind.FORMATION)
     assert api_reads.failure_of(tmp_path, loaded).kind == "formation"
+
+
+def test_a_backend_section_is_read_typed_and_a_previous_version_record_still_loads(
+    tmp_path: Path,
+) -> None:
+    from distlaunch.launcher.transports.compose import ComposeBackend, ComposeProject
+    from distlaunch.launcher.transports.slurm import Allocation, SlurmBackend
+
+    # The previous version wrote no `backend`: its section tells it, and nothing is `extra`.
+    job = {"job_id": "12", "nodes": ["n1", "n2"], "cpus": {"n1": 2, "n2": 2}, "submitted": True}
+    network = {"protect": "auto", "hosts": {}}
+    old = {"run_id": "r", "version": 2, "tasks": {}, "slurm": job, "network": network}
+    (tmp_path / "run.json").write_text(json.dumps(old))
+    loaded = RunRecord.load(tmp_path)
+    assert (loaded.backend, loaded.network, loaded.extra) == ("slurm", network, {})
+    assert SlurmBackend().section(loaded) == Allocation(
+        "12", ("n1", "n2"), {"n1": 2, "n2": 2}, True
+    )
+    assert ComposeBackend().section(loaded) is None  # another backend's run
+    loaded.save(tmp_path)  # written back under the same keys: the previous version reads it
+    again = json.loads((tmp_path / "run.json").read_text())
+    assert again["slurm"] == job and again["network"] == network and again["backend"] == "slurm"
+
+    compose = {"project": "dl-r", "file": "/runs/r/docker-compose.yml", "command": ["docker"]}
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "compose": compose}))
+    project = ComposeBackend().section(RunRecord.load(tmp_path))
+    assert project == ComposeProject("dl-r", Path("/runs/r/docker-compose.yml"), ("docker",))
+    assert project.to_json() == compose
+
+    # A record of a backend not installed here keeps its section as it is.
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "backend": "gone", "x": {}}))
+    gone = RunRecord.load(tmp_path)
+    assert (gone.backend, gone.section, gone.extra) == ("gone", None, {"x": {}})
+    assert gone.to_json()["x"] == {} and gone.to_json()["backend"] == "gone"

@@ -25,6 +25,7 @@ from distlaunch.launcher import rundir, stacks, supervisor
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.endings import EventKind
 from distlaunch.launcher.errors import Interrupted, RecordError
+from distlaunch.launcher.placement import on_hosts
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.policy import Action, Decision, RestartPolicy, TaskEvent
 from distlaunch.launcher.spec import Restart, Timeouts, load_spec
@@ -139,7 +140,7 @@ def make_plan_for(tmp: Path, **spec: object) -> Plan:
     }
     run_dir = tmp / "runs" / "r1"
     rundir.make_dirs(run_dir, 0)
-    return make_plan(loaded, ports, "r1", run_dir)
+    return make_plan(loaded, on_hosts(loaded).with_ports(ports), "r1", run_dir)
 
 
 def supervise(

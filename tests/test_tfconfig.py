@@ -8,6 +8,7 @@ import pytest
 
 from conftest import distlaunch, write_spec
 from distlaunch.launcher import tfconfig
+from distlaunch.launcher.placement import on_hosts
 from distlaunch.launcher.plan import make_plan
 from distlaunch.launcher.spec import load_spec
 
@@ -56,7 +57,8 @@ def _plan(tmp, **fields):
     loaded = load_spec(write_spec(tmp, **fields))
     roles = loaded.spec.tasks.by_role()
     ports = {(r, i): 20000 + 10 * n + i for n, r in enumerate(roles) for i in range(len(roles[r]))}
-    return make_plan(loaded, ports, "run-1", tmp / "runs" / "run-1", attempt=2)
+    placed = on_hosts(loaded).with_ports(ports)
+    return make_plan(loaded, placed, "run-1", tmp / "runs" / "run-1", attempt=2)
 
 
 def test_plan_env_names_every_file_and_uses_loopback(tmp):

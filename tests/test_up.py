@@ -6,24 +6,24 @@ import json
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import (
+    all_running,
     distlaunch,
     events,
+    example,
     only_run_dir,
     processes_of_run,
     run_record,
     wait_for,
+    wait_for_run_dir,
     write_spec,
 )
 
 pytestmark = pytest.mark.integration
-
-EXAMPLE = {"module": "distlaunch.worker.examples.mnist_mlp"}
 
 # A worker that dies on purpose after the cluster formed: worker-0 is then blocked in a collective
 # (where it ignores SIGTERM) and must be stopped by the launcher.
@@ -44,9 +44,7 @@ def _final_losses(run_dir: Path, attempt: int = 0) -> list[str]:
 
 
 def test_two_workers_train_to_completion(tmp):
-    spec = write_spec(
-        tmp, program={**EXAMPLE, "args": ["--epochs", "2", "--steps-per-epoch", "10"]}
-    )
+    spec = write_spec(tmp, program=example("mnist_mlp", 2, 10))
     result = distlaunch("up", str(spec), cwd=tmp)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp / "runs")
@@ -91,45 +89,23 @@ def test_a_failing_task_stops_the_others_and_is_named(tmp):
     assert not processes_of_run(record["run_id"])
 
 
-def _start_up(tmp: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", *args],
-        cwd=tmp,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _running_run(tmp: Path, launcher: subprocess.Popen) -> Path:
+    run_dir = wait_for_run_dir(tmp / "runs", launcher)
+    wait_for(lambda: all_running(run_dir, 2), "both workers to join", launcher=launcher)
+    return run_dir
 
 
-def _running_run(tmp: Path) -> Path:
-    def joined():
-        runs = list((tmp / "runs").glob("*/run.json")) if (tmp / "runs").exists() else []
-        if runs:
-            record = json.loads(runs[0].read_text())
-            tasks = record.get("tasks", {}).values()
-            if len(tasks) == 2 and all(t.get("state") == "running" for t in tasks):
-                return runs[0].parent
-        return None
-
-    return wait_for(joined, "both workers to join")
-
-
-def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
+def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp, launch):
     spec = write_spec(
         tmp,
-        program={
-            **EXAMPLE,
-            "args": ["--epochs", "8", "--steps-per-epoch", "25", "--checkpoint-every", "5"],
-        },
+        program=example("mnist_mlp", 8, 25, "--checkpoint-every", "5"),
     )
-    launcher = _start_up(tmp, str(spec))
-    try:
-        run_dir = _running_run(tmp)
-        wait_for(lambda: (run_dir / "checkpoints" / "checkpoint").is_file(), "a first checkpoint")
-        launcher.send_signal(signal.SIGINT)
-        out, err = launcher.communicate(timeout=120)
-    finally:
-        launcher.kill()
+    launcher = launch(spec)
+    run_dir = _running_run(tmp, launcher)
+    wait_for(lambda: (run_dir / "checkpoints" / "checkpoint").is_file(), "a first checkpoint")
+    launcher.send_signal(signal.SIGINT)
+    launcher.wait(timeout=120)
+    err = (tmp / "stderr.txt").read_text()
     assert launcher.returncode == 130, err[-3000:]
     assert "interrupted by SIGINT" in err
     record = run_record(run_dir)
@@ -146,18 +122,13 @@ def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp):
     assert len(set(_final_losses(run_dir, attempt=1))) == 1
 
 
-def test_killing_the_launcher_leaves_no_task_behind(tmp):
-    spec = write_spec(
-        tmp, program={**EXAMPLE, "args": ["--epochs", "1000", "--steps-per-epoch", "1000"]}
-    )
-    launcher = _start_up(tmp, str(spec))
-    try:
-        run_dir = _running_run(tmp)
-        pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
-        launcher.send_signal(signal.SIGKILL)
-        launcher.wait(timeout=30)
-    finally:
-        launcher.kill()
+def test_killing_the_launcher_leaves_no_task_behind(tmp, launch):
+    spec = write_spec(tmp, program=example("mnist_mlp", 1000, 1000))
+    launcher = launch(spec)
+    run_dir = _running_run(tmp, launcher)
+    pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=30)
     run_id = run_dir.name
     wait_for(
         lambda: not processes_of_run(run_id), "the tasks to die with their launcher", limit_s=30

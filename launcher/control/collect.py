@@ -21,6 +21,7 @@ from pathlib import Path
 from distlaunch.launcher.errors import HostError, UsageError, last_message
 from distlaunch.launcher.state import RunRecord
 from distlaunch.launcher.transports import ssh
+from distlaunch.launcher.transports.routing import LocalBackend
 
 HOSTS_DIR = "hosts"
 
@@ -38,16 +39,16 @@ class Collected:
 def collect(run_dir: Path) -> list[Collected]:
     """Copy every SSH host's run files into ``run_dir/hosts/<host>/``; HostError names each host that failed."""
     record = RunRecord.load(run_dir)
-    kept = record.ssh
-    if not kept:
+    kept = LocalBackend().section(record)
+    if kept is None or not kept.hosts:
         raise UsageError(f"run {record.run_id} has no tasks on SSH hosts; nothing to collect")
-    if kept.get("shared_dir_is_shared", True):
+    if kept.shared_dir_is_shared:
         raise UsageError(
             f"run {record.run_id}: its SSH hosts share the run dir; everything is already in {run_dir}"
         )
     remote_dir = record.plan.get("run_dir") or str(run_dir)
     out, problems = [], []
-    with ssh.Session(ssh.hosts_from_record(kept)) as session:
+    with ssh.Session(dict(kept.hosts)) as session:
         for name in sorted(session.hosts):
             try:
                 out.append(_copy(session, name, remote_dir, run_dir / HOSTS_DIR / name))

@@ -13,7 +13,6 @@ by someone else's process is never signalled.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import psutil
 
 from distlaunch.launcher.control.liveness import live_launcher
 from distlaunch.launcher.state import RunRecord, RunState, TaskState
+from distlaunch.launcher.transports.base import load_backend
 from distlaunch.worker import contract
 
 DEFAULT_GRACE_S = 5.0
@@ -37,11 +37,13 @@ class DownResult:
     launcher_pid: int | None  # the live launcher that was asked to stop, if any
     stopped: int  # leftover processes of the run that were stopped
     marked: bool  # whether run.json was changed to interrupted
-    cancelled: tuple[str, ...] = ()  # Slurm job steps (JOB.STEP) or the submitted job cancelled
+    cancelled: tuple[str, ...] = ()  # what the backend's cleanup cancelled (job steps, a job)
+    backend: str = ""  # the backend as messages name it (`Backend.title`)
 
 
 def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
-    """Stop the run in ``run_dir``: its launcher if alive, then every leftover process.
+    """Stop the run in ``run_dir``: its launcher if alive, then every leftover process, then
+    what its backend left elsewhere (`Backend.cleanup`: job steps on other nodes, containers).
 
     Leftovers get SIGTERM, ``grace_s`` (default: the spec's timeouts.grace_s), then SIGKILL.
     A run recorded as running or stopping is then marked interrupted.
@@ -53,35 +55,20 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
     if launcher is not None:
         _stop([launcher], grace_s + LAUNCHER_SLACK_S)
         record = RunRecord.load(run_dir)  # the launcher recorded its own ending
-    cancelled: list[str] = []
-    if record.extra.get("slurm"):
-        # Steps run on other nodes, out of reach of the process sweep below: Slurm ends them.
-        from distlaunch.launcher.transports.slurm import cancel_steps
-
-        # The python the run's steps ran (its guards' too): a task's, as planned.
-        tasks = record.plan.get("tasks") or [{}]
-        python = (tasks[0].get("argv") or [sys.executable])[0]
-        cancelled = cancel_steps(
-            record.run_id,
-            record.extra["slurm"],
-            record.extra.get("network"),
-            python,
-            [t["name"] for t in tasks if "name" in t],
-        )
-    leftovers = _processes_of(record, run_dir)
-    _stop(leftovers, grace_s)
-    if record.compose:
-        # A compose run's containers outlive a SIGKILLed launcher: remove the whole project.
-        from distlaunch.launcher.transports.compose import ComposeTransport
-
-        project, file = record.compose["project"], Path(record.compose["file"])
-        log = run_dir / "logs" / "compose-down.log"
-        ComposeTransport(project, file, log, {}).down(grace_s)
+    backend = load_backend(record.backend)
+    with backend.cleanup(record, run_dir, grace_s) as cancelled:
+        leftovers = _processes_of(record, run_dir)
+        _stop(leftovers, grace_s)
     marked = record.state.live
     if marked:
         _mark_interrupted(run_dir, record)
     return DownResult(
-        record.run_id, launcher.pid if launcher else None, len(leftovers), marked, tuple(cancelled)
+        record.run_id,
+        launcher.pid if launcher else None,
+        len(leftovers),
+        marked,
+        tuple(cancelled),
+        backend.title,
     )
 
 

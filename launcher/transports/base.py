@@ -6,25 +6,31 @@ supervisor's one `select` watches), how it exited, and whether its TensorFlow se
 Stopping is the transport's: it knows whether SIGTERM goes to a local process group, a remote
 helper or a container; so is reading a task's stacks (`stacks`), for the same reason.
 
-A backend (the spec's `backend`) is one `Backend`: how it plans (`plan`, pure apart from the port
-lookup) and how one `up` opens it (`open`: preflight, then the plan, then a transport, each
-released on the way out). `up` picks it from a table by kind; a new backend is a module with one
-of these, and tests.
+A backend (the spec's `backend`) is one `Backend` class: how it plans (`plan`, pure apart from
+the port lookup), how one `up` opens it (`open`: preflight, then the plan, then a transport, each
+released on the way out), what `down` does after its launcher died (`cleanup`), where `distlaunch
+stacks` reads a task (`stacks`) and its own section of run.json. launcher/backends.py names them
+all; `load_backend` imports the one a run uses. A new backend is one module with one of these.
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from distlaunch.launcher import backends
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.plan import Plan, TaskPlan
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.stacks import Source
+
+if TYPE_CHECKING:
+    from distlaunch.launcher.state import RunRecord, TaskRecord
+    from distlaunch.launcher.transports.image import ImageRequest
 
 
 class TaskHandle(Protocol):
@@ -87,12 +93,20 @@ class StandbyPool(Protocol):
         """Kill every standby; return once nothing of theirs is left."""
 
 
+class Section(Protocol):
+    """A backend's own section of run.json (`RunRecord.section`), under its registry key."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as JSON data."""
+
+
 @dataclass
 class Opened:
     """A backend opened for one run: its transport and what `up` records and says about it."""
 
     transport: Transport
-    record: dict = field(default_factory=dict)  # extra run.json fields (the sandbox, SSH hosts...)
+    record: dict = field(default_factory=dict)  # run.json fields (the sandbox, the network...)
+    section: Section | None = None  # the backend's own run.json section (SSH hosts, the job...)
     notes: tuple[str, ...] = ()  # lines `up` prints before the tasks start
     console: Console | None = None  # a console that prefixes lines differently (task@host)
     standbys: StandbyPool | None = None  # the local tasks' warm standbys: the supervisor tends them
@@ -109,12 +123,52 @@ class Launch(Protocol):
 
 
 @dataclass(frozen=True)
-class Backend:
-    """A kind of backend: a planner (for `plan`/`tfconfig`, no host contacted) and an opener."""
+class UpOptions:
+    """What `up` asks of a backend beyond the spec; each backend reads what applies to it."""
 
-    plan: Callable[[LoadedSpec, str, Path, int], Plan]
-    # (loaded spec, image request, how to say a line) -> a Launch for one `up`
-    open: Callable[..., AbstractContextManager[Launch]]
+    image: ImageRequest | None = None  # compose: the tasks' image (None: the default one)
+    requeue: bool = False  # slurm: requeue the batch job stopped by its pre-timeout signal
+
+
+class TaskStacks(Protocol):
+    """Where a task of a recorded run has its stacks read (`Backend.stacks`)."""
+
+    def __call__(self, plan: dict, entry: TaskRecord, native: bool) -> Source:
+        """The source of the task ``plan`` (its run.json plan entry) whose record is ``entry``."""
+
+
+class Backend(Protocol):
+    """A kind of backend, named in launcher/backends.py (see the module docstring). One installed
+    through an entry point states the registry's facts (`backends.Entry`) as class attributes:
+    ``section_key``, ``hosts_are_nodes``, ``own_python``."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]  # how messages name it: "cancelled Slurm 12.3"
+
+    def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """A dry run's plan (`plan`, `tfconfig`): no host contacted, nothing started."""
+
+    def open(
+        self, loaded: LoadedSpec, console: Console, options: UpOptions
+    ) -> AbstractContextManager[Launch]:
+        """One `up` of the backend; on the way out everything it holds is released."""
+
+    def cleanup(
+        self, record: RunRecord, run_dir: Path, grace_s: float
+    ) -> AbstractContextManager[list[str]]:
+        """What `down` does for what outlives a dead launcher elsewhere (job steps, containers),
+        around its sweep of the run's local processes (the block); the list it yields names
+        what it cancelled, for `down` to say."""
+
+    def stacks(self, record: RunRecord, run_dir: Path) -> AbstractContextManager[TaskStacks]:
+        """Where `distlaunch stacks` reads the tasks of the live run ``record``, from its run.json
+        (the same functions the supervisor's captures use)."""
+
+
+def load_backend(name: str) -> Backend:
+    """The backend called ``name`` (UnknownBackend when there is none); only its module is
+    imported."""
+    return backends.load_class(backends.entry(name).target)()
 
 
 def exit_description(status: int) -> str:

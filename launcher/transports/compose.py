@@ -32,14 +32,17 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from distlaunch.launcher import procs, rundir, stacks
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.plan import Plan, TaskPlan
 from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.state import RunRecord, TaskRecord
 from distlaunch.launcher.transports import compose_file as compose
-from distlaunch.launcher.transports.base import Opened
+from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
 from distlaunch.launcher.transports.docker import compose_command, container_pid, docker, run
 from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
@@ -162,9 +165,9 @@ class ComposeTransport:
         if left:
             docker("rm", "--force", "--volumes", *left, check=False, log=self.log)
 
-    def describe(self) -> dict:
+    def describe(self) -> ComposeProject:
         """What run.json records about the project, enough to inspect or remove it by hand."""
-        return {"project": self.project, "file": str(self.file), "command": list(compose_command())}
+        return ComposeProject(self.project, self.file, tuple(compose_command()))
 
 
 @contextmanager
@@ -221,15 +224,77 @@ class ComposeLaunch:
         """The image, the compose file and the network (see `open_transport`)."""
         with open_transport(self.loaded, plan, self.image, self.console) as transport:
             note = f"compose project {transport.project}: {compose.ISOLATION.reason}"
-            yield Opened(transport, {"compose": transport.describe()}, (note,))
+            yield Opened(transport, section=transport.describe(), notes=(note,))
 
 
-@contextmanager
-def open_launch(
-    loaded: LoadedSpec, console: Console, image: ImageRequest | None = None, **_options: object
-) -> Iterator[ComposeLaunch]:
-    """The compose backend for one `up`, its tasks in containers of ``image``."""
-    yield ComposeLaunch(loaded, console, image or ImageRequest())
+@dataclass(frozen=True)
+class ComposeProject:
+    """The compose backend's run.json section: the run's project, its file, and the compose
+    command that ran it."""
+
+    project: str
+    file: Path
+    command: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ComposeProject:
+        """Read the section."""
+        return cls(
+            str(data.get("project", "")),
+            Path(str(data.get("file", ""))),
+            tuple(str(a) for a in data.get("command") or ()),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as JSON data."""
+        return {"project": self.project, "file": str(self.file), "command": list(self.command)}
+
+
+class ComposeBackend:
+    """The `compose` backend (a `transports.base.Backend`): every task in a container."""
+
+    name: ClassVar[str] = "compose"
+    title: ClassVar[str] = "compose"
+
+    def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """Tasks as containers reached at their service names (compose_file.compose_plan)."""
+        return compose.compose_plan(loaded, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(
+        self, loaded: LoadedSpec, console: Console, options: UpOptions
+    ) -> Iterator[ComposeLaunch]:
+        """One `up`, its tasks in containers of ``options.image``."""
+        yield ComposeLaunch(loaded, console, options.image or ImageRequest())
+
+    @contextmanager
+    def cleanup(self, record: RunRecord, run_dir: Path, grace_s: float) -> Iterator[list[str]]:
+        """After the sweep (the `compose run` clients), remove the whole project: its
+        containers outlive a SIGKILLed launcher."""
+        yield []
+        project = self.section(record)
+        if project is not None:
+            log = run_dir / "logs" / "compose-down.log"
+            ComposeTransport(project.project, project.file, log, {}).down(grace_s)
+
+    @contextmanager
+    def stacks(self, record: RunRecord, run_dir: Path) -> Iterator[TaskStacks]:
+        """Each task by the helper in its container (`task_stacks`)."""
+        project = self.section(record)
+        name = project.project if project else ""
+
+        def read(plan: dict, entry: TaskRecord, native: bool) -> stacks.Source:
+            task = plan.get("name", "")
+            container = compose.container_name(name, task)
+            return task_stacks(container, record.run_id, task, native)
+
+        yield read
+
+    def section(self, record: RunRecord) -> ComposeProject | None:
+        """The project ``record`` keeps (None: a run of another backend)."""
+        if record.backend != self.name or record.section is None:
+            return None
+        return ComposeProject.from_json(record.section)
 
 
 def write_compose_file(path: Path, data: dict) -> None:

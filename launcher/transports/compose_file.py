@@ -17,10 +17,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from distlaunch.launcher import rundir
+from distlaunch.launcher import placement, rundir
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.errors import SpecError
 from distlaunch.launcher.isolation import Isolation
-from distlaunch.launcher.plan import IMAGE_PYTHON, Plan, TaskPlan, make_plan
+from distlaunch.launcher.placement import IMAGE_PYTHON, Placements
+from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LoadedSpec, task_json_path
 from distlaunch.worker import chief_result, contract
 
@@ -35,17 +37,17 @@ ISOLATION = Isolation(
 
 
 def compose_plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int = 0) -> Plan:
-    """The plan of one attempt in containers: service names as hosts, SERVICE_PORT everywhere.
+    """The plan of one attempt in containers: the spec's tasks each in a container, reached at
+    its service name (its task name) on SERVICE_PORT.
 
     Raises SpecError for what containers cannot do yet: tasks on SSH hosts, and GPUs.
     """
-    _check_fits(loaded)
-    ports = {
-        (role, index): SERVICE_PORT
-        for role, entries in loaded.spec.tasks.by_role().items()
-        for index in range(len(entries))
-    }
-    return make_plan(loaded, ports, run_id, run_dir, attempt, isolation=ISOLATION, containers=True)
+    where = placement.on_hosts(loaded)
+    _check_fits(loaded, where)
+    placed = placement.in_containers(
+        where, SERVICE_PORT, TaskTransport.COMPOSE, address=contract.task_name
+    )
+    return make_plan(loaded, placed, run_id, run_dir, attempt, isolation=ISOLATION)
 
 
 def project_name(run_id: str) -> str:
@@ -158,26 +160,31 @@ def restart_policy(loaded: LoadedSpec, role: str) -> str:
     whole gang and a ps takes the chief with it, which compose cannot express: those stay "no".
     """
     rules = loaded.spec.restart
-    if rules.policy == "on-failure" and loaded.spec.strategy == contract.PSS and role == "worker":
+    if (
+        rules.policy == "on-failure"
+        and loaded.spec.strategy == contract.PSS
+        and role == contract.WORKER
+    ):
         return f"on-failure:{rules.max_restarts}"
     return "no"
 
 
-def _check_fits(loaded: LoadedSpec) -> None:
-    for role, entries in loaded.spec.tasks.by_role().items():
-        for index, entry in enumerate(entries):
-            if loaded.ssh_host(entry.host) is not None:
-                raise SpecError(
-                    str(loaded.file),
-                    task_json_path(loaded.raw, role, index, "host"),
-                    "the compose backend runs every task on this machine's Docker engine; expected a local host",
-                )
-            if entry.gpus:
-                raise SpecError(
-                    str(loaded.file),
-                    task_json_path(loaded.raw, role, index, "gpus"),
-                    "the compose backend gives containers no GPU yet; remove gpus or use the local backend",
-                )
+def _check_fits(loaded: LoadedSpec, where: Placements) -> None:
+    """Refuse what containers here cannot run (``where``: the spec's placement), naming the
+    spec's JSON path."""
+    for row in where.rows:
+        if row.transport == TaskTransport.SSH:
+            raise SpecError(
+                str(loaded.file),
+                task_json_path(loaded.raw, row.role, row.index, "host"),
+                "the compose backend runs every task on this machine's Docker engine; expected a local host",
+            )
+        if row.gpus:
+            raise SpecError(
+                str(loaded.file),
+                task_json_path(loaded.raw, row.role, row.index, "gpus"),
+                "the compose backend gives containers no GPU yet; remove gpus or use the local backend",
+            )
 
 
 def _literal(value: str) -> str:

@@ -7,12 +7,16 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distlaunch.launcher import procs, rundir, stacks
 from distlaunch.launcher.plan import TaskPlan
 from distlaunch.launcher.standby import Standbys
 from distlaunch.launcher.transports.netns import Sandbox, SandboxLost
 from distlaunch.worker import contract
+
+if TYPE_CHECKING:
+    from distlaunch.launcher.state import TaskRecord
 
 
 def task_stacks(keeper: int, signal_file: Path, native: bool) -> stacks.Source:
@@ -30,12 +34,17 @@ def task_stacks(keeper: int, signal_file: Path, native: bool) -> stacks.Source:
     return source
 
 
+def recorded_task_stacks(run_dir: Path, entry: TaskRecord, native: bool) -> stacks.Source:
+    """`task_stacks` of a local task as run.json records it (`distlaunch stacks`)."""
+    assert entry.pid is not None
+    signal = contract.stacks_signal_path(run_dir, entry.attempt, entry.role, entry.index)
+    return task_stacks(entry.pid, signal, native)
+
+
 def signal_file(task: TaskPlan) -> Path:
-    """The file the task's faulthandler writes its stacks to, from the environment its bootstrap
-    reads."""
-    env = task.env
+    """The file the task's faulthandler writes its stacks to (where its bootstrap reads it from)."""
     return contract.stacks_signal_path(
-        Path(env[contract.RUN_DIR]), int(env[contract.ATTEMPT]), task.role, task.index
+        Path(task.env[contract.RUN_DIR]), task.attempt, task.role, task.index
     )
 
 

@@ -38,6 +38,7 @@ from distlaunch.launcher.isolation import NETNS, USERNS, Capabilities, Isolation
 from distlaunch.worker import contract
 
 if TYPE_CHECKING:  # only for annotations: this module imports nothing heavy
+    from distlaunch.launcher.placement import Placements
     from distlaunch.launcher.spec import LoadedSpec
 
 # The holder must report its loopback up within this; it takes milliseconds.
@@ -56,9 +57,9 @@ class SandboxLost(LaunchError):
     before anything starts; this one ends a run that was already training)."""
 
 
-def decide(loaded: LoadedSpec) -> Isolation:
+def decide(loaded: LoadedSpec, placed: Placements) -> Isolation:
     """`choose` with this machine's capabilities, probed only when the spec asks for isolation."""
-    return choose(loaded, probe() if loaded.spec.isolation == "auto" else None)
+    return choose(loaded, placed, probe() if loaded.spec.isolation == "auto" else None)
 
 
 @functools.cache

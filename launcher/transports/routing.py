@@ -1,8 +1,9 @@
 """The `local` backend: tasks on this machine (local processes) and on SSH hosts, in one run.
 
-`HostRouter` is one transport over two: each task goes to the transport of its host. `open_launch`
-is the backend's `up`: the SSH session and preflight first (which picks the remote tasks' `auto`
-ports, so it comes before the plan), then the plan, then the network sandbox and both transports.
+`HostRouter` is one transport over two: each task goes to the transport of its host.
+`LocalBackend.open` is the backend's `up`: the SSH session and preflight first (which picks the
+remote tasks' `auto` ports, so it comes before the plan), then the plan, then the network
+sandbox and both transports. Its run.json section (`SshHosts`) keeps the SSH hosts as resolved.
 """
 
 from __future__ import annotations
@@ -10,18 +11,28 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
-from distlaunch.launcher import firewall, ports, rundir
+from distlaunch.launcher import firewall, placement, ports, rundir
+from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
-from distlaunch.launcher.spec import LoadedSpec
+from distlaunch.launcher.spec import Host, LoadedSpec
 from distlaunch.launcher.stacks import Source
+from distlaunch.launcher.state import RunRecord, TaskRecord
 from distlaunch.launcher.transports import netns, preflight, ssh
-from distlaunch.launcher.transports.base import Opened, TaskHandle, Transport
-from distlaunch.launcher.transports.local import LocalTransport
+from distlaunch.launcher.transports.base import (
+    Opened,
+    TaskHandle,
+    TaskStacks,
+    Transport,
+    UpOptions,
+)
+from distlaunch.launcher.transports.local import LocalTransport, recorded_task_stacks
 from distlaunch.worker import contract
 
 ISOLATED_NOTE = (
@@ -76,7 +87,7 @@ class HostRouter:
         return self._for(handle.task).stacks(handle, native)
 
     def _for(self, task: TaskPlan) -> Transport:
-        if task.transport != "ssh":
+        if task.transport != TaskTransport.SSH:
             return self.local
         if self.ssh is None:
             raise ValueError(
@@ -92,14 +103,17 @@ def plan(
     attempt: int,
     remote_ports: dict[ports.TaskKey, int] | None = None,
 ) -> Plan:
-    """Decide the isolation, allocate ports and build the plan of this attempt (nothing started).
+    """Place the tasks, decide the isolation, allocate ports and build the plan of this attempt
+    (nothing started).
 
     ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
     """
-    isolation = netns.decide(loaded)
+    placed = placement.on_hosts(loaded)
+    isolation = netns.decide(loaded, placed)
+    picked = ports.allocate(loaded, placed, private=isolation.private, remote=remote_ports)
     return make_plan(
         loaded,
-        ports.allocate(loaded, private=isolation.private, remote=remote_ports),
+        placed.with_ports(picked),
         run_id,
         run_dir,
         attempt,
@@ -142,8 +156,9 @@ class HostsLaunch:
             if sandbox is not None:
                 record["netns_holder_pid"] = sandbox.pid
             notes = [note for note in (network_note(plan), *protection.notes()) if note]
+            section = None
             if self.reports:
-                record["ssh"] = ssh.record(self.loaded, [r.name for r in self.reports])
+                section = SshHosts.of(self.loaded, [r.name for r in self.reports])
                 record["network"] = protection.to_json()
                 if not self.loaded.spec.shared_dir_is_shared:
                     notes.append(
@@ -153,7 +168,12 @@ class HostsLaunch:
             shown = HostConsole(self.console, plan) if self.reports else None
             local = LocalTransport(sandbox, standby=plan.standby)
             yield Opened(
-                HostRouter(local, remote), record, tuple(notes), shown, standbys=local.standbys
+                HostRouter(local, remote),
+                record,
+                section,
+                tuple(notes),
+                shown,
+                standbys=local.standbys,
             )
 
     def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
@@ -170,12 +190,80 @@ class HostsLaunch:
         return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, start)
 
 
-@contextmanager
-def open_launch(loaded: LoadedSpec, console: Console, **_options: object) -> Iterator[HostsLaunch]:
-    """The local backend for one `up`; the SSH master connections are closed last."""
-    remote_hosts = {name: host for name, host in loaded.hosts.items() if host.transport == "ssh"}
-    with ssh.Session(remote_hosts) as session:
-        yield HostsLaunch(loaded, session, console)
+@dataclass(frozen=True)
+class SshHosts:
+    """The local backend's run.json section: its SSH hosts as resolved (for `collect` and
+    `stacks`), and whether they share the run dir."""
+
+    shared_dir_is_shared: bool
+    hosts: Mapping[str, Host]
+
+    @classmethod
+    def of(cls, loaded: LoadedSpec, names: Sequence[str]) -> SshHosts:
+        """The SSH hosts ``names`` of ``loaded``."""
+        return cls(loaded.spec.shared_dir_is_shared, {n: loaded.hosts[n] for n in names})
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SshHosts:
+        """Read the section (a record without the key: shared, as the hosts were before it)."""
+        hosts = data.get("hosts") or {}
+        return cls(
+            bool(data.get("shared_dir_is_shared", True)),
+            {name: Host.model_validate(host) for name, host in hosts.items()},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as JSON data."""
+        return {
+            "shared_dir_is_shared": self.shared_dir_is_shared,
+            "hosts": {name: host.model_dump(mode="json") for name, host in self.hosts.items()},
+        }
+
+
+class LocalBackend:
+    """The `local` backend (a `transports.base.Backend`): processes here and on SSH hosts."""
+
+    name: ClassVar[str] = "local"
+    title: ClassVar[str] = "local"
+
+    def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """A dry run's plan (`plan` above, with the SSH tasks' ports as the spec gives them)."""
+        return plan(loaded, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(
+        self, loaded: LoadedSpec, console: Console, options: UpOptions
+    ) -> Iterator[HostsLaunch]:
+        """One `up` (``options`` do not apply here); the SSH master connections close last."""
+        remote = {n: h for n, h in loaded.hosts.items() if h.transport == TaskTransport.SSH}
+        with ssh.Session(remote) as session:
+            yield HostsLaunch(loaded, session, console)
+
+    @contextmanager
+    def cleanup(self, record: RunRecord, run_dir: Path, grace_s: float) -> Iterator[list[str]]:
+        """Nothing: `down`'s sweep here reaches every process of a local run (an SSH task ends
+        with its local ssh client: the remote helper stops the task when its stdin closes)."""
+        yield []
+
+    @contextmanager
+    def stacks(self, record: RunRecord, run_dir: Path) -> Iterator[TaskStacks]:
+        """Local tasks by py-spy here, SSH tasks by the remote helper over one SSH session."""
+        section = self.section(record)
+        with ssh.Session(dict(section.hosts) if section else {}) as session:
+
+            def read(plan: dict, entry: TaskRecord, native: bool) -> Source:
+                if plan.get("transport") == TaskTransport.SSH:
+                    name = plan.get("name", "")
+                    return ssh.task_stacks(session, plan["host_name"], record.run_id, name, native)
+                return recorded_task_stacks(run_dir, entry, native)
+
+            yield read
+
+    def section(self, record: RunRecord) -> SshHosts | None:
+        """The SSH hosts ``record`` keeps (None: a run of another backend, or without SSH hosts)."""
+        if record.backend != self.name or record.section is None:
+            return None
+        return SshHosts.from_json(record.section)
 
 
 class HostConsole(Console):
@@ -197,7 +285,7 @@ def network_note(plan: Plan) -> str | None:
     speak for the SSH hosts')."""
     if plan.isolation.private:
         return ISOLATED_NOTE
-    listed = ", ".join(str(t.port) for t in plan.tasks if t.transport == "local")
+    listed = ", ".join(str(t.port) for t in plan.tasks if t.transport == TaskTransport.LOCAL)
     if not listed:
         return None
     return EXPOSURE_NOTE.format(

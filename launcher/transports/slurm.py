@@ -40,7 +40,6 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -56,14 +55,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from distlaunch.launcher import firewall, ports, procs, rundir, stacks
 from distlaunch.launcher.console import Console
 from distlaunch.launcher.errors import HostError, Interrupted, UsageError
 from distlaunch.launcher.isolation import HOST, Isolation
+from distlaunch.launcher.placement import on_nodes
 from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
-from distlaunch.launcher.spec import LOCAL_HOSTS, Host, LoadedSpec, task_json_path
-from distlaunch.launcher.transports.base import Opened
+from distlaunch.launcher.spec import LOCAL_HOSTS, LoadedSpec, task_json_path
+from distlaunch.launcher.state import RunRecord, TaskRecord
+from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
 from distlaunch.launcher.transports.helper import (
     HELPER_MODULE,
     HelperCommand,
@@ -71,7 +73,12 @@ from distlaunch.launcher.transports.helper import (
     HelperTransport,
     still_running,
 )
-from distlaunch.launcher.transports.preflight import HostReport, probe_all, probe_source
+from distlaunch.launcher.transports.preflight import (
+    HostReport,
+    picked_ports,
+    probe_all,
+    probe_source,
+)
 from distlaunch.launcher.transports.routing import HostConsole
 from distlaunch.worker import contract
 
@@ -103,13 +110,24 @@ class Allocation:
     submitted: bool  # the job was submitted by `distlaunch sbatch` for this run: `down` cancels it
 
     def to_json(self) -> dict:
-        """What run.json keeps, for `down` and people."""
+        """What run.json keeps (the slurm backend's section), for `down`, `stacks` and people."""
         return {
             "job_id": self.job_id,
             "nodes": list(self.nodes),
             "cpus": dict(self.cpus),
             "submitted": self.submitted,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Allocation:
+        """Read the section `to_json` wrote."""
+        cpus = data.get("cpus") or {}
+        return cls(
+            str(data.get("job_id") or ""),
+            tuple(str(n) for n in data.get("nodes") or ()),
+            {str(n): int(c) for n, c in cpus.items()},
+            bool(data.get("submitted")),
+        )
 
 
 def allocation(env: Mapping[str, str] | None = None) -> Allocation:
@@ -218,53 +236,23 @@ def place(loaded: LoadedSpec, alloc: Allocation) -> dict[ports.TaskKey, str]:
     return placed
 
 
-def placed_spec(loaded: LoadedSpec, placement: Mapping[ports.TaskKey, str]) -> LoadedSpec:
-    """``loaded`` with every task's host set to its node, and the nodes as hosts reached by name.
-
-    The nodes are `local` hosts to the plan (the task runs the launcher's interpreter, in the
-    spec's workdir: a cluster shares its filesystem), addressed by hostname in TF_CONFIG.
-    """
-    tasks = loaded.spec.tasks
-    update = {}
-    for role, entries in tasks.by_role().items():
-        group = getattr(tasks, role)
-        new = [e.model_copy(update={"host": placement[(role, i)]}) for i, e in enumerate(entries)]
-        update[role] = group.model_copy(update={"entries": new})
-    nodes = sorted(set(placement.values()))
-    hosts = {node: Host(transport="local", address=node) for node in nodes}
-    spec = loaded.spec.model_copy(update={"tasks": tasks.model_copy(update=update), "hosts": hosts})
-    return dataclasses.replace(loaded, spec=spec, hosts=hosts)
-
-
 def slurm_plan(
     loaded: LoadedSpec,
-    placement: Mapping[ports.TaskKey, str],
+    nodes: Mapping[ports.TaskKey, str],
     picked: Mapping[ports.TaskKey, int],
     run_id: str,
     run_dir: Path,
     attempt: int = 0,
 ) -> Plan:
-    """The plan of one attempt on the nodes: TF_CONFIG names ``node:port`` with the nodes' own ports.
+    """The plan of one attempt on the nodes (``nodes``: `place`'s decision): TF_CONFIG names
+    ``node:port`` with the nodes' own ports (``picked``).
 
     A task with GPUs asks Slurm for them (``--gpus-per-task``) and gets Slurm's CUDA_VISIBLE_DEVICES;
-    a task without any gets "" (CPU only), as elsewhere.
+    a task without any gets "" (CPU only), as elsewhere. Steps get no warm standbys: those are
+    local processes.
     """
-    plan = make_plan(
-        placed_spec(loaded, placement),
-        picked,
-        run_id,
-        run_dir,
-        attempt,
-        isolation=ISOLATION,
-    )
-    tasks = []
-    for task in plan.tasks:
-        env = dict(task.env)
-        if task.gpus:
-            del env["CUDA_VISIBLE_DEVICES"]
-        tasks.append(dataclasses.replace(task, env=env, transport="slurm"))
-    # Warm standbys are local processes: a Slurm step starts fresh on its node.
-    return dataclasses.replace(plan, tasks=tuple(tasks), standby=False)
+    placed = on_nodes(loaded, nodes).with_ports(picked)
+    return make_plan(loaded, placed, run_id, run_dir, attempt, isolation=ISOLATION)
 
 
 def python_of(loaded: LoadedSpec) -> str:
@@ -635,9 +623,9 @@ def requeue(alloc: Allocation) -> None:
 def plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
     """A dry run's plan (`plan`, `tfconfig`): placed on the current allocation, with stand-in
     ports (`up` picks the real ones on the nodes)."""
-    placement = place(loaded, allocation())
-    stand_ins = ports.allocate(placed_spec(loaded, placement), private=True)
-    return slurm_plan(loaded, placement, stand_ins, run_id, run_dir, attempt)
+    nodes = place(loaded, allocation())
+    stand_ins = ports.allocate(loaded, on_nodes(loaded, nodes), private=True)
+    return slurm_plan(loaded, nodes, stand_ins, run_id, run_dir, attempt)
 
 
 class SlurmLaunch:
@@ -666,8 +654,9 @@ class SlurmLaunch:
             self.console.say(f"node {report.name}: {report.summary()}")
             if isinstance(report.facts.get("helper"), str):
                 self.helpers[report.name] = report.facts["helper"]
-        picked = {key: port for report in reports for key, port in report.ports.items()}
-        return slurm_plan(self.loaded, self.placement, picked, run_id, run_dir, attempt)
+        return slurm_plan(
+            self.loaded, self.placement, picked_ports(reports), run_id, run_dir, attempt
+        )
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
@@ -689,8 +678,8 @@ class SlurmLaunch:
                 *protection.notes(),
             )
             try:
-                record = {"slurm": self.alloc.to_json(), "network": protection.to_json()}
-                yield Opened(steps, record, notes, HostConsole(self.console, plan))
+                record = {"network": protection.to_json()}
+                yield Opened(steps, record, self.alloc, notes, HostConsole(self.console, plan))
             except Interrupted as exc:
                 if self.requeue and exc.signum == rundir.PRE_TIMEOUT_SIGNAL:
                     self.console.say(
@@ -717,14 +706,57 @@ class SlurmLaunch:
         self.guards.clear()
 
 
-@contextmanager
-def open_launch(
-    loaded: LoadedSpec, console: Console, requeue: bool = False, **_options: object
-) -> Iterator[SlurmLaunch]:
-    """The slurm backend for one `up` (UsageError outside an allocation, or when the tasks do
-    not fit its nodes)."""
-    launch = SlurmLaunch(loaded, console, requeue)
-    try:
-        yield launch
-    finally:
-        launch.close()
+class SlurmBackend:
+    """The `slurm` backend (a `transports.base.Backend`): every task a step of the allocation."""
+
+    name: ClassVar[str] = "slurm"
+    title: ClassVar[str] = "Slurm"
+
+    def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """A dry run's plan (`plan` above: stand-in ports on the current allocation)."""
+        return plan(loaded, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(
+        self, loaded: LoadedSpec, console: Console, options: UpOptions
+    ) -> Iterator[SlurmLaunch]:
+        """One `up` (UsageError outside an allocation, or when the tasks do not fit its nodes);
+        ``options.requeue``: see `SlurmLaunch.open`."""
+        launch = SlurmLaunch(loaded, console, options.requeue)
+        try:
+            yield launch
+        finally:
+            launch.close()
+
+    @contextmanager
+    def cleanup(self, record: RunRecord, run_dir: Path, grace_s: float) -> Iterator[list[str]]:
+        """Before the sweep, cancel the run's steps (they run on other nodes, out of its reach)
+        and remove its guards' rules (`cancel_steps`)."""
+        alloc = self.section(record)
+        if alloc is None:
+            yield []
+            return
+        # The python the run's steps ran (its guards' too): a task's, as planned.
+        tasks = record.plan.get("tasks") or [{}]
+        python = (tasks[0].get("argv") or [sys.executable])[0]
+        names = [t["name"] for t in tasks if "name" in t]
+        yield cancel_steps(record.run_id, alloc.to_json(), record.network, python, names)
+
+    @contextmanager
+    def stacks(self, record: RunRecord, run_dir: Path) -> Iterator[TaskStacks]:
+        """Each task by the helper in a step on its node (`task_stacks`)."""
+        alloc = self.section(record)
+        job = alloc.job_id if alloc else ""
+
+        def read(plan: dict, entry: TaskRecord, native: bool) -> stacks.Source:
+            # The nodes' interpreter is the tasks' own (a cluster shares its filesystem).
+            helper = helper_argv(plan["argv"][0], None)
+            return task_stacks(job, plan["host_name"], record.run_id, plan["name"], helper, native)
+
+        yield read
+
+    def section(self, record: RunRecord) -> Allocation | None:
+        """The job ``record`` keeps (None: a run of another backend)."""
+        if record.backend != self.name or record.section is None:
+            return None
+        return Allocation.from_json(record.section)

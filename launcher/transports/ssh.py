@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 
 from distlaunch.launcher import procs, stacks
 from distlaunch.launcher.plan import TaskPlan
-from distlaunch.launcher.spec import Host, LoadedSpec
+from distlaunch.launcher.spec import Host
 from distlaunch.launcher.transports.helper import (
     HELPER_MODULE,
     HelperCommand,
@@ -59,20 +59,6 @@ def remote_python(python: str) -> str:
     if python.startswith("~/"):
         return '"$HOME"/' + shlex.quote(python[2:])
     return shlex.quote(python)
-
-
-def record(loaded: LoadedSpec, names: Sequence[str]) -> dict:
-    """What run.json keeps for `distlaunch collect`: the SSH hosts as resolved, and whether they
-    share the run dir."""
-    return {
-        "shared_dir_is_shared": loaded.spec.shared_dir_is_shared,
-        "hosts": {name: loaded.hosts[name].model_dump(mode="json") for name in names},
-    }
-
-
-def hosts_from_record(data: Mapping) -> dict[str, Host]:
-    """The hosts `record` kept."""
-    return {name: Host.model_validate(host) for name, host in data.get("hosts", {}).items()}
 
 
 def jumped_hosts(hosts: Mapping[str, Host]) -> list[str]:
