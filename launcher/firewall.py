@@ -41,7 +41,6 @@ import re
 import selectors
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -49,14 +48,12 @@ from dataclasses import dataclass, field
 
 from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.errors import HostError
+from distlaunch.launcher.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat, Pipe
 from distlaunch.launcher.plan import Plan
 from distlaunch.worker import guard
 
 GUARD_MODULE = "distlaunch.worker.guard"
 AUTO, OFF, REQUIRED = "auto", "off", "required"
-HEARTBEAT_S = 2.0
-# A guard whose launcher has been silent this long removes its rules (as the SSH helper kills).
-HEARTBEAT_TIMEOUT_S = 20.0
 # How long a guard may take to answer: a connection, a Python start and one nft call.
 ANSWER_TIMEOUT_S = 60.0
 # How long a closed guard may take to remove its table (it first waits for the ports to close).
@@ -395,40 +392,32 @@ class Guards:
         self.rules = dict(rules)
         self.start = start
         self._procs: dict[str, subprocess.Popen] = {}
-        self._lock = threading.Lock()
-        self._quit = threading.Event()
-        self._heart: threading.Thread | None = None
+        self._stdins: dict[str, Pipe] = {}
+        self._heartbeat = Heartbeat("guard-heartbeat")
 
     def open(self) -> tuple[HostState, ...]:
         """Start (or take) every guard at once, send each its rules and wait for its answer."""
         for name, rules in self.rules.items():
             proc = self.start(name)
             self._procs[name] = proc
-            assert proc.stdin is not None
-            try:
-                proc.stdin.write(json.dumps(rules.request(self.run_id)).encode() + b"\n")
-                proc.stdin.flush()
-            except BrokenPipeError:
-                pass  # a guard started earlier that has died: `_state` tells why from its stderr
+            # A guard started earlier that has died takes no request: `_state` tells why from
+            # its stderr.
+            request = json.dumps(rules.request(self.run_id)).encode() + b"\n"
+            self._stdins[name] = Pipe(proc, request)
         answers = self._answers()
         states = tuple(self._state(name, answers.get(name)) for name in self.rules)
         for state in states:
-            if not state.protected:
+            if state.protected:
+                self._heartbeat.add(self._stdins[state.host])
+            else:
                 self._end(state.host)
-        self._heart = threading.Thread(target=self._beat, name="guard-heartbeat", daemon=True)
-        self._heart.start()
         return states
 
     def close(self) -> None:
         """Close every guard's stdin and wait for it to remove its table (the tasks are stopped)."""
-        self._quit.set()
-        if self._heart is not None:
-            self._heart.join()
-        for name in list(self._procs):
-            with self._lock:
-                stdin = self._procs[name].stdin
-                if stdin is not None and not stdin.closed:
-                    stdin.close()
+        self._heartbeat.close()
+        for stdin in self._stdins.values():
+            stdin.close()
         deadline = time.monotonic() + CLOSE_TIMEOUT_S
         for name in list(self._procs):
             proc = self._procs.pop(name)
@@ -500,16 +489,5 @@ class Guards:
 
     def _end(self, name: str) -> None:
         """Forget a guard that protects nothing (it has exited, or exits on EOF)."""
+        self._stdins.pop(name).close()
         end_guard(self._procs.pop(name))
-
-    def _beat(self) -> None:
-        while not self._quit.wait(HEARTBEAT_S):
-            with self._lock:
-                for proc in self._procs.values():
-                    if proc.stdin is None or proc.stdin.closed or proc.poll() is not None:
-                        continue
-                    try:
-                        proc.stdin.write(b"\n")
-                        proc.stdin.flush()
-                    except (BrokenPipeError, OSError):
-                        pass

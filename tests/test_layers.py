@@ -56,6 +56,8 @@ LAYER_OF = {
     "distlaunch.launcher.taskinit": "transports",  # the init a local task starts through
     "distlaunch.launcher.standby": "transports",  # warm standbys of local tasks
     "distlaunch.launcher.firewall": "transports",  # the SSH hosts' per-run guards
+    "distlaunch.launcher.heartbeat": "transports",  # the pulse to remote helpers and guards
+    "distlaunch.launcher.transports.helper": "transports",  # the helper-over-stdin transport
     # supervisor: the loop and the run's state
     "distlaunch.launcher.supervisor": "supervisor",
     "distlaunch.launcher.progress_view": "supervisor",  # the live line and status --watch

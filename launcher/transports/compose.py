@@ -44,8 +44,8 @@ from distlaunch.launcher.state import RunRecord, TaskRecord
 from distlaunch.launcher.transports import compose_file as compose
 from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
 from distlaunch.launcher.transports.docker import compose_command, container_pid, docker, run
+from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
-from distlaunch.launcher.transports.ssh import HELPER_MODULE
 from distlaunch.worker import contract
 
 # The run dir's file with every docker and compose command the launcher ran, and their output.

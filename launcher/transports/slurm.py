@@ -54,9 +54,8 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
 from distlaunch.launcher import firewall, ports, procs, rundir, stacks
 from distlaunch.launcher.console import Console
@@ -67,16 +66,21 @@ from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.spec import LOCAL_HOSTS, LoadedSpec, task_json_path
 from distlaunch.launcher.state import RunRecord, TaskRecord
 from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
-from distlaunch.launcher.transports.preflight import probe_token
-from distlaunch.launcher.transports.routing import HostConsole
-from distlaunch.launcher.transports.ssh import (
-    HEARTBEAT_S,
+from distlaunch.launcher.transports.helper import (
     HELPER_MODULE,
-    SshHandle,
-    ask_to_stop,
-    helper_request,
+    HelperCommand,
+    HelperHandle,
+    HelperTransport,
+    still_running,
 )
-from distlaunch.worker import contract, remote
+from distlaunch.launcher.transports.preflight import (
+    HostReport,
+    picked_ports,
+    probe_all,
+    probe_source,
+)
+from distlaunch.launcher.transports.routing import HostConsole
+from distlaunch.worker import contract
 
 PROBE_TIMEOUT_S = 120.0
 # After its stdin closed, a step's helper kills the task at once and srun exits; this long at most.
@@ -319,31 +323,13 @@ def task_stacks(
 # ---- preflight -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class NodeReport:
-    """What one node's probe found: problems (one line each), picked ports, versions."""
-
-    name: str
-    problems: tuple[str, ...]
-    ports: dict[ports.TaskKey, int]
-    facts: dict
-
-    def summary(self) -> str:
-        """One line on what the node runs."""
-        return ", ".join(
-            f"{k} {self.facts[k]}"
-            for k in ("python", "tensorflow", "distlaunch")
-            if k in self.facts
-        )
-
-
 def preflight(
     loaded: LoadedSpec,
     alloc: Allocation,
     placement: Mapping[ports.TaskKey, str],
     umask: int | None,
     guard_run: str | None = None,
-) -> tuple[list[NodeReport], dict[str, subprocess.Popen]]:
+) -> tuple[list[HostReport], dict[str, subprocess.Popen]]:
     """Probe every node with tasks, in parallel, as a step of the allocation: its Python has
     TensorFlow and this distlaunch, it sees the shared dir, its fixed ports are free and its `auto`
     ports are picked there. HostError lists every problem, one line each (nothing started).
@@ -360,94 +346,75 @@ def preflight(
             if isinstance(port, int):
                 fixed[(role, i)] = port
         wanted[node] = ports.HostPorts(fixed, tuple(k for k in keys if k not in fixed))
-    token_file, token = probe_token(loaded)
+    probe = NodeProbe(loaded, alloc, guard_run)
     try:
-        with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
-            probed = list(
-                pool.map(
-                    lambda n: _probe(
-                        loaded, alloc, n, wanted[n], token_file, token, umask, guard_run
-                    ),
-                    wanted,
-                )
-            )
-    finally:
-        if token_file is not None:
-            token_file.unlink(missing_ok=True)
-    reports = [report for report, _ in probed]
-    guards = {report.name: guard for report, guard in probed if guard is not None}
-    problems = [f"node {r.name}: {line}" for r in reports for line in r.problems]
-    if problems:
-        for guard in guards.values():
+        reports = probe_all(loaded, wanted, umask, probe)
+    except HostError:
+        for guard in probe.guards.values():
             firewall.end_guard(guard)
-        failed = sum(1 for r in reports if r.problems)
-        raise HostError(
-            f"preflight failed on {failed} of {len(reports)} Slurm nodes; nothing was started:",
-            problems,
-        )
-    return reports, guards
+        raise
+    return reports, probe.guards
 
 
-def _probe(
-    loaded: LoadedSpec,
-    alloc: Allocation,
-    node: str,
-    wanted: ports.HostPorts,
-    token_file: Path | None,
-    token: str,
-    umask: int | None,
-    guard_run: str | None,
-) -> tuple[NodeReport, subprocess.Popen | None]:
-    request = {
-        "fixed_ports": list(wanted.fixed.values()),
-        "auto_ports": len(wanted.auto),
-        "shared_dir": str(loaded.shared_dir),
-        "shared": True,
-        "token_file": str(token_file) if token_file else None,
-        "token": token,
-        "workdir": str(loaded.workdir),
-        "script": str(loaded.script) if loaded.script else None,
-        "umask": umask,
-        "then_guard": guard_run is not None,
-    }
-    source = resources.files("distlaunch.launcher.transports").joinpath("ssh_probe.py").read_text()
-    python = python_of(loaded)
-    name = guard_step_name(guard_run, node) if guard_run else f"{STEP_PREFIX}.preflight"
-    # The source as an argument (not on stdin, as over SSH): stdin stays free for the guard's
-    # request. The run id lets `distlaunch down` find a guard's srun client like the tasks'.
-    argv = [*srun_argv(alloc.job_id, node, name, overlap=True), python, "-c", source]
-    env = {contract.RUN_ID: guard_run} if guard_run else {}
-    proc = firewall.start_guard([*argv, json.dumps(request)], env)
-    if guard_run is None:
-        assert proc.stdin is not None
-        proc.stdin.close()  # a probe only: it exits after its answer
-    try:
-        answer = _answer(proc, PROBE_TIMEOUT_S)
-    except TimeoutError:
-        _ended(proc)
-        return NodeReport(
-            node, (f"no answer from a job step within {PROBE_TIMEOUT_S:g} s",), {}, {}
-        ), None
-    if answer is None:
-        stderr = _ended(proc)
-        last = [line for line in stderr.splitlines() if line.strip()]
-        why = last[-1].strip() if last else f"exit code {proc.returncode}"
-        if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
-            why = f"python {python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
-        return NodeReport(node, (f"the probe step failed: {why}",), {}, {}), None
-    problems = list(answer["problems"])
-    facts = answer["facts"]
-    if "protocol" in facts and facts["protocol"] != remote.PROTOCOL:
-        problems.append(
-            f"distlaunch {facts.get('distlaunch')} there speaks protocol {facts['protocol']}, this launcher "
-            f"{remote.PROTOCOL}; install the same distlaunch version on every node"
-        )
-    picked = dict(wanted.fixed)
-    picked.update(zip(wanted.auto, answer["ports"], strict=True))
-    guard = proc if guard_run is not None and not problems else None
-    if guard is None:
-        _ended(proc)  # a probe only, or one that found problems (it does not go on as a guard)
-    return NodeReport(node, tuple(problems), picked, facts), guard
+class NodeProbe:
+    """The probe of Slurm nodes (`preflight.Probe`): a job step ``PYTHON -c SOURCE REQUEST``.
+
+    With ``guard_run``, a probe that found nothing wrong goes on as the node's firewall guard;
+    ``guards`` keeps those, by node."""
+
+    machine = "node"
+    machines = "Slurm nodes"
+
+    def __init__(self, loaded: LoadedSpec, alloc: Allocation, guard_run: str | None) -> None:
+        self.loaded = loaded
+        self.alloc = alloc
+        self.guard_run = guard_run
+        self.python = python_of(loaded)
+        self.guards: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()  # the probes run in parallel threads
+
+    def label(self, name: str) -> str:
+        """``node NAME``."""
+        return f"node {name}"
+
+    def request(self, name: str) -> dict:
+        """A cluster shares its filesystem: the spec's workdir, the shared dir seen everywhere."""
+        return {
+            "shared": True,
+            "workdir": str(self.loaded.workdir),
+            "then_guard": self.guard_run is not None,
+        }
+
+    def run(self, name: str, request: dict) -> dict | str:
+        """Run the probe as a step on node ``name``: its answer, or what went wrong in words."""
+        guard_run = self.guard_run
+        step = guard_step_name(guard_run, name) if guard_run else f"{STEP_PREFIX}.preflight"
+        # The source as an argument (not on stdin, as over SSH): stdin stays free for the guard's
+        # request. The run id lets `distlaunch down` find a guard's srun client like the tasks'.
+        argv = [*srun_argv(self.alloc.job_id, name, step, overlap=True), self.python, "-c"]
+        env = {contract.RUN_ID: guard_run} if guard_run else {}
+        proc = firewall.start_guard([*argv, probe_source(), json.dumps(request)], env)
+        if guard_run is None:
+            assert proc.stdin is not None
+            proc.stdin.close()  # a probe only: it exits after its answer
+        try:
+            answer = _answer(proc, PROBE_TIMEOUT_S)
+        except TimeoutError:
+            _ended(proc)
+            return f"no answer from a job step within {PROBE_TIMEOUT_S:g} s"
+        if answer is None:
+            stderr = _ended(proc)
+            last = [line for line in stderr.splitlines() if line.strip()]
+            why = last[-1].strip() if last else f"exit code {proc.returncode}"
+            if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
+                why = f"python {self.python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
+            return f"the probe step failed: {why}"
+        if guard_run is not None and not answer["problems"]:
+            with self._lock:
+                self.guards[name] = proc
+        else:
+            _ended(proc)  # a probe only, or one that found problems (it does not go on as a guard)
+        return answer
 
 
 def _answer(proc: subprocess.Popen, timeout_s: float) -> dict | None:
@@ -492,14 +459,10 @@ def _ended(proc: subprocess.Popen) -> str:
 # ---- transport -------------------------------------------------------------------------------
 
 
-class StepHandle(SshHandle):
-    """One task running as a job step, seen through its local srun client (whose stdin the
-    launcher holds, as it holds an SSH task's ssh client). ``returncode`` is the task's exit code
-    as the helper relayed it (128+N for signal N)."""
+class StepTransport(HelperTransport):
+    """Starts tasks as job steps of the allocation and stops them (on the node: TERM, grace, KILL).
 
-
-class StepTransport:
-    """Starts tasks as job steps of the allocation and stops them (on the node: TERM, grace, KILL)."""
+    A task's local srun client holds its stdin, as an SSH task's ssh client does."""
 
     def __init__(
         self,
@@ -510,20 +473,14 @@ class StepTransport:
         umask: int | None,
         helpers: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__(grace_s, umask, heartbeat="srun-heartbeat")
         self.alloc = alloc
         self.run_id = run_id
         self.python = python
         self.helpers = dict(helpers or {})  # node -> the helper's path there (preflight's finding)
-        self.grace_s = grace_s
-        self.umask = umask
-        self._live: set[StepHandle] = set()
-        self._lock = threading.Lock()
-        self._quit = threading.Event()
-        self._heart: threading.Thread | None = None
 
-    def start(self, task: TaskPlan) -> StepHandle:
-        """Start one task as a step on its node; srun's output is appended to the task's log file."""
-        rundir.create_file(task.log_file)
+    def helper_command(self, task: TaskPlan) -> HelperCommand:
+        """The task's srun client: one step on its node running the helper."""
         argv = [
             *srun_argv(
                 self.alloc.job_id,
@@ -533,79 +490,28 @@ class StepTransport:
             ),
             *helper_argv(self.python, self.helpers.get(task.host_name)),
         ]
-        env = {contract.RUN_ID: self.run_id}
         # SIGTERM, not SIGKILL, when the launcher dies: srun then cancels its step; a killed srun
         # would leave it running.
-        proc = procs.spawn(
-            argv,
-            env,
-            os.getcwd(),
-            task.log_file,
-            stdin=subprocess.PIPE,
-            death_signal=signal.SIGTERM,
-        )
-        handle = StepHandle(task, proc)
-        handle.send(json.dumps(helper_request(task, self.umask, self.grace_s)).encode() + b"\n")
-        assert proc.stdin is not None
-        os.set_blocking(proc.stdin.fileno(), False)
-        with self._lock:
-            self._live.add(handle)
-            if self._heart is None:
-                self._heart = threading.Thread(
-                    target=self._beat, name="srun-heartbeat", daemon=True
-                )
-                self._heart.start()
-        return handle
+        return HelperCommand(tuple(argv), {contract.RUN_ID: self.run_id}, signal.SIGTERM)
 
-    def stop(self, handles: Sequence[StepHandle], grace_s: float) -> None:
-        """Ask every step's helper to stop its task (TERM, grace, KILL on the node), wait, then kill."""
-        ask_to_stop(handles, grace_s)
-        self.kill(handles)
-
-    def kill(self, handles: Sequence[StepHandle]) -> None:
+    def kill(self, handles: Sequence[HelperHandle]) -> None:
         """End the steps now: EOF makes each helper SIGKILL its task and exit, which ends the step.
 
         An srun still there after KILL_WAIT_S gets SIGTERM (it cancels the step), then SIGKILL.
         """
         for handle in handles:
-            handle.close_stdin()
-        deadline = time.monotonic() + KILL_WAIT_S
-        late = []
-        for handle in handles:
-            try:
-                handle.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                late.append(handle.proc)
+            handle.stdin.close()
+        late = still_running(handles, KILL_WAIT_S)
         if late:
             procs.stop_groups(late, KILL_WAIT_S)
 
-    def stacks(self, handle: StepHandle, native: bool) -> stacks.Source:
+    def stacks(self, handle: HelperHandle, native: bool) -> stacks.Source:
         """The task's program, read on its node (see `task_stacks`)."""
         task = handle.task
         helper = helper_argv(self.python, self.helpers.get(task.host_name))
         return task_stacks(
             self.alloc.job_id, task.host_name, self.run_id, task.name, helper, native
         )
-
-    def close(self) -> None:
-        """Stop the heartbeat (the tasks must be stopped already)."""
-        self._quit.set()
-        if self._heart is not None:
-            self._heart.join()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _beat(self) -> None:
-        while not self._quit.wait(HEARTBEAT_S):
-            with self._lock:
-                live = [h for h in self._live if h.proc.poll() is None]
-                self._live = set(live)
-            for handle in live:
-                handle.send(b"\n")
 
 
 # ---- cleanup without the launcher --------------------------------------------------------------
@@ -748,8 +654,9 @@ class SlurmLaunch:
             self.console.say(f"node {report.name}: {report.summary()}")
             if isinstance(report.facts.get("helper"), str):
                 self.helpers[report.name] = report.facts["helper"]
-        picked = {key: port for report in reports for key, port in report.ports.items()}
-        return slurm_plan(self.loaded, self.placement, picked, run_id, run_dir, attempt)
+        return slurm_plan(
+            self.loaded, self.placement, picked_ports(reports), run_id, run_dir, attempt
+        )
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
