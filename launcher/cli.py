@@ -346,7 +346,7 @@ def up(
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
     from distlaunch.launcher.console import Console
     from distlaunch.launcher.spec import load_spec
-    from distlaunch.launcher.transports.image import ImageRequest
+    from distlaunch.launcher.transports.base import UpOptions
     from distlaunch.launcher.up import choose_run, claim_and_up
 
     if resume and fresh:
@@ -360,7 +360,7 @@ def up(
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
     # The one path `distlaunch.launch` takes too (launcher/api_child.py).
-    claim_and_up(loaded, target, console, ImageRequest(image, base_image), requeue)
+    claim_and_up(loaded, target, console, UpOptions(image, base_image, requeue))
 
 
 @cli.command("compose")

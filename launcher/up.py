@@ -19,7 +19,6 @@ from distlaunch.launcher.state import RunFailure, RunRecord, RunState, latest_un
 from distlaunch.launcher.summary import details, headline
 from distlaunch.launcher.supervisor import Supervisor
 from distlaunch.launcher.transports.base import UpOptions, load_backend
-from distlaunch.launcher.transports.image import ImageRequest
 
 
 @dataclass(frozen=True)
@@ -82,35 +81,32 @@ def claim_and_up(
     loaded: LoadedSpec,
     target: RunTarget,
     console: Console,
-    image: ImageRequest | None = None,
-    requeue: bool = False,
+    options: UpOptions = UpOptions(),
     before_start: Callable[[Path], None] | None = None,
 ) -> None:
     """`up` holding the run dir's claim (one launcher per run dir, for this launcher's life)."""
     previous_attempt = target.previous.attempt if target.previous else None
     with rundir.claim(target.run_dir, previous_attempt, loaded.spec.permissions == "private"):
-        up(loaded, target, console, image, requeue, before_start)
+        up(loaded, target, console, options, before_start)
 
 
 def up(
     loaded: LoadedSpec,
     target: RunTarget,
     console: Console,
-    image: ImageRequest | None = None,
-    requeue: bool = False,
+    options: UpOptions = UpOptions(),
     before_start: Callable[[Path], None] | None = None,
 ) -> None:
     """Run the job to its end; raise RunFailed or Interrupted (after full teardown) if it did not succeed.
 
     The backend checks its hosts first (HostError, nothing started, when an SSH host is not
-    usable), then plans; with the compose backend the tasks run in containers of ``image``;
-    with the slurm backend ``requeue`` requeues a batch job stopped by its pre-timeout signal.
+    usable), then plans; ``options`` are what the backend reads beyond the spec (compose: the
+    tasks' image; slurm: whether to requeue a batch job stopped by its pre-timeout signal).
     ``before_start`` gets the run dir once it exists, before any task starts (`distlaunch.run`
     writes its function there).
     """
     procs.raise_fd_limit()  # a few descriptors per task: hundreds of tasks pass 1024
     private = loaded.spec.permissions == "private"
-    options = UpOptions(image, requeue)
     with load_backend(loaded.spec.backend).open(loaded, console, options) as launch:
         plan = launch.plan(target.run_id, target.run_dir, target.attempt)
         with _umask(rundir.PRIVATE_UMASK if private else None):

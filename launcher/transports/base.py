@@ -30,7 +30,6 @@ from distlaunch.launcher.stacks import Source
 
 if TYPE_CHECKING:
     from distlaunch.launcher.state import RunRecord, TaskRecord
-    from distlaunch.launcher.transports.image import ImageRequest
 
 
 class TaskHandle(Protocol):
@@ -126,7 +125,9 @@ class Launch(Protocol):
 class UpOptions:
     """What `up` asks of a backend beyond the spec; each backend reads what applies to it."""
 
-    image: ImageRequest | None = None  # compose: the tasks' image (None: the default one)
+    # compose: the tasks' image tag and the base it is built on (None: the defaults)
+    image: str | None = None
+    base_image: str | None = None
     requeue: bool = False  # slurm: requeue the batch job stopped by its pre-timeout signal
 
 

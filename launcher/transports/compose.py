@@ -45,7 +45,13 @@ from distlaunch.launcher.transports import compose_file as compose
 from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
 from distlaunch.launcher.transports.docker import compose_command, container_pid, docker, run
 from distlaunch.launcher.transports.helper import HELPER_MODULE
-from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
+from distlaunch.launcher.transports.image import (
+    DEFAULT_BASE,
+    DEFAULT_TAG,
+    ImageRequest,
+    ensure_image,
+    pip_ca_bundle,
+)
 from distlaunch.worker import contract
 
 # The run dir's file with every docker and compose command the launcher ran, and their output.
@@ -265,7 +271,8 @@ class ComposeBackend:
         self, loaded: LoadedSpec, console: Console, options: UpOptions
     ) -> Iterator[ComposeLaunch]:
         """One `up`, its tasks in containers of ``options.image``."""
-        yield ComposeLaunch(loaded, console, options.image or ImageRequest())
+        image = ImageRequest(options.image or DEFAULT_TAG, options.base_image or DEFAULT_BASE)
+        yield ComposeLaunch(loaded, console, image)
 
     @contextmanager
     def cleanup(self, record: RunRecord, run_dir: Path, grace_s: float) -> Iterator[list[str]]:
