@@ -90,8 +90,9 @@ def test_up_imports_its_own_backend_alone_and_scans_no_entry_points(tmp: Path) -
     up_run = (
         "from distlaunch.launcher.cli import cli\n"
         f"cli.main(['up', {str(spec)!r}], standalone_mode=False)\n"
-        "print(*sorted(m for m in sys.modules if m == 'importlib.metadata' or "
-        "m.startswith('distlaunch.launcher.transports.') and m.endswith(('compose', 'slurm'))))"
+        "from distlaunch.launcher.backends import BUILTIN\n"
+        "others = {BUILTIN[b].target.split(':')[0] for b in ('compose', 'slurm')}\n"
+        "print(*sorted(m for m in sys.modules if m == 'importlib.metadata' or m in others))"
     )
     result = subprocess.run(
         [sys.executable, "-c", f"import sys\n{up_run}"], cwd=tmp, capture_output=True, text=True
