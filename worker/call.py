@@ -12,7 +12,15 @@ file, which the caller reads after the run:
 - ``{"ok": False, "kind": "result", "type", "message"}``: the return value cannot be pickled; the
   task exits with code 1.
 
-The result file is a plain pickle of that dict, written atomically. This module imports neither
+The result file is a plain pickle of that dict, written atomically.
+
+A task of the warm pool (launcher/api_pool.py; run with ``--serve``) serves call
+after call in the same interpreter: call 0 as above, then it waits on its wake pipe (a FIFO in
+the run dir, ``call/wake/<task>``, made before call 0) for the number N of the next call, whose
+payload is ``call/payload-N.pkl`` and result ``<task>.call-N.pkl``. After each call it flushes
+its output and prints ``distlaunch.run: call N done`` (the caller swallows that line and knows
+the task's lines of call N have all reached it). A call that fails ends the task exactly as a
+one-shot task ends; the caller then drops the pool entry. This module imports neither
 TensorFlow nor the rest of distlaunch: under ParameterServerStrategy the launcher then runs its
 own server on the ps and worker tasks and this module only on the chief (launcher/program_scan.py),
 and no warm standby imports TensorFlow in advance for it.
@@ -39,12 +47,28 @@ _RUN_DIR, _ROLE, _INDEX, _ATTEMPT = (
 # The payload and result files, relative to the run dir (launcher/api_call.py reads the same).
 PAYLOAD = "call/payload.pkl"
 RESULTS = "call/results"
+WAKE = "call/wake"
+# A task of the warm pool serves calls until it is stopped (see the module docstring).
+SERVE_ARG = "--serve"
+# The line a serving task prints after each call; the caller's echo swallows it.
+DONE = "distlaunch.run: call {} done"
 
 
-def result_path(run_dir: Path, attempt: int, task: str) -> Path:
-    """The result file of ``task`` (``worker-1``) in ``attempt``: a restarted task's earlier
-    outcome never stands for its latest."""
-    return run_dir / RESULTS / f"attempt-{attempt}" / f"{task}.pkl"
+def result_path(run_dir: Path, attempt: int, task: str, call: int = 0) -> Path:
+    """The result file of ``task`` (``worker-1``) in ``attempt`` for the pool's ``call`` (0: a
+    one-shot run's): a restarted task's earlier outcome never stands for its latest."""
+    name = f"{task}.pkl" if call == 0 else f"{task}.call-{call}.pkl"
+    return run_dir / RESULTS / f"attempt-{attempt}" / name
+
+
+def payload_path(run_dir: Path, call: int = 0) -> Path:
+    """The payload of the pool's ``call`` (0: the first, and a one-shot run's)."""
+    return run_dir / (PAYLOAD if call == 0 else f"call/payload-{call}.pkl")
+
+
+def wake_path(run_dir: Path, task: str) -> Path:
+    """The FIFO a serving ``task`` reads the number of its next call from."""
+    return run_dir / WAKE / task
 
 
 def type_name(kind: type) -> str:
@@ -57,12 +81,32 @@ def main() -> None:
     """Run this task's call; see the module docstring."""
     run_dir = Path(os.environ[_RUN_DIR])
     task = f"{os.environ.get(_ROLE) or 'worker'}-{int(os.environ.get(_INDEX) or 0)}"
-    payload = pickle.loads((run_dir / PAYLOAD).read_bytes())
+    attempt = int(os.environ.get(_ATTEMPT) or 0)
+    if SERVE_ARG not in sys.argv[1:]:
+        _call(payload_path(run_dir), result_path(run_dir, attempt, task), task)
+        return
+    wake = wake_path(run_dir, task)
+    wake.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(wake, 0o600)
+    # Read and write: opening never blocks, and the pipe never reads EOF while this task lives,
+    # so the caller's write of a call number always finds a reader.
+    with os.fdopen(os.open(wake, os.O_RDWR), "rb") as calls:
+        number = 0
+        while True:
+            _call(payload_path(run_dir, number), result_path(run_dir, attempt, task, number), task)
+            sys.stderr.flush()
+            print(DONE.format(number), flush=True)
+            number = int(calls.readline())
+
+
+def _call(payload_file: Path, out: Path, task: str) -> None:
+    """Run the call of ``payload_file``; write its outcome to ``out`` (see the module
+    docstring); a failure ends the task."""
+    payload = pickle.loads(payload_file.read_bytes())
     # The caller's import path: a function of a module it imported (a test file, a package
     # beside its notebook) is pickled by reference and imported again here.
     sys.path.extend(p for p in payload["sys_path"] if p not in sys.path)
     fn, args, kwargs = cloudpickle.loads(payload["call"])
-    out = result_path(run_dir, int(os.environ.get(_ATTEMPT) or 0), task)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
