@@ -67,7 +67,7 @@ def run(
     ``pool``: whether the call may take its tasks from the warm pool of this process (a live
     cluster of the same shape whose interpreters imported TensorFlow in an earlier call;
     launcher/api_pool.py); None: on unless DISTLAUNCH_POOL=0. Calls with ``spec``, ``restart``
-    or ``timeout_s``, and ParameterServerStrategy calls, always start a cluster of their own.
+    or ``timeout_s`` always start a cluster of their own.
 
     Raises: PicklingError (before anything starts) naming the function or argument that cannot
     be pickled; the first failed task's own exception (same type; the remote traceback chained as
@@ -138,13 +138,7 @@ def start(
     if env:
         program["env"] = dict(env)
     console: api.ConsoleTarget = None if quiet else "stdout"
-    warm = (
-        spec is None
-        and restart is None
-        and timeout_s is None
-        and strategy == contract.MWMS
-        and api_pool.enabled(pool)
-    )
+    warm = spec is None and restart is None and timeout_s is None and api_pool.enabled(pool)
     if spec is None:
         spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy)
     if warm:
@@ -170,10 +164,12 @@ def _lease(
     """The call on the warm pool: its entry of this shape (the tasks, strategy, program and
     working directory; not the function's name), or a new one started with this call."""
     key = json.dumps([spec["tasks"], spec["strategy"], program, spec["shared_dir"]], sort_keys=True)
+    # The tasks that run the function: under PSS the ps and worker tasks only serve.
+    roles = (contract.CHIEF, contract.EVALUATOR)
+    if spec["strategy"] != contract.PSS:
+        roles = (contract.CHIEF, contract.WORKER, contract.EVALUATOR)
     tasks = tuple(
-        f"{role}-{i}"
-        for role in (contract.CHIEF, contract.WORKER, contract.EVALUATOR)
-        for i in range(spec["tasks"].get(role, {}).get("count", 0))
+        f"{role}-{i}" for role in roles for i in range(spec["tasks"].get(role, {}).get("count", 0))
     )
     overrides = (f"program={json.dumps(program)}",)
 

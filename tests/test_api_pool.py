@@ -197,3 +197,37 @@ def test_a_caller_killed_with_a_live_pool_leaves_nothing_behind(here):
         except OSError:
             continue
     assert not namespaces & left, "a process still holds the run's network namespace"
+
+
+def chief_steps(steps: int) -> dict[str, object]:
+    """Runs on the chief of a PSS cluster: a strategy and a ClusterCoordinator made in this call
+    (again, in a warm chief), ``steps`` steps on a variable held by the ps."""
+    import uuid
+
+    import tensorflow as tf
+
+    token = os.environ.setdefault("POOL_TEST_TOKEN", uuid.uuid4().hex)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        total = tf.Variable(0.0)
+
+    @tf.function
+    def step():
+        total.assign_add(1.0)
+
+    for _ in range(steps):
+        coordinator.schedule(step)
+    coordinator.join()
+    return {"token": token, "total": float(total.numpy())}
+
+
+def test_pss_calls_reuse_the_chief_and_return_its_value(here):
+    shape = {"workers": 1, "ps": 1, "chief": 1, "strategy": "parameter_server", "quiet": True}
+    first = distlaunch.run(chief_steps, 2, **shape)
+    second = distlaunch.run(chief_steps, 5, **shape)
+    assert (first["total"], second["total"]) == (2.0, 5.0)
+    assert first["token"] == second["token"]
+    (run_json,) = here.glob("runs/*/run.json")  # one cluster served both calls
+    assert json.loads(run_json.read_text())["strategy"] == "parameter_server"
