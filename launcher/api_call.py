@@ -4,7 +4,9 @@ The function and its arguments travel as one cloudpickle payload (functions of `
 notebook cells, closures and lambdas by value), written into the run dir before any task starts;
 every task runs `distlaunch.worker.call`, which calls it and writes the task's result file; the
 caller reads them once the run has ended. Everything in between is `launch`: the same spec
-validation, plan, supervision and teardown as `distlaunch up`.
+validation, plan, supervision and teardown as `distlaunch up`. A call without a spec of its own
+takes a lease on the warm pool instead (launcher/api_pool.py): the same run, kept for the next
+call of the same shape, its result files numbered by call.
 """
 
 from __future__ import annotations
