@@ -231,3 +231,26 @@ def test_pss_calls_reuse_the_chief_and_return_its_value(here):
     assert first["token"] == second["token"]
     (run_json,) = here.glob("runs/*/run.json")  # one cluster served both calls
     assert json.loads(run_json.read_text())["strategy"] == "parameter_server"
+
+
+def late_leader(size: int) -> float:
+    """worker-0 (the collective leader) makes its strategy last; the all-reduce's shape differs
+    from call to call."""
+    import time
+
+    import tensorflow as tf
+
+    if os.environ["DISTLAUNCH_INDEX"] == "0":
+        time.sleep(0.3)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    task = strategy.cluster_resolver.task_id
+    value = strategy.run(lambda: tf.fill([size], task + 1.0))
+    return float(tf.reduce_sum(strategy.reduce("SUM", value, axis=None)))
+
+
+def test_a_peer_that_makes_its_strategy_first_waits_for_the_others(here):
+    # Without the barrier the early task's all-reduce reached the leader's collective state of
+    # the previous call, and call 1 failed ("Collective ops is aborted by: Shape ...").
+    values = [distlaunch.run(late_leader, size, quiet=True) for size in (1, 2, 3, 4)]
+    assert values == [{"worker-0": 3.0 * s, "worker-1": 3.0 * s} for s in (1, 2, 3, 4)]
+    (run_json,) = here.glob("runs/*/run.json")  # all on one warm cluster

@@ -20,7 +20,14 @@ the run dir, ``call/wake/<task>``, made before call 0) for the number N of the n
 payload is ``call/payload-N.pkl`` and result ``<task>.call-N.pkl``. After each call it flushes
 its output and prints ``distlaunch.run: call N done`` (the caller swallows that line and knows
 the task's lines of call N have all reached it). A call that fails ends the task exactly as a
-one-shot task ends; the caller then drops the pool entry. This module imports neither
+one-shot task ends; the caller then drops the pool entry.
+
+A MultiWorkerMirroredStrategy made again in a warm task re-enables TensorFlow's collective ops,
+which drops the task's collective state: a peer that made its strategy first and already sent
+its first all-reduce would see it aborted ("Delete called on non-empty BufRendezvous"). So from
+call 1 on, each re-enable waits until every task of the cluster has re-enabled (a barrier of
+files in the run dir: ``call/barrier/N.K/<job>-<index>``), as TensorFlow's own pool runner waits
+on a barrier after making each test's strategy (strategy_combinations.py). This module imports neither
 TensorFlow nor the rest of distlaunch: under ParameterServerStrategy the launcher then runs its
 own server on the ps and worker tasks and this module only on the chief (launcher/program_scan.py),
 and no warm standby imports TensorFlow in advance for it.
@@ -31,6 +38,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -52,6 +60,8 @@ WAKE = "call/wake"
 SERVE_ARG = "--serve"
 # The line a serving task prints after each call; the caller's echo swallows it.
 DONE = "distlaunch.run: call {} done"
+BARRIERS = "call/barrier"
+_BARRIER_POLL_S = 0.005
 
 
 def result_path(run_dir: Path, attempt: int, task: str, call: int = 0) -> Path:
@@ -97,6 +107,48 @@ def main() -> None:
             sys.stderr.flush()
             print(DONE.format(number), flush=True)
             number = int(calls.readline())
+            _Barrier.arm(run_dir / BARRIERS, number)
+
+
+class _Barrier:
+    """From call 1 on, each re-enable of collective ops waits for every task's (see the module
+    docstring)."""
+
+    folder: Path | None = None  # this call's barriers
+    count = 0  # re-enables so far in this call
+
+    @classmethod
+    def arm(cls, folder: Path, number: int) -> None:
+        """Call ``number`` starts: its re-enables wait on barriers under ``folder``; the first
+        time TensorFlow is loaded here, wrap its re-enable."""
+        cls.folder, cls.count = folder / str(number), 0
+        context = sys.modules.get("tensorflow.python.eager.context")
+        enable = getattr(getattr(context, "Context", None), "enable_collective_ops", None)
+        if enable is None or getattr(enable, "distlaunch_barrier", False):
+            return
+
+        def enable_collective_ops(self: Any, server_def: Any) -> None:
+            enable(self, server_def)
+            cls.wait(server_def)
+
+        enable_collective_ops.distlaunch_barrier = True  # type: ignore[attr-defined]
+        context.Context.enable_collective_ops = enable_collective_ops  # type: ignore[union-attr]
+
+    @classmethod
+    def wait(cls, server_def: Any) -> None:
+        """Mark this task's re-enable, then wait for every task of ``server_def``'s cluster."""
+        if cls.folder is None:
+            return
+        folder = cls.folder.with_name(f"{cls.folder.name}.{cls.count}")
+        cls.count += 1
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{server_def.job_name}-{server_def.task_index}").touch()
+        peers = [
+            folder / f"{job.name}-{index}" for job in server_def.cluster.job for index in job.tasks
+        ]
+        # Short: every task re-enables within the same few milliseconds of its call's start.
+        while not all(p.exists() for p in peers):
+            time.sleep(_BARRIER_POLL_S)
 
 
 def _call(payload_file: Path, out: Path, task: str) -> None:
