@@ -3,8 +3,8 @@ TensorFlow import) of an earlier call of the same shape.
 
 An entry of the pool is a live run, started by `launch` as any call's run is (the same spec
 validation, isolation and supervision), whose tasks serve call after call (worker/call.py
---serve; under ParameterServerStrategy the chief, the ps and worker tasks serving on). Call N writes its payload into the run dir and writes N into each
-task's wake FIFO; each task runs the function and prints `distlaunch.run: call N done`, which the
+--serve; under ParameterServerStrategy the chief, the ps and worker tasks serving on). Call N
+writes its payload into the run dir and N into each task's wake FIFO; each task runs the function and prints `distlaunch.run: call N done`, which the
 run's echo swallows here and counts. A call that fails ends its task, so the run fails as a
 one-shot run does; the caller gets the same error from the run's result and the entry is dropped.
 

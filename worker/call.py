@@ -14,8 +14,8 @@ file, which the caller reads after the run:
 
 The result file is a plain pickle of that dict, written atomically.
 
-A task of the warm pool (launcher/api_pool.py; run with ``--serve``) serves call
-after call in the same interpreter: call 0 as above, then it waits on its wake pipe (a FIFO in
+A task of the warm pool (launcher/api_pool.py; run with ``--serve``) serves call after call in
+the same interpreter: call 0 as above, then it waits on its wake pipe (a FIFO in
 the run dir, ``call/wake/<task>``, made before call 0) for the number N of the next call, whose
 payload is ``call/payload-N.pkl`` and result ``<task>.call-N.pkl``. After each call it flushes
 its output and prints ``distlaunch.run: call N done`` (the caller swallows that line and knows
@@ -27,10 +27,11 @@ which drops the task's collective state: a peer that made its strategy first and
 its first all-reduce would see it aborted ("Delete called on non-empty BufRendezvous"). So from
 call 1 on, each re-enable waits until every task of the cluster has re-enabled (a barrier of
 files in the run dir: ``call/barrier/N.K/<job>-<index>``), as TensorFlow's own pool runner waits
-on a barrier after making each test's strategy (strategy_combinations.py). This module imports neither
-TensorFlow nor the rest of distlaunch: under ParameterServerStrategy the launcher then runs its
-own server on the ps and worker tasks and this module only on the chief (launcher/program_scan.py),
-and no warm standby imports TensorFlow in advance for it.
+on a barrier after making each test's strategy (strategy_combinations.py).
+
+This module imports neither TensorFlow nor the rest of distlaunch: under ParameterServerStrategy
+the launcher then runs its own server on the ps and worker tasks and this module only on the chief
+(launcher/program_scan.py), and no warm standby imports TensorFlow in advance for it.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ class _Barrier:
         peers = [
             folder / f"{job.name}-{index}" for job in server_def.cluster.job for index in job.tasks
         ]
-        # Short: every task re-enables within the same few milliseconds of its call's start.
+        # Polled: it lasts only while a peer has not made its strategy yet (the function's own
+        # work before it), and a peer that dies ends the run, and this task with it.
         while not all(p.exists() for p in peers):
             time.sleep(_BARRIER_POLL_S)
 
