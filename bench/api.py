@@ -1,18 +1,28 @@
-"""Wall time of a first `distlaunch.run(fn, workers=2)` over a hand-written harness doing the same.
+"""`distlaunch.run(fn, workers=2)`: a first call over a hand-written harness, and consecutive calls
+with the warm pool over the same with it off.
 
-The harness is what users write today without distlaunch: a Python program that picks two free
+First call: the harness is what users write today without distlaunch: a Python program that picks two free
 ports, writes each worker's TF_CONFIG, starts two `python -c` processes running the same function
 and reads their results from their output. Each round runs both as fresh Python processes (the
 first call of a session: interpreter, imports, TensorFlow), alternating between the two so that
 machine noise hits both alike; the medians' ratio is printed (target <= 1.10). Both sides run the
 function below: a MultiWorkerMirroredStrategy all-reduce.
 
-    python bench/api.py [--rounds 3]
+Consecutive calls: one Python process makes 10 calls of the same function, with the pool
+(DISTLAUNCH_POOL=1: the first call starts the cluster, the next 9 reuse its interpreters) and
+without (DISTLAUNCH_POOL=0: every call a cluster of its own); each round runs both, one after
+the other; the ratio of the median per call over all rounds is printed (target <= 0.30), and the
+memory of a warm task (RSS and USS, read with psutil after the 10 calls).
+
+    python bench/api.py [--rounds 5] [--series-rounds 2] [--calls 10]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -66,26 +76,88 @@ assert values == [3.0, 3.0] and all(w.returncode == 0 for w in workers), values
 )
 
 
+# CALLS consecutive calls in one process; prints each call's seconds, then (with the pool) the
+# memory of each warm task, as JSON.
+SERIES = (
+    FUNCTION
+    + """
+import json, os, sys, time
+
+import psutil
+
+import distlaunch
+
+times = []
+for _ in range(int(sys.argv[1])):
+    start = time.perf_counter()
+    values = distlaunch.run(total, 1.0, workers=2, quiet=True)
+    times.append(time.perf_counter() - start)
+    assert values == {"worker-0": 3.0, "worker-1": 3.0}, values
+memory = []
+for proc in psutil.Process().children(recursive=True):
+    try:
+        # The task's interpreter itself, not the init it runs under (same command line).
+        if "distlaunch.worker.call" in proc.cmdline() and not proc.children():
+            info = proc.memory_full_info()
+            memory.append([info.rss, info.uss])
+    except psutil.Error:
+        continue
+print(json.dumps({"times": times, "memory": memory}))
+"""
+)
+
+
+def _series(work: Path, calls: int, pool: bool) -> dict:
+    out = subprocess.run(
+        [sys.executable, "series.py", str(calls)],
+        cwd=work,
+        env={**os.environ, "DISTLAUNCH_POOL": "1" if pool else "0"},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def main() -> None:
-    """Time both side by side and print the ratio."""
+    """Time both comparisons side by side and print their ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    rounds = parser.parse_args().rounds
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of first calls")
+    parser.add_argument("--series-rounds", type=int, default=2, help="rounds of consecutive calls")
+    parser.add_argument("--calls", type=int, default=10, help="calls per series")
+    options = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "api_call.py").write_text(API)
         (work / "hand.py").write_text(HAND)
-        api_times, hand_times = [], []
-        for _ in range(rounds):
+        (work / "series.py").write_text(SERIES)
+        api_times, hand_times, warm, cold, memory = [], [], [], [], []
+        for _ in range(options.rounds):
             hand_times.append(timed([sys.executable, "hand.py"], cwd=work))
             api_times.append(timed([sys.executable, "api_call.py"], cwd=work))
+        for _ in range(options.series_rounds):
+            with_pool = _series(work, options.calls, pool=True)
+            warm += with_pool["times"]
+            memory += with_pool["memory"]
+            cold += _series(work, options.calls, pool=False)["times"]
     api_s, hand_s = median(api_times), median(hand_times)
     print(
         f"hand-written harness:      median {hand_s:.2f} s of {[round(t, 2) for t in hand_times]}"
     )
     print(f"distlaunch.run first call: median {api_s:.2f} s of {[round(t, 2) for t in api_times]}")
     print(f"ratio first call / hand: {api_s / hand_s:.3f} (target <= 1.10)")
-    print("warm/cold: not measured (the warm interpreter pool is not built yet)")
+    warm_s, cold_s = median(warm), median(cold)
+    print(f"calls with the pool:  median {warm_s:.3f} s of {[round(t, 3) for t in warm]}")
+    print(f"calls without it:     median {cold_s:.3f} s of {[round(t, 2) for t in cold]}")
+    print(f"ratio warm / cold: {warm_s / cold_s:.3f} (target <= 0.30)")
+    mib = 1 << 20
+    print(
+        "a warm task's memory after the calls: RSS "
+        + ", ".join(f"{rss / mib:.0f}" for rss, _ in memory)
+        + " MiB; USS "
+        + ", ".join(f"{uss / mib:.0f}" for _, uss in memory)
+        + " MiB"
+    )
 
 
 if __name__ == "__main__":

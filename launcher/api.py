@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
@@ -57,7 +57,9 @@ class Run:
     def __init__(self, request: bytes, console: ConsoleTarget) -> None:
         """Start the launcher process with ``request`` and wait for its answer; raise what it
         refused the run with (SpecError, UsageError, StartError)."""
-        self._console = console
+        self.console = console  # where task lines go; the pool sets it per call
+        # Sees each output line first; a line it returns True for is not shown (the pool's).
+        self.line_hook: Callable[[str], bool] | None = None
         self._errors: list[str] = []  # the launcher's `distlaunch: error:` lines
         self._result: RunResult | None = None
         self._lock = threading.Lock()
@@ -112,6 +114,11 @@ class Run:
         if self._result is not None:
             return self._result.state
         return reads().state_of(self.run_dir)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the run's launcher still runs (the run has not ended)."""
+        return self._proc.poll() is None
 
     @property
     def result(self) -> RunResult | None:
@@ -176,7 +183,9 @@ class Run:
                 self._errors[-1] += "\n" + line.rstrip("\n")
             else:
                 in_error = False
-            target = sys.stdout if self._console == "stdout" else self._console
+            if self.line_hook is not None and self.line_hook(line):
+                continue
+            target = sys.stdout if self.console == "stdout" else self.console
             if target is None:
                 continue
             try:

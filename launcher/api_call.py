@@ -4,7 +4,9 @@ The function and its arguments travel as one cloudpickle payload (functions of `
 notebook cells, closures and lambdas by value), written into the run dir before any task starts;
 every task runs `distlaunch.worker.call`, which calls it and writes the task's result file; the
 caller reads them once the run has ended. Everything in between is `launch`: the same spec
-validation, plan, supervision and teardown as `distlaunch up`.
+validation, plan, supervision and teardown as `distlaunch up`. A call without a spec of its own
+takes a lease on the warm pool instead (launcher/api_pool.py): the same run, kept for the next
+call of the same shape, its result files numbered by call.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from typing import Any
 
 import cloudpickle
 
-from distlaunch.launcher import api
+from distlaunch.launcher import api, api_pool
 from distlaunch.launcher.api_types import PicklingError, RemoteTraceback, RunResult, TaskError
 from distlaunch.worker import contract
-from distlaunch.worker.call import PAYLOAD, result_path
+from distlaunch.worker.call import PAYLOAD, SERVE_ARG, result_path
 
 # The program of every task.
 CALL_MODULE = "distlaunch.worker.call"
@@ -43,6 +45,7 @@ def run(
     restart: Mapping[str, Any] | str | None = None,
     env: Mapping[str, str] | None = None,
     quiet: bool = False,
+    pool: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)`` on every task of a local cluster and return what they returned.
@@ -63,6 +66,11 @@ def run(
     task's environment. Each task's lines are printed with its prefix on sys.stdout (``quiet``:
     the run dir's logs only).
 
+    ``pool``: whether the call may take its tasks from the warm pool of this process (a live
+    cluster of the same shape whose interpreters imported TensorFlow in an earlier call;
+    launcher/api_pool.py); None: on unless DISTLAUNCH_POOL=0. Calls with ``spec``, ``restart``
+    or ``timeout_s`` always start a cluster of their own.
+
     Raises: PicklingError (before anything starts) naming the function or argument that cannot
     be pickled; the first failed task's own exception (same type; the remote traceback chained as
     its cause, the task named in a note); TaskError when that exception does not unpickle here,
@@ -73,7 +81,8 @@ def run(
     """
     call = start(
         fn, *args, workers=workers, chief=chief, ps=ps, evaluator=evaluator, strategy=strategy,
-        spec=spec, timeout_s=timeout_s, restart=restart, env=env, quiet=quiet, **kwargs,
+        spec=spec, timeout_s=timeout_s, restart=restart, env=env, quiet=quiet, pool=pool,
+        **kwargs,
     )  # fmt: skip
     return call.result()
 
@@ -81,22 +90,32 @@ def run(
 class Call:
     """A `distlaunch.run` call in flight: its `Run`, and its tasks' values once it has ended."""
 
-    def __init__(self, handle: api.Run, fn: Callable[..., Any]) -> None:
+    def __init__(
+        self, handle: api.Run, fn: Callable[..., Any], lease: api_pool.Lease | None = None
+    ) -> None:
         self.run = handle
         self._fn = fn
+        self._lease = lease  # a call on the warm pool's run: it goes on after this call
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait for the end (TimeoutError after ``timeout`` s; the run goes on) and return the
         tasks' values, or raise the first failure, as `run` does. Any other interruption of the
         wait (Ctrl-C) stops the run."""
+        number = 0 if self._lease is None else self._lease.number
         try:
-            result = self.run.wait(timeout)
+            if self._lease is None:
+                result = self.run.wait(timeout)
+            else:
+                ended = self._lease.wait(timeout)
+                if ended is None:  # every task finished the call; the run serves on
+                    return _collect(self.run, number)
+                result = ended
         except TimeoutError:
             raise
         except BaseException:
             self.run.stop()
             raise
-        return _values(self.run, result, self._fn)
+        return _values(self.run, result, self._fn, number)
 
 
 def start(
@@ -112,6 +131,7 @@ def start(
     restart: Mapping[str, Any] | str | None = None,
     env: Mapping[str, str] | None = None,
     quiet: bool = False,
+    pool: bool | None = None,
     **kwargs: Any,
 ) -> Call:
     """`run` without the wait: start the call and return it (`Call.result` waits)."""
@@ -119,19 +139,48 @@ def start(
     program: dict[str, Any] = {"module": CALL_MODULE, "workdir": str(Path.cwd())}
     if env:
         program["env"] = dict(env)
+    console: api.ConsoleTarget = None if quiet else "stdout"
+    warm = spec is None and restart is None and timeout_s is None and api_pool.enabled(pool)
+    if spec is None:
+        spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy)
+    if warm:
+        assert isinstance(spec, dict)
+        lease = _lease(spec, {**program, "args": [SERVE_ARG]}, payload, console)
+        if lease is not None:
+            return Call(lease.run, fn, lease)
     overrides = [f"program={json.dumps(program)}"]
     if timeout_s is not None:
         overrides.append(f"timeouts.run_s={timeout_s}")
     if restart is not None:
         policy = {"policy": restart} if isinstance(restart, str) else dict(restart)
         overrides.append(f"restart={json.dumps(policy)}")
-    if spec is None:
-        spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy)
-    console: api.ConsoleTarget = None if quiet else "stdout"
     handle = api.launch_with_files(
         spec, None, None, False, tuple(overrides), console, {PAYLOAD: payload}
     )
     return Call(handle, fn)
+
+
+def _lease(
+    spec: dict[str, Any], program: dict[str, Any], payload: bytes, console: api.ConsoleTarget
+) -> api_pool.Lease | None:
+    """The call on the warm pool: its entry of this shape (the tasks, strategy, program and
+    working directory; not the function's name), or a new one started with this call."""
+    key = json.dumps([spec["tasks"], spec["strategy"], program, spec["shared_dir"]], sort_keys=True)
+    # The tasks that run the function: under PSS the ps and worker tasks only serve.
+    roles = (contract.CHIEF, contract.EVALUATOR)
+    if spec["strategy"] != contract.PSS:
+        roles = (contract.CHIEF, contract.WORKER, contract.EVALUATOR)
+    tasks = tuple(
+        f"{role}-{i}" for role in roles for i in range(spec["tasks"].get(role, {}).get("count", 0))
+    )
+    overrides = (f"program={json.dumps(program)}",)
+
+    def start() -> api.Run:
+        return api.launch_with_files(
+            spec, None, None, False, overrides, console, {PAYLOAD: payload}
+        )
+
+    return api_pool.take(key, tasks, payload, console, start)
 
 
 def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
@@ -201,16 +250,21 @@ def _run_name(fn: Callable[..., Any]) -> str:
     return f"run-{name or 'fn'}"
 
 
-def _values(handle: api.Run, result: RunResult, fn: Callable[..., Any]) -> Any:
+def _values(handle: api.Run, result: RunResult, fn: Callable[..., Any], call: int) -> Any:
     """Every task's return value; or the first failure raised, as the module docstring says."""
     if not result.ok:
         if result.failure is not None:
-            _raise_task_failure(handle, result, fn)
+            _raise_task_failure(handle, result, fn, call)
         api.check(handle, result)
+    return _collect(handle, call)
+
+
+def _collect(handle: api.Run, call: int) -> Any:
+    """Every task's return value of the run's ``call`` (0: a one-shot run's)."""
     strategy, tasks = api.reads().task_attempts(handle.run_dir)
     pss = strategy == contract.PSS
     names = [n for n, (role, _) in tasks.items() if not pss or role == contract.CHIEF]
-    values = {n: _value(result_path(handle.run_dir, tasks[n][1], n)) for n in names}
+    values = {n: _value(result_path(handle.run_dir, tasks[n][1], n, call)) for n in names}
     return values[names[0]] if pss else values
 
 
@@ -219,12 +273,14 @@ def _value(path: Path) -> Any:
     return cloudpickle.loads(data["value"])
 
 
-def _raise_task_failure(handle: api.Run, result: RunResult, fn: Callable[..., Any]) -> None:
+def _raise_task_failure(
+    handle: api.Run, result: RunResult, fn: Callable[..., Any], call: int
+) -> None:
     failure = result.failure
     assert failure is not None
     task, run_dir = failure.task, str(handle.run_dir)
     _, tasks = api.reads().task_attempts(handle.run_dir)
-    path = result_path(handle.run_dir, tasks[task][1] if task in tasks else 0, task)
+    path = result_path(handle.run_dir, tasks[task][1] if task in tasks else 0, task, call)
     try:
         data = pickle.loads(path.read_bytes())
     except (OSError, pickle.UnpicklingError, EOFError):

@@ -26,9 +26,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A working directory of its own (run() puts its runs under ./runs); on the way out, every
-    run made under it must have left nothing running."""
+    """A working directory of its own (run() puts its runs under ./runs), every call with a
+    cluster of its own (the warm pool off: tests/test_api_pool.py tests it); on the way out,
+    every run made under it must have left nothing running."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DISTLAUNCH_POOL", "0")
     before = set(psutil.Process().children(recursive=True))
     yield tmp_path
     for run_json in tmp_path.glob("**/runs/*/run.json"):

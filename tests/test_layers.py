@@ -73,6 +73,7 @@ LAYER_OF = {
     "distlaunch.launcher.api": "api",
     "distlaunch.launcher.api_call": "api",
     "distlaunch.launcher.api_reads": "api",
+    "distlaunch.launcher.api_pool": "api",  # the warm clusters of `distlaunch.run`
     "distlaunch": "api",  # the root's own modules are each listed: it is no prefix
     "distlaunch.pytest_plugin": "api",
 }

@@ -12,10 +12,26 @@ file, which the caller reads after the run:
 - ``{"ok": False, "kind": "result", "type", "message"}``: the return value cannot be pickled; the
   task exits with code 1.
 
-The result file is a plain pickle of that dict, written atomically. This module imports neither
-TensorFlow nor the rest of distlaunch: under ParameterServerStrategy the launcher then runs its
-own server on the ps and worker tasks and this module only on the chief (launcher/program_scan.py),
-and no warm standby imports TensorFlow in advance for it.
+The result file is a plain pickle of that dict, written atomically.
+
+A task of the warm pool (launcher/api_pool.py; run with ``--serve``) serves call after call in
+the same interpreter: call 0 as above, then it waits on its wake pipe (a FIFO in
+the run dir, ``call/wake/<task>``, made before call 0) for the number N of the next call, whose
+payload is ``call/payload-N.pkl`` and result ``<task>.call-N.pkl``. After each call it flushes
+its output and prints ``distlaunch.run: call N done`` (the caller swallows that line and knows
+the task's lines of call N have all reached it). A call that fails ends the task exactly as a
+one-shot task ends; the caller then drops the pool entry.
+
+A MultiWorkerMirroredStrategy made again in a warm task re-enables TensorFlow's collective ops,
+which drops the task's collective state: a peer that made its strategy first and already sent
+its first all-reduce would see it aborted ("Delete called on non-empty BufRendezvous"). So from
+call 1 on, each re-enable waits until every task of the cluster has re-enabled (a barrier of
+files in the run dir: ``call/barrier/N.K/<job>-<index>``), as TensorFlow's own pool runner waits
+on a barrier after making each test's strategy (strategy_combinations.py).
+
+This module imports neither TensorFlow nor the rest of distlaunch: under ParameterServerStrategy
+the launcher then runs its own server on the ps and worker tasks and this module only on the chief
+(launcher/program_scan.py), and no warm standby imports TensorFlow in advance for it.
 """
 
 from __future__ import annotations
@@ -23,6 +39,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -39,12 +56,30 @@ _RUN_DIR, _ROLE, _INDEX, _ATTEMPT = (
 # The payload and result files, relative to the run dir (launcher/api_call.py reads the same).
 PAYLOAD = "call/payload.pkl"
 RESULTS = "call/results"
+WAKE = "call/wake"
+# A task of the warm pool serves calls until it is stopped (see the module docstring).
+SERVE_ARG = "--serve"
+# The line a serving task prints after each call; the caller's echo swallows it.
+DONE = "distlaunch.run: call {} done"
+BARRIERS = "call/barrier"
+_BARRIER_POLL_S = 0.005
 
 
-def result_path(run_dir: Path, attempt: int, task: str) -> Path:
-    """The result file of ``task`` (``worker-1``) in ``attempt``: a restarted task's earlier
-    outcome never stands for its latest."""
-    return run_dir / RESULTS / f"attempt-{attempt}" / f"{task}.pkl"
+def result_path(run_dir: Path, attempt: int, task: str, call: int = 0) -> Path:
+    """The result file of ``task`` (``worker-1``) in ``attempt`` for the pool's ``call`` (0: a
+    one-shot run's): a restarted task's earlier outcome never stands for its latest."""
+    name = f"{task}.pkl" if call == 0 else f"{task}.call-{call}.pkl"
+    return run_dir / RESULTS / f"attempt-{attempt}" / name
+
+
+def payload_path(run_dir: Path, call: int = 0) -> Path:
+    """The payload of the pool's ``call`` (0: the first, and a one-shot run's)."""
+    return run_dir / (PAYLOAD if call == 0 else f"call/payload-{call}.pkl")
+
+
+def wake_path(run_dir: Path, task: str) -> Path:
+    """The FIFO a serving ``task`` reads the number of its next call from."""
+    return run_dir / WAKE / task
 
 
 def type_name(kind: type) -> str:
@@ -57,12 +92,75 @@ def main() -> None:
     """Run this task's call; see the module docstring."""
     run_dir = Path(os.environ[_RUN_DIR])
     task = f"{os.environ.get(_ROLE) or 'worker'}-{int(os.environ.get(_INDEX) or 0)}"
-    payload = pickle.loads((run_dir / PAYLOAD).read_bytes())
+    attempt = int(os.environ.get(_ATTEMPT) or 0)
+    if SERVE_ARG not in sys.argv[1:]:
+        _call(payload_path(run_dir), result_path(run_dir, attempt, task), task)
+        return
+    wake = wake_path(run_dir, task)
+    wake.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(wake, 0o600)
+    # Read and write: opening never blocks, and the pipe never reads EOF while this task lives,
+    # so the caller's write of a call number always finds a reader.
+    with os.fdopen(os.open(wake, os.O_RDWR), "rb") as calls:
+        number = 0
+        while True:
+            _call(payload_path(run_dir, number), result_path(run_dir, attempt, task, number), task)
+            sys.stderr.flush()
+            print(DONE.format(number), flush=True)
+            number = int(calls.readline())
+            _Barrier.arm(run_dir / BARRIERS, number)
+
+
+class _Barrier:
+    """From call 1 on, each re-enable of collective ops waits for every task's (see the module
+    docstring)."""
+
+    folder: Path | None = None  # this call's barriers
+    count = 0  # re-enables so far in this call
+
+    @classmethod
+    def arm(cls, folder: Path, number: int) -> None:
+        """Call ``number`` starts: its re-enables wait on barriers under ``folder``; the first
+        time TensorFlow is loaded here, wrap its re-enable."""
+        cls.folder, cls.count = folder / str(number), 0
+        context = sys.modules.get("tensorflow.python.eager.context")
+        enable = getattr(getattr(context, "Context", None), "enable_collective_ops", None)
+        if enable is None or getattr(enable, "distlaunch_barrier", False):
+            return
+
+        def enable_collective_ops(self: Any, server_def: Any) -> None:
+            enable(self, server_def)
+            cls.wait(server_def)
+
+        enable_collective_ops.distlaunch_barrier = True  # type: ignore[attr-defined]
+        context.Context.enable_collective_ops = enable_collective_ops  # type: ignore[union-attr]
+
+    @classmethod
+    def wait(cls, server_def: Any) -> None:
+        """Mark this task's re-enable, then wait for every task of ``server_def``'s cluster."""
+        if cls.folder is None:
+            return
+        folder = cls.folder.with_name(f"{cls.folder.name}.{cls.count}")
+        cls.count += 1
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{server_def.job_name}-{server_def.task_index}").touch()
+        peers = [
+            folder / f"{job.name}-{index}" for job in server_def.cluster.job for index in job.tasks
+        ]
+        # Polled: it lasts only while a peer has not made its strategy yet (the function's own
+        # work before it), and a peer that dies ends the run, and this task with it.
+        while not all(p.exists() for p in peers):
+            time.sleep(_BARRIER_POLL_S)
+
+
+def _call(payload_file: Path, out: Path, task: str) -> None:
+    """Run the call of ``payload_file``; write its outcome to ``out`` (see the module
+    docstring); a failure ends the task."""
+    payload = pickle.loads(payload_file.read_bytes())
     # The caller's import path: a function of a module it imported (a test file, a package
     # beside its notebook) is pickled by reference and imported again here.
     sys.path.extend(p for p in payload["sys_path"] if p not in sys.path)
     fn, args, kwargs = cloudpickle.loads(payload["call"])
-    out = result_path(run_dir, int(os.environ.get(_ATTEMPT) or 0), task)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
