@@ -50,6 +50,7 @@ class RunState(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    PREEMPTED = "preempted"  # every training task saved on a stop notice: resume continues there
 
     @property
     def live(self) -> bool:
@@ -83,13 +84,16 @@ TASK_TRANSITIONS: Mapping[TaskState | None, frozenset[TaskState]] = {
     TaskState.KILLED: frozenset({TaskState.STARTING, TaskState.FAILED}),
     TaskState.STOPPED: frozenset({TaskState.STARTING}),
 }
-_FINISHED = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.INTERRUPTED})
+_FINISHED = frozenset(
+    {RunState.SUCCEEDED, RunState.FAILED, RunState.INTERRUPTED, RunState.PREEMPTED}
+)
 RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
     RunState.RUNNING: frozenset({RunState.STOPPING, *_FINISHED}),
     RunState.STOPPING: _FINISHED,
     RunState.SUCCEEDED: frozenset(),
     RunState.FAILED: frozenset(),
     RunState.INTERRUPTED: frozenset(),
+    RunState.PREEMPTED: frozenset(),
 }
 
 

@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import contract, runtime
+from . import contract, preempt, runtime
 from .runtime import DEFAULT_STRATEGY, TaskContext
 
 if TYPE_CHECKING:
@@ -51,6 +51,10 @@ def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Stra
         )
     runtime.report(contract.STATE_STARTING)
     built = builder(ctx, variable_partitioner)
+    if ctx.role != contract.EVALUATOR and ctx.strategy != contract.PSS:
+        # Now, not when `fit` starts: TensorFlow's notifier took SIGTERM over while the strategy
+        # was built, and would swallow a notice that came before `fit` (see `preempt`).
+        preempt.watch()
     runtime.report(contract.STATE_READY)
     return built
 
