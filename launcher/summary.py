@@ -36,7 +36,8 @@ def preempted_line(run_id: str, saved: dict, spec_file: str) -> str:
     """The line that says where a preempted run saved (``saved``: run.json's ``preempted``,
     ``step`` and ``save_s``, each None when unknown) and how it goes on."""
     step, save_s = saved.get("step"), saved.get("save_s")
-    where = "before saving" if step is None else f"at step {step}"
+    # No step: the program saved on its own (TensorFlow's handler), or had nothing to save.
+    where = "on the notice" if step is None else f"at step {step}"
     took = "" if save_s is None else f", saved in {save_s:.2f} s"
     return f"run {run_id} preempted {where}{took}; `distlaunch up {spec_file} --resume` continues"
 

@@ -64,6 +64,35 @@ while True:
 """
 
 
+# A user's own loop with TensorFlow's PreemptionCheckpointHandler (it takes SIGTERM over from
+# dw.strategy(), saves at a step the workers agree on, and exits 42).
+TF_HANDLER = """
+import os
+import tensorflow as tf
+import distlaunch.worker as dw
+strategy = dw.strategy()
+with strategy.scope():
+    total = tf.Variable(0.0)
+checkpoint = tf.train.Checkpoint(total=total)
+handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+    strategy.cluster_resolver, checkpoint, os.environ["DISTLAUNCH_CHECKPOINT_DIR"]
+)
+print("resumed at run", handler.total_run_calls, flush=True)
+
+@tf.function
+def train_step():
+    def replica_fn():
+        one = tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0))
+        total.assign_add(one)
+    strategy.run(replica_fn)
+
+while handler.total_run_calls < 100000:
+    handler.run(train_step)
+    if handler.total_run_calls % 50 == 0:
+        print("run", handler.total_run_calls, flush=True)
+"""
+
+
 def _start(spec: Path, *args: str) -> subprocess.Popen:
     folder = spec.parent
     with open(folder / "stdout.txt", "a") as out, open(folder / "stderr.txt", "a") as err:
@@ -235,6 +264,37 @@ def test_a_save_that_misses_its_deadline_stops_the_run_and_names_the_tasks(tmp):
     assert not processes_of_run(record["run_id"])
 
 
+def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):
+    (tmp / "task.py").write_text(TF_HANDLER)
+    spec = write_spec(tmp)
+    launcher = _start(spec)
+    try:
+        run_dir = wait_for(
+            lambda: (
+                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
+                if (tmp / "runs").exists()
+                else None
+            ),
+            "the run dir",
+        )
+        logs = run_dir / "logs" / "attempt-0"
+        wait_for(
+            lambda: len([p for p in logs.glob("*.log") if "run 50" in p.read_text()]) == 2,
+            "both workers to run 50 steps",
+        )
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    record = run_record(run_dir)
+    assert record["state"] == "preempted"
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.TF_HANDLER_EXIT}
+    assert f"run {record['run_id']} preempted on the notice; " in err
+    assert (run_dir / "checkpoints" / "checkpoint").is_file()  # the handler's own save
+
+
 def test_save_s_is_checked_like_the_other_timeouts(tmp):
     spec = write_spec(tmp, timeouts={"save_s": 0})
     result = distlaunch("up", str(spec), cwd=tmp)
@@ -259,10 +319,12 @@ def _after_notice(name: str, code: int, exited: dict[str, int]) -> Action:
 def test_after_a_notice_the_run_is_preempted_once_every_training_task_saved():
     assert _after_notice("worker-0", 75, {"worker-0": 75}) is Action.CONTINUE
     assert _after_notice("worker-1", 75, {"worker-0": 75, "worker-1": 75}) is Action.PREEMPTED
-    # TensorFlow's handler's 42 and SIGTERM's 143 / -15 mean preempted after a notice, ...
-    assert _after_notice("worker-1", 42, {"worker-0": -15, "worker-1": 42}) is Action.PREEMPTED
-    # ... a failure does not, nor restarts anything: the run stops, naming the task.
+    # TensorFlow's handler's 42 and a handler's 143 mean preempted after a notice, ...
+    assert _after_notice("worker-1", 42, {"worker-0": 143, "worker-1": 42}) is Action.PREEMPTED
+    # ... a failure, or death by the SIGTERM (nobody handled it: nothing saved), does not, nor
+    # restarts anything: the run stops, naming the task.
     assert _after_notice("worker-1", 1, {"worker-0": 75, "worker-1": 1}) is Action.STOP
+    assert _after_notice("worker-0", -15, {"worker-0": -15}) is Action.STOP
     assert _after_notice("evaluator-0", -15, {"evaluator-0": -15}) is Action.CONTINUE
     deadline = TaskEvent("worker-0", "worker", None, kind=EventKind.SAVE_TIMEOUT, detail="late")
     decision = RestartPolicy(MWMS, ON_FAILURE).decide(deadline, {}, (), 0.0)
@@ -276,5 +338,6 @@ def test_the_exit_code_table():
     assert meaning(42, noticed=False) is contract.ExitMeaning.RESTARTABLE
     assert meaning(143, noticed=False) is contract.ExitMeaning.RESTARTABLE
     assert meaning(143, noticed=True) is contract.ExitMeaning.PREEMPTED
+    assert meaning(-15, noticed=True) is contract.ExitMeaning.RESTARTABLE
     assert meaning(2, noticed=True) is contract.ExitMeaning.FATAL
     assert meaning(1, noticed=True) is contract.ExitMeaning.RESTARTABLE

@@ -66,20 +66,21 @@ class ExitMeaning(enum.StrEnum):
 # The exit-code contract between every task and the launcher, on every backend: one table, also
 # in the README ("Preemption"). A task that saved on a stop notice exits EXIT_PREEMPTED (sysexits'
 # EX_TEMPFAIL: "try again later"). TensorFlow's PreemptionCheckpointHandler exits 42 by default,
-# and a program that SIGTERM ends exits 143 through a shell or dies by the signal (-15): after a
-# notice those mean preempted too, before one they are failures. EXIT_FATAL is the default of the
+# and a program's own SIGTERM handler often exits 143: after a notice those mean preempted too,
+# before one they are failures. Death by SIGTERM itself (-15) means the program did not handle the
+# notice, so it saved nothing: that stops the run as before. EXIT_FATAL is the default of the
 # spec's restart.non_retryable_exit_codes.
 EXIT_PREEMPTED = 75
 EXIT_FATAL = 2
 TF_HANDLER_EXIT = 42
-SIGTERM_EXITS = (143, -15)
+SIGTERM_EXIT = 143
 EXIT_CODES: tuple[tuple[str, ExitMeaning, str], ...] = (
     ("0", ExitMeaning.DONE, "the task finished"),
     (str(EXIT_PREEMPTED), ExitMeaning.PREEMPTED, "it saved on a stop notice (dw.fit) and stopped"),
     (
-        f"{TF_HANDLER_EXIT}, 143, -15 after a notice",
+        f"{TF_HANDLER_EXIT} or {SIGTERM_EXIT} after a notice",
         ExitMeaning.PREEMPTED,
-        "TensorFlow's PreemptionCheckpointHandler, or SIGTERM's default, after a stop notice",
+        "TensorFlow's PreemptionCheckpointHandler, or a program's own SIGTERM handler",
     ),
     (str(EXIT_FATAL), ExitMeaning.FATAL, "the program is wrong (restart.non_retryable_exit_codes)"),
     ("any other", ExitMeaning.RESTARTABLE, "a failure: restart.policy decides"),
@@ -91,7 +92,7 @@ def exit_meaning(code: int, noticed: bool, fatal: tuple[int, ...] = (EXIT_FATAL,
     the task was sent a stop notice; ``fatal``: the spec's non-retryable codes."""
     if code == 0:
         return ExitMeaning.DONE
-    if code == EXIT_PREEMPTED or noticed and (code == TF_HANDLER_EXIT or code in SIGTERM_EXITS):
+    if code == EXIT_PREEMPTED or noticed and code in (TF_HANDLER_EXIT, SIGTERM_EXIT):
         return ExitMeaning.PREEMPTED
     return ExitMeaning.FATAL if code in fatal else ExitMeaning.RESTARTABLE
 
