@@ -133,6 +133,13 @@ class Cluster:
         """Every task that is part of the training cluster (all but the evaluator)."""
         return [n for role, names in self.roles.items() if role != "evaluator" for n in names]
 
+    def savers(self) -> list[str]:
+        """The tasks a stop notice goes to: every training task; under PSS the chief alone (its
+        ps and worker servers hold the variables and run its steps until it has saved)."""
+        if self.strategy == contract.PSS:
+            return list(self.roles.get("chief", ()))
+        return self.training()
+
 
 class RestartPolicy:
     """Decides what each event means under the run's strategy and restart rules.

@@ -285,10 +285,11 @@ class Supervisor:
         """Send every training task a stop notice; False (nothing sent) where it cannot be kept:
         a task down waiting to restart, training already done, a transport without notices."""
         notify = getattr(self.transport, "notify", None)
-        training = [t for t in self.tasks.values() if t.plan.role != "evaluator"]
+        training = [self.tasks[name] for name in self.policy.cluster.savers()]
         if notify is None or self.pending or self.drain_until is not None:
             return False
-        if not all(t.alive for t in training) or not notify([t.handle for t in training]):
+        alive = all(t.alive for t in self.tasks.values() if t.plan.role != "evaluator")
+        if not alive or not notify([t.handle for t in training]):
             return False
         save_s = self.timeouts.save_s
         self.notice = _Notice(signum, time.monotonic() + save_s)
@@ -656,7 +657,8 @@ class Supervisor:
         """The stop notice's deadline (timeouts.save_s): the policy stops the run if a training
         task is still running by then, naming every such task."""
         assert self.notice is not None
-        unsaved = [t for t in self.tasks.values() if t.alive and t.plan.role != "evaluator"]
+        savers = (self.tasks[name] for name in self.policy.cluster.savers())
+        unsaved = [t for t in savers if t.alive]
         if now < self.notice.deadline or not unsaved:
             return None
         how = (

@@ -264,6 +264,44 @@ def test_a_save_that_misses_its_deadline_stops_the_run_and_names_the_tasks(tmp):
     assert not processes_of_run(record["run_id"])
 
 
+def _chief_log(tmp: Path, attempt: int) -> str:
+    logs = list((tmp / "runs").glob(f"*/logs/attempt-{attempt}/chief-0.log"))
+    return logs[0].read_text() if logs else ""
+
+
+def test_pss_chief_stops_scheduling_joins_and_saves(tmp):
+    tasks = {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}}
+    spec = write_spec(tmp, strategy=contract.PSS, tasks=tasks, program=EXAMPLE)
+    launcher = _start(spec)
+    try:
+        wait_for(lambda: "step 50 " in _chief_log(tmp, 0), "the chief to train 50 steps")
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = [int(s) for s in re.findall(r"stop notice: saved step (\d+)", _chief_log(tmp, 0))]
+    assert len(saved) == 1 and saved[0] >= 50
+    run_dir = next((tmp / "runs").glob("*/run.json")).parent
+    record = run_record(run_dir)
+    assert record["state"] == "preempted" and record["preempted"]["step"] == saved[0]
+    # Only the chief got the notice; its servers ran its last steps, then were stopped.
+    assert record["tasks"]["chief-0"]["exit_code"] == contract.EXIT_PREEMPTED
+    assert [e["task"] for e in events(run_dir) if e["event"] == "exited"] == ["chief-0"]
+    assert all(record["tasks"][n]["state"] == "stopped" for n in ("ps-0", "worker-0", "worker-1"))
+    assert not processes_of_run(record["run_id"])
+
+    resumed = _start(spec, "--resume")
+    try:
+        wait_for(lambda: "resumed from" in _chief_log(tmp, 1), "the chief to resume")
+        resumed.send_signal(signal.SIGTERM)
+        resumed.wait(timeout=240)
+    finally:
+        resumed.kill()
+    assert _resumed_steps(_chief_log(tmp, 1)) == [saved[0]]
+
+
 def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):
     (tmp / "task.py").write_text(TF_HANDLER)
     spec = write_spec(tmp)

@@ -51,9 +51,10 @@ def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Stra
         )
     runtime.report(contract.STATE_STARTING)
     built = builder(ctx, variable_partitioner)
-    if ctx.role != contract.EVALUATOR and ctx.strategy != contract.PSS:
+    if ctx.role != contract.EVALUATOR:
         # Now, not when `fit` starts: TensorFlow's notifier took SIGTERM over while the strategy
-        # was built, and would swallow a notice that came before `fit` (see `preempt`).
+        # was built, and would swallow a notice that came before `fit` (see `preempt`). (A PSS
+        # ps or worker never gets here: it serves until it is stopped.)
         preempt.watch()
     runtime.report(contract.STATE_READY)
     return built

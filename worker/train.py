@@ -65,8 +65,9 @@ def fit(
     heartbeat. At the end the chief writes the run's "training done" marker. Returns the
     metrics list, earlier attempts included.
 
-    On a stop notice (SIGTERM, see `preempt`) under MWMS or the default strategy, every worker
-    saves the same step and the process exits EXIT_PREEMPTED: `fit` does not return.
+    On a stop notice (SIGTERM, see `preempt`) every MWMS worker saves the same step (under PSS
+    the chief stops scheduling, lets the steps in flight finish and saves) and the process
+    exits EXIT_PREEMPTED: `fit` does not return.
     """
     if min(global_batch_size, steps_per_epoch, checkpoint_every or 1) < 1 or epochs < 0:
         raise ValueError(
@@ -88,13 +89,16 @@ def fit(
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step)
     start = _restore(checkpoint, step, ctx)
 
-    train_step = _make_train_step(strategy, model, per_example_loss, global_batch_size, step)
+    scheduled = ps.is_parameter_server(strategy)
+    train_step = _make_train_step(
+        strategy, model, per_example_loss, global_batch_size, step, with_notice=not scheduled
+    )
     steps: _LocalSteps | ps.ScheduledSteps
-    if ps.is_parameter_server(strategy):
+    preempt.watch()
+    if scheduled:
         # Only the chief restored: there is no agreement between workers to check.
         steps = ps.ScheduledSteps(strategy, train_step, dataset, step)
     else:
-        preempt.watch()
         _check_workers_agree_on_step(strategy, start)
         steps = _LocalSteps(train_step, iter(_distribute(strategy, dataset)), start)
     saver = _Saver(checkpoint, ctx)
@@ -117,7 +121,7 @@ def fit(
             # The counter, not `target`: PSS runs a step at least once (again on another worker
             # when its worker dies mid-step), so the counter can be ahead.
             current = int(step.numpy())
-            if isinstance(steps, _LocalSteps) and steps.noticed:
+            if steps.noticed:
                 _save_and_stop(saver, current, heartbeat)
             if target % every == 0:
                 saver.save(current)
@@ -260,16 +264,18 @@ def _make_train_step(
     per_example_loss: PerExampleLoss,
     global_batch_size: int,
     step: tf.Variable,
-) -> Callable[[Any], tf.Tensor]:
+    with_notice: bool,
+) -> Callable[..., tf.Tensor]:
     """Return a tf.function that runs one synchronous step and returns the global mean loss.
 
-    Called with a ``notice`` (float32 scalar: 1 when this task has had a stop notice), it returns
-    ``[loss, number of replicas with a notice]``, reduced in the step's one all-reduce.
+    ``with_notice``: it takes a second argument, ``notice`` (float32 scalar: 1 when this task has
+    had a stop notice), and returns ``[loss, number of replicas with a notice]``, reduced in the
+    step's one all-reduce. Without (PSS: the coordinator schedules ``train_step(iterator)``), an
+    argument of neither kind: a defaulted argument breaks the coordinator's function binding.
     """
     import keras
 
-    @tf.function
-    def train_step(iterator: Any, notice: tf.Tensor | None = None) -> tf.Tensor:
+    def one_step(iterator: Any, notice: tf.Tensor | None) -> tf.Tensor:
         def replica_step(batch: Any) -> tf.Tensor:
             x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
             with tf.GradientTape() as tape:
@@ -288,7 +294,9 @@ def _make_train_step(
         step.assign_add(1)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
 
-    return train_step
+    if with_notice:
+        return tf.function(lambda iterator, notice: one_step(iterator, notice))
+    return tf.function(lambda iterator: one_step(iterator, None))
 
 
 def _distribute(
