@@ -378,8 +378,10 @@ class Supervisor:
         saved = {k: status.get(k) for k in (contract.SAVED_STEP, contract.SAVE_S)} if status else {}
         if code == 0:
             state = TaskState.SUCCEEDED
+        elif decision.action is not Action.STOP or code == -signal.SIGTERM:
+            state = TaskState.STOPPED  # it saved, or the notice's SIGTERM ended it: a stop
         else:
-            state = TaskState.FAILED if decision.action is Action.STOP else TaskState.STOPPED
+            state = TaskState.FAILED
         task.ledger.change(
             state, "exited", ended, decision=decision.action.value, reason=decision.reason,
             exit=how, exit_code=code, **saved,
