@@ -93,6 +93,30 @@ while handler.total_run_calls < 100000:
 """
 
 
+# dw.fit whose save on the notice never ends, its data file half written and the checkpoint
+# index not yet updated (a save cut short by the deadline: what a slow disk leaves).
+SLOW_SAVE = """
+import os, sys, time
+import tensorflow as tf
+from distlaunch.worker import preempt
+save = tf.train.CheckpointManager.save
+
+def slow_save(self, checkpoint_number=None, **kwargs):
+    if not preempt.noticed():
+        return save(self, checkpoint_number=checkpoint_number, **kwargs)
+    path = os.path.join(self.directory, f"ckpt-{checkpoint_number}.data-00000-of-00001")
+    with open(path, "wb") as f:
+        f.write(bytes(100))
+    print("saving slowly", flush=True)
+    while True:
+        time.sleep(1)
+
+tf.train.CheckpointManager.save = slow_save
+from distlaunch.worker.examples.mnist_mlp import main
+main(sys.argv[1:])
+"""
+
+
 def _start(spec: Path, *args: str) -> subprocess.Popen:
     folder = spec.parent
     with open(folder / "stdout.txt", "a") as out, open(folder / "stderr.txt", "a") as err:
@@ -300,6 +324,43 @@ def test_pss_chief_stops_scheduling_joins_and_saves(tmp):
     finally:
         resumed.kill()
     assert _resumed_steps(_chief_log(tmp, 1)) == [saved[0]]
+
+
+def test_a_save_cut_short_by_the_deadline_is_never_resumed_from(tmp):
+    (tmp / "task.py").write_text(SLOW_SAVE)
+    args = ["--epochs", "400", "--steps-per-epoch", "25", "--checkpoint-every", "25"]
+    timeouts = {"grace_s": 1, "startup_s": 120, "save_s": 2}
+    spec = write_spec(tmp, program={"script": "task.py", "args": args}, timeouts=timeouts)
+    launcher = _start(spec)
+    try:
+        run_dir = _training(tmp, past_step=50)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "not saved: worker-0, worker-1: stopping the run" in err
+    assert run_record(run_dir)["state"] == "interrupted"
+    index = (run_dir / "checkpoints" / "checkpoint").read_text()
+    latest = int(re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', index, re.M).group(1))
+    half = [p.name for p in (run_dir / "checkpoints").glob("ckpt-*.data-*")]
+    cut = [int(re.match(r"ckpt-(\d+)", n).group(1)) for n in half]
+    assert max(cut) > latest >= 50  # the half-written save is the newest file, not the latest
+
+    resumed = _start(spec, "--resume")
+    try:
+        wait_for(lambda: len(_resumed_steps(_logs_of(run_dir, 1))) == 2, "both workers to resume")
+        resumed.send_signal(signal.SIGINT)
+        resumed.wait(timeout=120)
+    finally:
+        resumed.kill()
+    assert _resumed_steps(_logs_of(run_dir, 1)) == [latest, latest]
+
+
+def _logs_of(run_dir: Path, attempt: int) -> str:
+    folder = run_dir / "logs" / f"attempt-{attempt}"
+    return "".join(p.read_text() for p in sorted(folder.glob("worker-*.log")))
 
 
 def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):
