@@ -363,6 +363,33 @@ def _logs_of(run_dir: Path, attempt: int) -> str:
     return "".join(p.read_text() for p in sorted(folder.glob("worker-*.log")))
 
 
+def test_tf_keras_fit_with_keras_callbacks_saves_on_the_notice(tmp):
+    program = {**EXAMPLE, "keras": "tf_keras"}
+    spec = write_spec(tmp, program=program)
+    launcher = _start(spec)
+    try:
+        run_dir = _training(tmp)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    record = run_record(run_dir)
+    assert record["state"] == "preempted"
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.TF_HANDLER_EXIT}
+    # No backup but the notice's: checkpoint_every (BackupAndRestore's save_freq) is never reached.
+    resumed = _start(spec, "--resume")
+    try:
+        wait_for(lambda: len(_resumed_steps(_logs_of(run_dir, 1))) == 2, "both workers to resume")
+        resumed.send_signal(signal.SIGINT)
+        resumed.wait(timeout=120)
+    finally:
+        resumed.kill()
+    steps = _resumed_steps(_logs_of(run_dir, 1))
+    assert len(steps) == 2 and steps[0] == steps[1] > 25
+
+
 def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):
     (tmp / "task.py").write_text(TF_HANDLER)
     spec = write_spec(tmp)

@@ -77,6 +77,24 @@ def watch() -> None:
         signal.signal(signal.SIGTERM, _on_notice)
 
 
+def allow_tf_keras_save_before_preemption() -> None:
+    """Let tf_keras's ``BackupAndRestore(save_before_preemption=True)`` save on a notice off GCP.
+
+    tf_keras turns that option on only under MWMS on GCP (it asks GCP's metadata server, which
+    takes up to 5 s to fail elsewhere); it then wraps each batch in TensorFlow's
+    PreemptionCheckpointHandler, which works wherever the coordination service runs. Under
+    distlaunch the launcher is the one that sends the notice, so the check becomes "under MWMS".
+    The handler saves at a step the workers agree on and exits 42 (contract.EXIT_CODES).
+    """
+    import tensorflow as tf
+    from tf_keras.src.distribute import worker_training_state
+
+    def mwms(strategy: tf.distribute.Strategy) -> bool:
+        return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+    worker_training_state.support_on_demand_checkpoint_callback = mwms
+
+
 def noticed() -> bool:
     """Whether this task has had a stop notice."""
     return _notice_at is not None

@@ -56,6 +56,8 @@ def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Stra
         # was built, and would swallow a notice that came before `fit` (see `preempt`). (A PSS
         # ps or worker never gets here: it serves until it is stopped.)
         preempt.watch()
+        if ctx.keras == contract.TF_KERAS and ctx.strategy == contract.MWMS:
+            preempt.allow_tf_keras_save_before_preemption()
     runtime.report(contract.STATE_READY)
     return built
 

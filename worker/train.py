@@ -145,7 +145,8 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
 
     With DISTLAUNCH_CHECKPOINT_DIR set: ``tf_keras.callbacks.BackupAndRestore`` backing up into
     ``<checkpoint dir>/backup`` every ``checkpoint_every`` steps (default: every epoch); it
-    already lets only the chief keep its copy and makes every worker restore. Always: a callback
+    already lets only the chief keep its copy and makes every worker restore. Under MWMS it also
+    saves on a stop notice (``save_before_preemption``, see `preempt`) and exits 42. Always: a callback
     that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file, the chief's
     TensorBoard scalars and the "ready" heartbeat like `fit` does, prints ``distlaunch: resumed
     from ...`` after a restore, and writes the "training done" marker on the chief at the end.
@@ -216,6 +217,7 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
                 backup_dir=str(backup_dir),
                 save_freq="epoch" if coordinated else checkpoint_every or "epoch",
                 delete_checkpoint=False,
+                save_before_preemption=ctx.strategy == contract.MWMS,
             )
         )
     callbacks.append((_DistlaunchCallback if coordinated else _StepHeartbeatCallback)(backup_dir))
