@@ -39,6 +39,10 @@ def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Stra
     than one ps, and no sharding otherwise: Keras 3 cannot train sharded variables. Other
     strategies ignore it. The evaluator, a sidecar outside the training cluster, always gets
     TensorFlow's default strategy.
+
+    From here on SIGTERM is a stop notice (`preempt.watch`: it replaces the SIGTERM handler
+    TensorFlow installed while the strategy was built), unless the program handles SIGTERM
+    itself; under MWMS with tf_keras, BackupAndRestore may save before preemption off GCP too.
     """
     ctx = runtime.context()
     if ctx.role == contract.EVALUATOR:
