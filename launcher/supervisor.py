@@ -31,6 +31,7 @@ import os
 import selectors
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,7 @@ class _Notice:
 
     signum: int
     deadline: float  # time.monotonic()
+    send: Callable[[list[TaskHandle]], bool]  # the transport's notify
 
 
 class _Task:
@@ -169,6 +171,8 @@ class Supervisor:
         self._standbys_for: int | None = None  # the attempt the standbys were last made for
         self._signals: list[int] = []
         self.notice: _Notice | None = None
+        # Tasks that were building their strategy at the notice: sent it again once built.
+        self._notify_again: set[str] = set()
         self._sel = selectors.DefaultSelector()
         self._next_check = self._next_live = 0.0  # when the loop checks deadlines, redraws
 
@@ -291,8 +295,12 @@ class Supervisor:
         alive = all(t.alive for t in self.tasks.values() if t.plan.role != "evaluator")
         if not alive or not notify([t.handle for t in training]):
             return False
+        # While dw.strategy() builds the strategy (status "starting"), TensorFlow's own SIGTERM
+        # handler is in place and swallows the notice (worker/preempt.py): a task that has not
+        # built it yet gets the notice again once it has ("ready": distlaunch's handler is in).
+        self._notify_again = {t.name for t in training if not self._built(t)}
         save_s = self.timeouts.save_s
-        self.notice = _Notice(signum, time.monotonic() + save_s)
+        self.notice = _Notice(signum, time.monotonic() + save_s, notify)
         if self.standbys is not None:
             self.standbys.close()  # nothing restarts after a notice
             self._record_standbys()
@@ -659,6 +667,12 @@ class Supervisor:
         """The stop notice's deadline (timeouts.save_s): the policy stops the run if a training
         task is still running by then, naming every such task."""
         assert self.notice is not None
+        for name in sorted(self._notify_again):
+            task = self.tasks[name]
+            if not task.alive or self._built(task):
+                self._notify_again.discard(name)
+                if task.alive:
+                    self.notice.send([task.handle])
         savers = (self.tasks[name] for name in self.policy.cluster.savers())
         unsaved = [t for t in savers if t.alive]
         if now < self.notice.deadline or not unsaved:
@@ -687,17 +701,24 @@ class Supervisor:
                 times.append(float(status[contract.SAVE_S]))
         return Preemption(max(steps) if steps else None, max(times) if times else None)
 
-    def _saved_status(self, task: _Task) -> dict | None:
-        """The task's status file if this incarnation reported saving on the notice."""
+    def _status_of(self, task: _Task) -> dict:
+        """The status file of the task's current incarnation; {} when it has written none."""
         plan = task.plan
         status = rundir.read_json(contract.status_path(self.run_dir, plan.role, plan.index))
-        if (
-            not isinstance(status, dict)
-            or status.get("state") != contract.STATE_PREEMPTED
-            or status.get("attempt") != task.ledger.entry.attempt
-        ):
-            return None
+        if not isinstance(status, dict) or status.get("attempt") != task.ledger.entry.attempt:
+            return {}
         return status
+
+    def _built(self, task: _Task) -> bool:
+        """Whether the task's dw.strategy() is built (any status past "starting")."""
+        return (
+            self._status_of(task).get("state", contract.STATE_STARTING) != contract.STATE_STARTING
+        )
+
+    def _saved_status(self, task: _Task) -> dict | None:
+        """The task's status file if this incarnation reported saving on the notice."""
+        status = self._status_of(task)
+        return status if status.get("state") == contract.STATE_PREEMPTED else None
 
     def _check_run_time(self, now: float) -> RunResult | None:
         """The run's time limit (timeouts.run_s), for the task still running or, when every task

@@ -215,6 +215,58 @@ def test_sigterm_to_up_saves_one_step_and_resume_loses_none(tmp):
     assert len(again) == 2 and again[0] == again[1] > step
 
 
+# worker-1 holds off SIGTERM until the test says go (loading data, say), then builds its strategy;
+# worker-0 meanwhile waits for it inside its own strategy's build, under TensorFlow's handler.
+LATE_WORKER = """
+import os, signal, sys, time
+import distlaunch.worker as dw
+if dw.context().index == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+dw.strategy()
+from distlaunch.worker.examples.mnist_mlp import main
+main(sys.argv[2:])
+"""
+
+
+def test_a_notice_during_the_strategys_build_is_kept(tmp):
+    (tmp / "task.py").write_text(LATE_WORKER)
+    go = tmp / "go"
+    spec = write_spec(
+        tmp,
+        program={"script": "task.py", "args": [str(go), *ARGS]},
+        timeouts={"grace_s": 2, "startup_s": 120, "save_s": 120},
+    )
+    launcher = _start(spec)
+    try:
+        run_dir = wait_for(
+            lambda: (
+                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
+                if (tmp / "runs").exists()
+                else None
+            ),
+            "the run dir",
+        )
+        # worker-0's server is up: TensorFlow's notifier holds SIGTERM; the cluster is not formed.
+        wait_for(
+            lambda: run_record(run_dir)["tasks"].get("worker-0", {}).get("state") == "running",
+            "worker-0 to start its server",
+        )
+        launcher.send_signal(signal.SIGTERM)
+        wait_for(lambda: any(e["event"] == "notice" for e in events(run_dir)), "the notice")
+        go.touch()
+        launcher.wait(timeout=240)
+    finally:
+        go.touch()
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = _saved_steps(run_dir, 0)
+    assert len(saved) == 2 and saved[0] == saved[1]
+
+
 def test_down_saves_by_default_and_down_now_does_not(tmp):
     spec = write_spec(tmp, program=EXAMPLE)
     launcher = _start(spec)
