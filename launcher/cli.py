@@ -24,12 +24,14 @@ from distlaunch.launcher.errors import (
     HostError,
     Interrupted,
     LaunchError,
+    Preempted,
     RecordError,
     RunFailed,
     SpecError,
     UsageError,
 )
 from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG
+from distlaunch.worker import contract
 
 # Every command imports what it needs in its body: `--help`, and a command's start, pay only
 # for their own (the spec's parsing, the run dir, the supervisor... are imported by those that use them).
@@ -45,6 +47,7 @@ class ExitCode(enum.IntEnum):
     FAILED = 1  # a task failed (or the run could not be recorded)
     USAGE = 2  # bad spec or usage, or a host, engine or sandbox that cannot run it: nothing started
     SIGNALLED = 128  # plus N: interrupted by signal N, after every task was stopped
+    PREEMPTED = contract.EXIT_PREEMPTED  # saved on a stop notice: `up --resume` continues
 
 
 def exit_codes() -> dict[type[LaunchError], ExitCode]:
@@ -55,6 +58,7 @@ def exit_codes() -> dict[type[LaunchError], ExitCode]:
     return {
         LaunchError: ExitCode.FAILED,
         RunFailed: ExitCode.FAILED,
+        Preempted: ExitCode.PREEMPTED,
         RecordError: ExitCode.FAILED,
         SpecError: ExitCode.USAGE,
         UsageError: ExitCode.USAGE,
@@ -574,6 +578,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
     from distlaunch.launcher.control.liveness import launcher_alive
     from distlaunch.launcher.control.status import LOST, run_state, status_rows
     from distlaunch.launcher.state import RunRecord
+    from distlaunch.launcher.summary import preempted_line
 
     path = rundir.resolve_run(run, settings.shared_dir)
     if watch:
@@ -592,6 +597,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
             "exit_code": record.exit_code,
             "failure": record.failure.to_json() if record.failure else None,
             "network": record.network,
+            "preempted": record.preempted,
         }
         click.echo(json.dumps({**head, "run_dir": str(path), "tasks": rows}, indent=2))
         return
@@ -602,6 +608,8 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
         )
     if record.failure:
         click.echo(f"  {record.failure.summary}")
+    if isinstance(record.preempted, dict):
+        click.echo(f"  {preempted_line(record.run_id, record.preempted, record.spec_file)}")
     for line in firewall.status_lines(record.network, launcher_alive(record)):
         click.echo(f"  {line}")
     click.echo(
@@ -691,15 +699,19 @@ def restart(settings: Settings, run: str, task: str) -> None:
     default=None,
     help="Seconds from SIGTERM to SIGKILL (default: the spec's timeouts.grace_s).",
 )
-def down(settings: Settings, run: str, grace: float | None) -> None:
-    """Stop RUN (a run id or directory): its launcher if alive, then every leftover process."""
+@click.option("--now", is_flag=True, help="Stop at once: the tasks do not save first.")
+def down(settings: Settings, run: str, grace: float | None, now: bool) -> None:
+    """Stop RUN (a run id or directory): its launcher if alive (its tasks save first, unless
+    --now), then every leftover process."""
     from distlaunch.launcher import rundir
     from distlaunch.launcher.control.down import down as run_down
 
-    result = run_down(rundir.resolve_run(run, settings.shared_dir), grace)
+    result = run_down(rundir.resolve_run(run, settings.shared_dir), grace, now)
     done = []
     if result.launcher_pid is not None:
         done.append(f"stopped its launcher (pid {result.launcher_pid})")
+    if result.preempted:
+        done.append(result.preempted)
     if result.stopped:
         done.append(
             f"stopped {result.stopped} leftover process{'es' if result.stopped != 1 else ''}"
@@ -773,8 +785,8 @@ def _main() -> None:
         exc.show()
         sys.exit(ExitCode.USAGE)
     except LaunchError as exc:
-        # RunFailed has already printed its summary; the others are one line.
-        if not isinstance(exc, RunFailed):
+        # RunFailed and Preempted have already printed their summary; the others are one line.
+        if not isinstance(exc, (RunFailed, Preempted)):
             click.echo(f"distlaunch: error: {exc}", err=True)
         sys.exit(exit_code(exc))
     except click.exceptions.Exit as exc:

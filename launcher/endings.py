@@ -16,3 +16,6 @@ class EventKind(enum.StrEnum):
     FORMATION = "formation"  # it never connected to the coordination service (formation_s)
     RUN_TIMEOUT = "run timeout"  # the run hit timeouts.run_s while it ran or waited to restart
     DRAINED = "drained"  # training was done and the evaluator finished or ran out of drain time
+    # After a stop notice: it exited (``returncode``; contract.EXIT_CODES says if it saved first)
+    PREEMPTED = "preempted"
+    SAVE_TIMEOUT = "save timeout"  # a stop notice's save did not end within timeouts.save_s

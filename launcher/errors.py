@@ -40,6 +40,10 @@ class RunFailed(LaunchError):
     """A task of the run failed; the message is the root-cause summary."""
 
 
+class Preempted(LaunchError):
+    """The run saved on a stop notice and stopped; the message says where `--resume` goes on."""
+
+
 class Interrupted(LaunchError):
     """The launcher was stopped by a signal; everything it started has been torn down."""
 

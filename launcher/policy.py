@@ -34,6 +34,9 @@ class Action(enum.Enum):
     DONE = "done"  # the job succeeded: stop whatever still runs (servers, the evaluator)
     RESTART = "restart"  # stop the named tasks that still run, then start them all again
     FAIL = "fail"  # the job failed: stop everything and report this task as the root cause
+    # After a stop notice: every training task saved and stopped; stop whatever still runs
+    PREEMPTED = "preempted"
+    STOP = "stop"  # after a stop notice, a task did not save: stop everything, as a signal does
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,13 @@ class Cluster:
             n for role, names in self.roles.items() if role != contract.EVALUATOR for n in names
         ]
 
+    def savers(self) -> list[str]:
+        """The tasks a stop notice goes to: every training task; under PSS the chief alone (its
+        ps and worker servers hold the variables and run its steps until it has saved)."""
+        if self.strategy == contract.PSS:
+            return list(self.roles.get("chief", ()))
+        return self.training()
+
 
 class RestartPolicy:
     """Decides what each event means under the run's strategy and restart rules.
@@ -142,6 +152,9 @@ class RestartPolicy:
     The evaluator is a sidecar: its success changes nothing, its failure restarts only itself.
     The run's own deadlines (startup_s, formation_s, run_s) fail it whatever the rules; the end
     of the evaluator's drain after training (it finished, or its time ran out) is DONE.
+    After a stop notice nothing restarts: once every training task (PSS: the chief) exited
+    "preempted" (contract.EXIT_CODES) the run is PREEMPTED; a task that exits otherwise, or a
+    save that misses timeouts.save_s, STOPs it.
     """
 
     def __init__(self, cluster: Cluster, rules: RestartRules) -> None:
@@ -173,6 +186,10 @@ class RestartPolicy:
         if event.kind is EventKind.DRAINED:
             # Training was done before: the evaluator finished, or its drain time ran out.
             return Decision(Action.DONE, event.detail)
+        if event.kind is EventKind.SAVE_TIMEOUT:
+            return Decision(Action.STOP, f"{event.name} {event.detail}")
+        if event.kind is EventKind.PREEMPTED:
+            return self._after_notice(event, exited)
         if event.kind in _DEADLINES:
             # The limits the user set for the whole run: the run ends, whatever the policy.
             return Decision(Action.FAIL, f"{event.name} {event.detail}")
@@ -227,6 +244,36 @@ class RestartPolicy:
         if all(exited.get(name) == 0 for name in self.cluster.training()):
             return Decision(Action.DONE, "every training task finished")
         return Decision(Action.CONTINUE, f"{event.name} finished; waiting for the others")
+
+    def _after_notice(self, event: TaskEvent, exited: Mapping[str, int]) -> Decision:
+        """A task exited after the stop notice: did every training task save?"""
+        assert event.returncode is not None
+        fatal = self.rules.non_retryable_exit_codes
+        meaning = contract.exit_meaning(event.returncode, noticed=True, fatal=fatal)
+        if meaning is contract.ExitMeaning.DONE:
+            return self._clean_exit(event, exited)
+        if event.role == "evaluator":
+            return Decision(Action.CONTINUE, "the evaluator stopped on the notice")
+        if meaning is not contract.ExitMeaning.PREEMPTED:
+            return Decision(
+                Action.STOP, f"{event.name} {_describe(event)} after the stop notice, unsaved"
+            )
+        if self.cluster.strategy == contract.PSS:
+            if event.role == "chief":
+                return Decision(Action.PREEMPTED, "the chief saved and stopped")
+            return Decision(Action.CONTINUE, f"{event.name} stopped; waiting for the chief")
+        waiting = [
+            name
+            for name in self.cluster.training()
+            if name not in exited
+            or contract.exit_meaning(exited[name], noticed=True, fatal=fatal)
+            is not contract.ExitMeaning.PREEMPTED
+        ]
+        if not waiting:
+            return Decision(Action.PREEMPTED, "every training task saved and stopped")
+        return Decision(
+            Action.CONTINUE, f"{event.name} saved and stopped; waiting for {', '.join(waiting)}"
+        )
 
     def _restart_set(self, event: TaskEvent) -> tuple[str, ...]:
         roles = self.cluster.roles

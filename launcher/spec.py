@@ -326,6 +326,12 @@ class Timeouts(Record):
         300.0, gt=0, description="Every training task must start its TensorFlow server within this."
     )
     grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL grace period at teardown.")
+    save_s: float = Field(
+        30.0,
+        gt=0,
+        description="On a stop notice (SIGTERM or SIGUSR2 to `up`, `distlaunch down`) the tasks "
+        "save and stop within this; the rest are then stopped (SIGTERM, grace_s, SIGKILL).",
+    )
     run_s: float | None = Field(None, gt=0, description="Fail the whole run after this long.")
     heartbeat_s: float | None = Field(
         None,

@@ -52,6 +52,7 @@ class RunState(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     INTERRUPTED = "interrupted"
+    PREEMPTED = "preempted"  # every training task saved on a stop notice: resume continues there
 
     @property
     def live(self) -> bool:
@@ -85,13 +86,16 @@ TASK_TRANSITIONS: Mapping[TaskState | None, frozenset[TaskState]] = {
     TaskState.KILLED: frozenset({TaskState.STARTING, TaskState.FAILED}),
     TaskState.STOPPED: frozenset({TaskState.STARTING}),
 }
-_FINISHED = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.INTERRUPTED})
+_FINISHED = frozenset(
+    {RunState.SUCCEEDED, RunState.FAILED, RunState.INTERRUPTED, RunState.PREEMPTED}
+)
 RUN_TRANSITIONS: Mapping[RunState, frozenset[RunState]] = {
     RunState.RUNNING: frozenset({RunState.STOPPING, *_FINISHED}),
     RunState.STOPPING: _FINISHED,
     RunState.SUCCEEDED: frozenset(),
     RunState.FAILED: frozenset(),
     RunState.INTERRUPTED: frozenset(),
+    RunState.PREEMPTED: frozenset(),
 }
 
 
@@ -175,7 +179,7 @@ class RunFailure:
 
 
 # Optional fields that only some backends or commands set; left out of run.json while None.
-_OPTIONAL = ("netns_holder_pid", "network", "stopped_by", "standbys")
+_OPTIONAL = ("netns_holder_pid", "network", "stopped_by", "standbys", "preempted")
 
 
 @dataclass
@@ -206,6 +210,8 @@ class RunRecord:
     section: dict | None = None
     stopped_by: str | None = None
     standbys: dict | None = None  # the warm standbys now waiting (launcher/standby.py)
+    # A run stopped on a notice: the step its tasks saved and how long the save took (up.py).
+    preempted: dict | None = None
     version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)  # keys this version does not know, kept as they are
 

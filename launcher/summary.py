@@ -32,6 +32,16 @@ class Failure:
     exit_code: int | None = None  # its exit code (negative: the signal) when it exited
 
 
+def preempted_line(run_id: str, saved: dict, spec_file: str) -> str:
+    """The line that says where a preempted run saved (``saved``: run.json's ``preempted``,
+    ``step`` and ``save_s``, each None when unknown) and how it goes on."""
+    step, save_s = saved.get("step"), saved.get("save_s")
+    # No step: the program saved on its own (TensorFlow's handler), or had nothing to save.
+    where = "on the notice" if step is None else f"at step {step}"
+    took = "" if save_s is None else f", saved in {save_s:.2f} s"
+    return f"run {run_id} preempted {where}{took}; `distlaunch up {spec_file} --resume` continues"
+
+
 def headline(run_id: str, failure: Failure) -> str:
     """The one line that explains the failure: the task, how it ended, its exception's first line."""
     found = evidence_of(failure)

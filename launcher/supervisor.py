@@ -5,6 +5,13 @@ happens), a self-pipe that signal handlers write to (Ctrl-C, SIGTERM and `distla
 SIGUSR1 are handled between events, never in the middle of bookkeeping), and a short timeout that
 pumps the tasks' logs to the terminal and checks deadlines, heartbeats and due restarts.
 
+A stop notice (SIGTERM or SIGUSR2 to the launcher: `distlaunch down`, Slurm's `--signal`, a
+container stop) is not a stop: every training task's program is asked to save and stop (the
+transport's `notify`), and the policy hears each exit as a PREEMPTED event; when all have saved,
+the run ends PREEMPTED, else, at the first task that exits unsaved or at timeouts.save_s, it is
+stopped as a signal stops it (Interrupted), naming the tasks that did not save. A second stop
+signal, Ctrl-C, or a transport that cannot notify (SSH, Slurm, compose, for now) stops at once.
+
 What an event means is not decided here: every ending of a task or of the run (an exit, a hang,
 a restart request, a deadline, a cluster that never formed, the evaluator's drain) becomes a
 `TaskEvent` that the RestartPolicy answers with CONTINUE, DONE, RESTART or FAIL; the supervisor
@@ -24,6 +31,7 @@ import os
 import selectors
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,14 +73,35 @@ LIVE_INTERVAL_S = 1.0
 # imports would compete for the CPU with the tasks' own start (model build, restore, first step).
 STANDBY_DELAY_S = 5.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, rundir.PRE_TIMEOUT_SIGNAL)
+# The stop signals that are a stop notice (see the module docstring) while none is under way.
+NOTICE_SIGNALS = (signal.SIGTERM, rundir.PRE_TIMEOUT_SIGNAL)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """What a preempted run saved: the step of its checkpoint (None: the program saved on its
+    own, or had no checkpoint dir) and the longest save, from the tasks' status files."""
+
+    step: int | None
+    save_s: float | None
 
 
 @dataclass(frozen=True)
 class RunResult:
     """How a run ended."""
 
-    state: RunState  # SUCCEEDED or FAILED
+    state: RunState  # SUCCEEDED, FAILED or PREEMPTED
     failure: Failure | None
+    preemption: Preemption | None = None
+
+
+@dataclass(frozen=True)
+class _Notice:
+    """A stop notice under way: the signal that brought it and when its save is due."""
+
+    signum: int
+    deadline: float  # time.monotonic()
+    send: Callable[[list[TaskHandle]], bool]  # the transport's notify
 
 
 class _Task:
@@ -141,6 +170,9 @@ class Supervisor:
         self._formation_seen = -1.0  # the settled_since whose cluster formation was checked
         self._standbys_for: int | None = None  # the attempt the standbys were last made for
         self._signals: list[int] = []
+        self.notice: _Notice | None = None
+        # Tasks that were building their strategy at the notice: sent it again once built.
+        self._notify_again: set[str] = set()
         self._sel = selectors.DefaultSelector()
         self._next_check = self._next_live = 0.0  # when the loop checks deadlines, redraws
 
@@ -244,12 +276,41 @@ class Supervisor:
     def _check_signals(self) -> RunResult | None:
         while self._signals:
             signum = self._signals.pop(0)
+            if signum in NOTICE_SIGNALS and self.notice is None and self._notify(signum):
+                continue
             if signum in STOP_SIGNALS:
                 raise Interrupted(signum)
             result = self._on_control_requests()
             if result is not None:
                 return result
         return None
+
+    def _notify(self, signum: int) -> bool:
+        """Send every training task a stop notice; False (nothing sent) where it cannot be kept:
+        a task down waiting to restart, training already done, a transport without notices."""
+        notify = getattr(self.transport, "notify", None)
+        training = [self.tasks[name] for name in self.policy.cluster.savers()]
+        if notify is None or self.pending or self.drain_until is not None:
+            return False
+        alive = all(t.alive for t in self.tasks.values() if t.plan.role != "evaluator")
+        if not alive or not notify([t.handle for t in training]):
+            return False
+        # While dw.strategy() builds the strategy (status "starting"), TensorFlow's own SIGTERM
+        # handler is in place and swallows the notice (worker/preempt.py): a task that has not
+        # built it yet gets the notice again once it has ("ready": distlaunch's handler is in).
+        self._notify_again = {t.name for t in training if not self._built(t)}
+        save_s = self.timeouts.save_s
+        self.notice = _Notice(signum, time.monotonic() + save_s, notify)
+        if self.standbys is not None:
+            self.standbys.close()  # nothing restarts after a notice
+            self._record_standbys()
+        name = signal.Signals(signum).name
+        self.console.say(
+            f"stop notice ({name}): asking {len(training)} tasks to save and stop within "
+            f"{save_s:g} s (timeouts.save_s)"
+        )
+        self.book.event("run", "notice", self.attempt, signal=name, save_s=save_s)
+        return True
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -273,6 +334,8 @@ class Supervisor:
         state = TaskState.SUCCEEDED if code == 0 else TaskState.FAILED
         ended = {"exit_code": code, "exit": how, "ended_at": time.time()}
         task.ending = EventKind.EXITED
+        if self.notice is not None:
+            return self._on_exit_after_notice(task, code, how, ended)
         if self.drain_until is not None:
             # Training already succeeded; the evaluator has now finished too.
             why = "the evaluator finished after training"
@@ -310,6 +373,27 @@ class Supervisor:
             exit=how,
             exit_code=code,
         )
+        return self._apply(task, event, decision, how)
+
+    def _on_exit_after_notice(
+        self, task: _Task, code: int, how: str, ended: dict
+    ) -> RunResult | None:
+        """A task exited after the stop notice: saved (its status says where), or not."""
+        task.ending = EventKind.PREEMPTED
+        event = TaskEvent(task.name, task.plan.role, code, kind=EventKind.PREEMPTED)
+        decision = self._decide(event)
+        status = self._saved_status(task)
+        saved = {k: status.get(k) for k in (contract.SAVED_STEP, contract.SAVE_S)} if status else {}
+        if code == 0:
+            state = TaskState.SUCCEEDED
+        elif decision.action is not Action.STOP or code == -signal.SIGTERM:
+            state = TaskState.STOPPED  # it saved, or the notice's SIGTERM ended it: a stop
+        else:
+            state = TaskState.FAILED
+        task.ledger.change(
+            state, "exited", ended, decision=decision.action.value, reason=decision.reason,
+            exit=how, exit_code=code, **saved,
+        )  # fmt: skip
         return self._apply(task, event, decision, how)
 
     def _on_hang(
@@ -408,6 +492,14 @@ class Supervisor:
         """Carry out the policy's decision about ``event`` of ``task`` (logged by the caller)."""
         if decision.action is Action.DONE:
             return self._done()
+        if decision.action is Action.PREEMPTED:
+            alive = [t for t in self.tasks.values() if t.alive]
+            self._stop(alive, TaskState.STOPPED, "the run was preempted")
+            return RunResult(RunState.PREEMPTED, None, self._preemption())
+        if decision.action is Action.STOP:
+            assert self.notice is not None
+            self.console.say(f"{decision.reason}: stopping the run")
+            raise Interrupted(self.notice.signum)
         if decision.action is Action.FAIL:
             return RunResult(RunState.FAILED, self._fail(task, event, decision, how, where))
         if decision.action is Action.RESTART:
@@ -535,6 +627,9 @@ class Supervisor:
         and the run's time limit."""
         if self.drain_until is not None:
             return self._check_drain(now)
+        if self.notice is not None:
+            # Saving tasks make no progress, nor is a deadline other than the save's theirs now.
+            return self._check_save(now)
         wall = time.time()
         for task in self.tasks.values():
             if task.alive and task.plan.role != contract.EVALUATOR:
@@ -567,6 +662,63 @@ class Supervisor:
         if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
             return self._on_silence(task, silent)
         return None
+
+    def _check_save(self, now: float) -> RunResult | None:
+        """The stop notice's deadline (timeouts.save_s): the policy stops the run if a training
+        task is still running by then, naming every such task."""
+        assert self.notice is not None
+        for name in sorted(self._notify_again):
+            task = self.tasks[name]
+            if not task.alive or self._built(task):
+                self._notify_again.discard(name)
+                if task.alive:
+                    self.notice.send([task.handle])
+        savers = (self.tasks[name] for name in self.policy.cluster.savers())
+        unsaved = [t for t in savers if t.alive]
+        if now < self.notice.deadline or not unsaved:
+            return None
+        how = (
+            f"did not save within {self.timeouts.save_s:g} s of the stop notice (timeouts.save_s)"
+            f"; not saved: {', '.join(t.name for t in unsaved)}"
+        )
+        first = unsaved[0]
+        event = TaskEvent(
+            first.name, first.plan.role, None, kind=EventKind.SAVE_TIMEOUT, detail=how
+        )
+        return self._apply(first, event, self._decide(event), how)
+
+    def _preemption(self) -> Preemption:
+        """The step the training tasks saved (the chief's, which is everyone's) and the longest
+        save, from their status files."""
+        steps, times = [], []
+        for task in self.tasks.values():
+            status = self._saved_status(task)
+            if status is None:
+                continue
+            if isinstance(status.get(contract.SAVED_STEP), int):
+                steps.append(status[contract.SAVED_STEP])
+            if isinstance(status.get(contract.SAVE_S), (int, float)):
+                times.append(float(status[contract.SAVE_S]))
+        return Preemption(max(steps) if steps else None, max(times) if times else None)
+
+    def _status_of(self, task: _Task) -> dict:
+        """The status file of the task's current incarnation; {} when it has written none."""
+        plan = task.plan
+        status = rundir.read_json(contract.status_path(self.run_dir, plan.role, plan.index))
+        if not isinstance(status, dict) or status.get("attempt") != task.ledger.entry.attempt:
+            return {}
+        return status
+
+    def _built(self, task: _Task) -> bool:
+        """Whether the task's dw.strategy() is built (any status past "starting")."""
+        return (
+            self._status_of(task).get("state", contract.STATE_STARTING) != contract.STATE_STARTING
+        )
+
+    def _saved_status(self, task: _Task) -> dict | None:
+        """The task's status file if this incarnation reported saving on the notice."""
+        status = self._status_of(task)
+        return status if status.get("state") == contract.STATE_PREEMPTED else None
 
     def _check_run_time(self, now: float) -> RunResult | None:
         """The run's time limit (timeouts.run_s), for the task still running or, when every task
@@ -745,6 +897,7 @@ class Supervisor:
         alive = [t for t in self.tasks.values() if t.alive]
         if alive:
             self.book.set_state(RunState.STOPPING)
+            _mark_stop_now(self.run_dir, self.attempt)
             self._stop(alive, TaskState.STOPPED, "the run is ending")
         for task in self.tasks.values():
             if task.follower is not None:
@@ -787,6 +940,17 @@ class Supervisor:
     def _error_type(self, task: TaskPlan) -> str | None:
         error = rundir.read_json(Path(task.env[contract.ERROR_FILE]))
         return error.get("type") if isinstance(error, dict) else None
+
+
+def _mark_stop_now(run_dir: Path, attempt: int) -> None:
+    """Tell the attempt's tasks that the SIGTERM coming is no stop notice (see worker/preempt.py);
+    best effort: a task that does not see it saves within the grace period, or is killed."""
+    path = contract.stop_now_path(run_dir, attempt)
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        rundir.create_file(path)
+    except OSError:
+        pass
 
 
 def _rules(restart: Restart) -> RestartRules:

@@ -34,6 +34,11 @@ Signals: the keeper is alone in its process group, so the launcher's ``killpg`` 
 it forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the init, which forwards them
 to the task's process group. The task thus gets each signal once, exactly as before. The keeper
 exits the way the task did: its exit code, or death by the same signal.
+
+A stop notice (the launcher asks the task to save and stop: worker/preempt.py) is NOTICE sent to
+the keeper, which forwards it to the init; the init, which kept the task's pid, sends SIGTERM to
+that one process: never to its children (a data loader's worker, a shell's child), whose death
+or own handler could break the save.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ FORWARDED = (
 # The init's parent-death signal: not one the task could be sent (FORWARDED) and caught, so that
 # the init empties the namespace before it exits.
 KEEPER_GONE = signal.SIGRTMIN
+# A stop notice for the task's program alone (see the module docstring); it arrives as SIGTERM.
+NOTICE = signal.SIGRTMIN + 1
 # Exit codes when the task's program cannot be started, as POSIX shells use them.
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
@@ -86,7 +93,8 @@ def main(args: list[str]) -> None:
             os.close(options[flag])
     if "tree" not in options:
         _exec(argv)
-    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the child to forward to exists
+    # Until the child to forward to exists.
+    signal.pthread_sigmask(signal.SIG_BLOCK, (*FORWARDED, NOTICE))
     if _try_call("unshare", _CLONE_NEWPID) == 0 or _own_user_namespace():
         _keeper(argv, options["tree"])
     _subreaper(argv, options["tree"])
@@ -140,7 +148,7 @@ def _keeper(argv: list[str], tree_fd: int) -> None:
     os.close(alive_r)
     os.close(status_w)
     os.close(tree_fd)  # the init's copy closes when the namespace is empty
-    _forward_to(lambda sig: os.kill(init, sig))
+    _forward_to(lambda sig: os.kill(init, sig), notice=lambda: os.kill(init, NOTICE))
     _, status = os.waitpid(init, 0)
     with os.fdopen(status_r, "rb") as pipe:
         reported = pipe.read()
@@ -163,7 +171,7 @@ def _init(argv: list[str], tree_fd: int, alive_r: int, status_w: int, mounts: bo
         os.setpgid(0, 0)
         _exec(argv)
     _own_group(task)
-    _forward_to(lambda sig: _killpg(task, sig))
+    _forward_to(lambda sig: _killpg(task, sig), notice=lambda: os.kill(task, signal.SIGTERM))
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -202,7 +210,7 @@ def _subreaper(argv: list[str], tree_fd: int) -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         _exec(argv)
     _own_group(task)
-    _forward_to(lambda sig: _killpg(task, sig))
+    _forward_to(lambda sig: _killpg(task, sig), notice=lambda: os.kill(task, signal.SIGTERM))
     _, status = os.waitpid(task, 0)
     while True:  # orphans of the task are our children now; kill until none is left
         children = _children(os.getpid())
@@ -247,16 +255,19 @@ def _mount_proc() -> None:
         _libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
 
 
-def _forward_to(send) -> None:
+def _forward_to(send, notice) -> None:
     def forward(signum: int, _frame: object) -> None:
         try:
-            send(signum)
+            if signum == NOTICE:
+                notice()
+            else:
+                send(signum)
         except ProcessLookupError:
             pass
 
-    for sig in FORWARDED:
+    for sig in (*FORWARDED, NOTICE):
         signal.signal(sig, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (*FORWARDED, NOTICE))
 
 
 def _own_group(task: int) -> None:
@@ -276,7 +287,7 @@ def _killpg(pgid: int, sig: int) -> None:
 
 def _exec(argv: list[str]) -> None:
     # Python ignores SIGPIPE and SIGXFSZ; a program expects the defaults, as subprocess gives them.
-    for sig in (*FORWARDED, signal.SIGPIPE, signal.SIGXFSZ):
+    for sig in (*FORWARDED, NOTICE, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:

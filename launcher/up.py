@@ -12,13 +12,14 @@ from pathlib import Path
 from distlaunch.launcher import procs, rundir
 from distlaunch.launcher.backends import TaskTransport
 from distlaunch.launcher.console import Console
-from distlaunch.launcher.errors import Interrupted, RunFailed, UsageError
+from distlaunch.launcher.errors import Interrupted, Preempted, RunFailed, UsageError
 from distlaunch.launcher.plan import Plan, masked_spec
 from distlaunch.launcher.spec import LoadedSpec
 from distlaunch.launcher.state import RunFailure, RunRecord, RunState, latest_unfinished
-from distlaunch.launcher.summary import details, headline
+from distlaunch.launcher.summary import details, headline, preempted_line
 from distlaunch.launcher.supervisor import Supervisor
 from distlaunch.launcher.transports.base import UpOptions, load_backend
+from distlaunch.worker import contract
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def up(
                     loaded.spec.restart,
                     opened.standbys,
                 )
-                _supervise(supervisor, console)
+                _supervise(supervisor, console, loaded.file)
 
 
 def _say_program(console: Console, plan: Plan) -> None:
@@ -163,7 +164,7 @@ def _umask(mask: int | None) -> Iterator[None]:
         os.umask(previous)
 
 
-def _supervise(supervisor: Supervisor, console: Console) -> None:
+def _supervise(supervisor: Supervisor, console: Console, spec_file: Path) -> None:
     plan, book = supervisor.plan, supervisor.book
     try:
         result = supervisor.run()
@@ -173,6 +174,14 @@ def _supervise(supervisor: Supervisor, console: Console) -> None:
     except BaseException:
         book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time())
         raise
+    if result.preemption is not None:
+        saved = result.preemption
+        preempted = {"step": saved.step, "save_s": saved.save_s}
+        line = preempted_line(plan.run_id, preempted, str(spec_file))
+        book.record.update({"preempted": preempted})
+        book.set_state(RunState.PREEMPTED, exit_code=contract.EXIT_PREEMPTED, ended_at=time.time())
+        console.say(line)
+        raise Preempted(line)
     if result.failure is None:
         book.set_state(RunState.SUCCEEDED, exit_code=0, ended_at=time.time())
         took = time.time() - book.record.started_at

@@ -19,6 +19,7 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
+from distlaunch.worker import contract
 
 pytestmark = pytest.mark.integration
 
@@ -90,8 +91,9 @@ def test_status_logs_restart_down_from_another_shell(tmp, launch):
         follower_out, _ = follower.communicate(timeout=60)  # -f ends with the run
     finally:
         follower.kill()
-    assert launcher.returncode == 128 + 15  # stopped by down's SIGTERM
-    assert run_record(run_dir)["state"] == "interrupted"
+    # down's stop notice: the dw.fit workers saved and stopped (tests/test_preemption.py).
+    assert launcher.returncode == contract.EXIT_PREEMPTED
+    assert run_record(run_dir)["state"] == "preempted"
     assert "worker-1 | " in follower_out  # the restarted task's new attempt was followed
     assert not processes_of_run(run_id)
     not_running = distlaunch("restart", str(run_dir), "worker:1")

@@ -6,6 +6,7 @@ writes. This module imports nothing heavy (no TensorFlow) because the launcher i
 
 from __future__ import annotations
 
+import enum
 import os
 from pathlib import Path
 
@@ -47,6 +48,53 @@ EVALUATOR = "evaluator"  # a sidecar: not part of the training cluster
 # Task states a task reports in its status file.
 STATE_STARTING = "starting"
 STATE_READY = "ready"  # the strategy is built: the task has joined its cluster
+# Saved on a stop notice and stopping; its status also holds SAVED_STEP and SAVE_S.
+STATE_PREEMPTED = "preempted"
+SAVED_STEP = "saved_step"  # the step of the checkpoint saved on the notice
+SAVE_S = "save_s"  # seconds from the notice to the end of that save
+
+
+class ExitMeaning(enum.StrEnum):
+    """What a task's exit code tells the launcher (the table EXIT_CODES)."""
+
+    DONE = "done"  # finished its work
+    PREEMPTED = "preempted"  # saved on a stop notice and stopped: resume continues from there
+    RESTARTABLE = "restartable"  # failed; another attempt may succeed (restart.policy decides)
+    FATAL = "fatal"  # the program is wrong: no attempt can succeed
+
+
+# The exit-code contract between every task and the launcher, on every backend: one table, also
+# in the README ("Preemption"). A task that saved on a stop notice exits EXIT_PREEMPTED (sysexits'
+# EX_TEMPFAIL: "try again later"). TensorFlow's PreemptionCheckpointHandler exits 42 by default,
+# and a program's own SIGTERM handler often exits 143: after a notice those mean preempted too,
+# before one they are failures. Death by SIGTERM itself (-15) means the program did not handle the
+# notice, so it saved nothing: that stops the run as before. EXIT_FATAL is the default of the
+# spec's restart.non_retryable_exit_codes.
+EXIT_PREEMPTED = 75
+EXIT_FATAL = 2
+TF_HANDLER_EXIT = 42
+SIGTERM_EXIT = 143
+EXIT_CODES: tuple[tuple[str, ExitMeaning, str], ...] = (
+    ("0", ExitMeaning.DONE, "the task finished"),
+    (str(EXIT_PREEMPTED), ExitMeaning.PREEMPTED, "it saved on a stop notice (dw.fit) and stopped"),
+    (
+        f"{TF_HANDLER_EXIT} or {SIGTERM_EXIT} after a notice",
+        ExitMeaning.PREEMPTED,
+        "TensorFlow's PreemptionCheckpointHandler, or a program's own SIGTERM handler",
+    ),
+    (str(EXIT_FATAL), ExitMeaning.FATAL, "the program is wrong (restart.non_retryable_exit_codes)"),
+    ("any other", ExitMeaning.RESTARTABLE, "a failure: restart.policy decides"),
+)
+
+
+def exit_meaning(code: int, noticed: bool, fatal: tuple[int, ...] = (EXIT_FATAL,)) -> ExitMeaning:
+    """What exit ``code`` (negative: killed by that signal) means, by EXIT_CODES; ``noticed``:
+    the task was sent a stop notice; ``fatal``: the spec's non-retryable codes."""
+    if code == 0:
+        return ExitMeaning.DONE
+    if code == EXIT_PREEMPTED or noticed and code in (TF_HANDLER_EXIT, SIGTERM_EXIT):
+        return ExitMeaning.PREEMPTED
+    return ExitMeaning.FATAL if code in fatal else ExitMeaning.RESTARTABLE
 
 
 def task_name(role: str, index: int) -> str:
@@ -78,6 +126,12 @@ def stacks_signal_path(run_dir: Path, attempt: int, role: str, index: int) -> Pa
     """Return the file a task's faulthandler writes its stacks to on STACKS_SIGNAL_NAME; it
     exists once the handler is installed."""
     return run_dir / "stacks" / f"signal-attempt-{attempt}" / f"{task_name(role, index)}.txt"
+
+
+def stop_now_path(run_dir: Path, attempt: int) -> Path:
+    """Return the marker the launcher writes before it stops an attempt's tasks at once (Ctrl-C,
+    `down --now`, a failed run): a SIGTERM is then not a stop notice, and nothing is saved."""
+    return run_dir / "control" / f"stop-now-attempt-{attempt}"
 
 
 def metrics_path(run_dir: Path, role: str, index: int) -> Path:

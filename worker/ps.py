@@ -14,10 +14,12 @@ from typing import Any, NoReturn
 
 import tensorflow as tf
 
-from . import chief_result, contract, progress
+from . import chief_result, contract, preempt, progress, runtime
 
 # How often the chief checks whether its scheduled steps are done while it waits for them.
 _POLL_S = 0.01
+# Steps the chief schedules ahead of those done, per worker (see ScheduledSteps.run).
+_AHEAD_PER_WORKER = 4
 
 
 def serve_forever() -> NoReturn:
@@ -111,6 +113,10 @@ class ScheduledSteps:
     ) -> None:
         """``train_step(iterator)`` is a tf.function returning the step's loss; ``step`` is the
         exact step counter it increments (read for the heartbeat while steps run)."""
+        # Steps scheduled ahead of those done: enough to keep every worker busy, few enough that
+        # a stop notice is not kept waiting behind a queue of them (they cannot be taken back).
+        self._window = _AHEAD_PER_WORKER * runtime.context().num_workers
+        self.noticed = False
         # One coordinator per strategy: TensorFlow hands back the same one on later calls.
         self._coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
         self._train_step = train_step
@@ -122,18 +128,32 @@ class ScheduledSteps:
     def run(self, steps: int, heartbeat: progress.Heartbeat) -> float:
         """Schedule ``steps`` steps, wait for all of them, and return the sum of their losses.
 
+        At most a window of steps runs ahead of those done. On a stop notice (`preempt`) no more
+        are scheduled: those in flight finish, and ``noticed`` is set.
         Waiting polls `done()` rather than blocking in `join()` so that the heartbeat goes on;
         `done()` raises the first error of a failed step (e.g. UnavailableError for a dead ps).
         """
-        losses = [
-            self._coordinator.schedule(self._train_step, args=(self._iterator,))
-            for _ in range(steps)
-        ]
+        start = int(self._step.numpy())
+        losses: list[Any] = []
+        while len(losses) < steps and not preempt.noticed():
+            room = self._window - (len(losses) - (int(self._step.numpy()) - start))
+            if room <= 0:
+                self._coordinator.done()  # raises a failed step's error
+                self._wait(heartbeat)
+                continue
+            losses += [
+                self._coordinator.schedule(self._train_step, args=(self._iterator,))
+                for _ in range(min(room, steps - len(losses)))
+            ]
+        self.noticed = preempt.noticed()
         while not self._coordinator.done():
-            if heartbeat.due():
-                heartbeat.beat(int(self._step.numpy()))
-            time.sleep(_POLL_S)
+            self._wait(heartbeat)
         return float(sum(self._coordinator.fetch(losses)))
+
+    def _wait(self, heartbeat: progress.Heartbeat) -> None:
+        if heartbeat.due():
+            heartbeat.beat(int(self._step.numpy()))
+        time.sleep(_POLL_S)
 
 
 def _per_worker(

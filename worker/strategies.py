@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import contract, runtime
+from . import contract, preempt, runtime
 from .runtime import DEFAULT_STRATEGY, TaskContext
 
 if TYPE_CHECKING:
@@ -39,6 +39,10 @@ def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Stra
     than one ps, and no sharding otherwise: Keras 3 cannot train sharded variables. Other
     strategies ignore it. The evaluator, a sidecar outside the training cluster, always gets
     TensorFlow's default strategy.
+
+    From here on SIGTERM is a stop notice (`preempt.watch`: it replaces the SIGTERM handler
+    TensorFlow installed while the strategy was built), unless the program handles SIGTERM
+    itself; under MWMS with tf_keras, BackupAndRestore may save before preemption off GCP too.
     """
     ctx = runtime.context()
     if ctx.role == contract.EVALUATOR:
@@ -51,6 +55,13 @@ def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Stra
         )
     runtime.report(contract.STATE_STARTING)
     built = builder(ctx, variable_partitioner)
+    if ctx.role != contract.EVALUATOR:
+        # Now, not when `fit` starts: TensorFlow's notifier took SIGTERM over while the strategy
+        # was built, and would swallow a notice that came before `fit` (see `preempt`). (A PSS
+        # ps or worker never gets here: it serves until it is stopped.)
+        preempt.watch()
+        if ctx.keras == contract.TF_KERAS and ctx.strategy == contract.MWMS:
+            preempt.allow_tf_keras_save_before_preemption()
     runtime.report(contract.STATE_READY)
     return built
 

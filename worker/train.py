@@ -11,13 +11,14 @@ checkpoint directory, and mark the run's training done when they finish.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from . import contract, progress, ps, runtime
+from . import contract, preempt, progress, ps, runtime
 
 if TYPE_CHECKING:
     import keras
@@ -63,6 +64,10 @@ def fit(
     to the metrics file, writes the chief's TensorBoard scalars and refreshes the "ready"
     heartbeat. At the end the chief writes the run's "training done" marker. Returns the
     metrics list, earlier attempts included.
+
+    On a stop notice (SIGTERM, see `preempt`) every MWMS worker saves the same step (under PSS
+    the chief stops scheduling, lets the steps in flight finish and saves) and the process
+    exits EXIT_PREEMPTED: `fit` does not return.
     """
     if min(global_batch_size, steps_per_epoch, checkpoint_every or 1) < 1 or epochs < 0:
         raise ValueError(
@@ -84,9 +89,13 @@ def fit(
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step)
     start = _restore(checkpoint, step, ctx)
 
-    train_step = _make_train_step(strategy, model, per_example_loss, global_batch_size, step)
+    scheduled = ps.is_parameter_server(strategy)
+    train_step = _make_train_step(
+        strategy, model, per_example_loss, global_batch_size, step, with_notice=not scheduled
+    )
     steps: _LocalSteps | ps.ScheduledSteps
-    if ps.is_parameter_server(strategy):
+    preempt.watch()
+    if scheduled:
         # Only the chief restored: there is no agreement between workers to check.
         steps = ps.ScheduledSteps(strategy, train_step, dataset, step)
     else:
@@ -112,6 +121,8 @@ def fit(
             # The counter, not `target`: PSS runs a step at least once (again on another worker
             # when its worker dies mid-step), so the counter can be ahead.
             current = int(step.numpy())
+            if steps.noticed:
+                _save_and_stop(saver, current, heartbeat)
             if target % every == 0:
                 saver.save(current)
                 heartbeat.update(checkpoint_step=saver.last_step)
@@ -134,7 +145,8 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
 
     With DISTLAUNCH_CHECKPOINT_DIR set: ``tf_keras.callbacks.BackupAndRestore`` backing up into
     ``<checkpoint dir>/backup`` every ``checkpoint_every`` steps (default: every epoch); it
-    already lets only the chief keep its copy and makes every worker restore. Always: a callback
+    already lets only the chief keep its copy and makes every worker restore. Under MWMS it also
+    saves on a stop notice (``save_before_preemption``, see `preempt`) and exits 42. Always: a callback
     that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file, the chief's
     TensorBoard scalars and the "ready" heartbeat like `fit` does, prints ``distlaunch: resumed
     from ...`` after a restore, and writes the "training done" marker on the chief at the end.
@@ -205,10 +217,21 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
                 backup_dir=str(backup_dir),
                 save_freq="epoch" if coordinated else checkpoint_every or "epoch",
                 delete_checkpoint=False,
+                save_before_preemption=ctx.strategy == contract.MWMS,
             )
         )
     callbacks.append((_DistlaunchCallback if coordinated else _StepHeartbeatCallback)(backup_dir))
     return callbacks
+
+
+def _save_and_stop(saver: _Saver, current: int, heartbeat: progress.Heartbeat) -> None:
+    """Every worker agreed on a notice after step ``current``: save it (all together) and exit."""
+    started = time.monotonic()
+    if saver.last_step != current:
+        saver.save(current)
+    heartbeat.update(checkpoint_step=saver.last_step)
+    heartbeat.beat(current, force=True)
+    preempt.stop(saver.last_step, time.monotonic() - started)
 
 
 def _per_example_loss(loss: Any) -> PerExampleLoss:
@@ -243,12 +266,18 @@ def _make_train_step(
     per_example_loss: PerExampleLoss,
     global_batch_size: int,
     step: tf.Variable,
-) -> Callable[[Any], tf.Tensor]:
-    """Return a tf.function that runs one synchronous step and returns the global mean loss."""
+    with_notice: bool,
+) -> Callable[..., tf.Tensor]:
+    """Return a tf.function that runs one synchronous step and returns the global mean loss.
+
+    ``with_notice``: it takes a second argument, ``notice`` (float32 scalar: 1 when this task has
+    had a stop notice), and returns ``[loss, number of replicas with a notice]``, reduced in the
+    step's one all-reduce. Without (PSS: the coordinator schedules ``train_step(iterator)``), an
+    argument of neither kind: a defaulted argument breaks the coordinator's function binding.
+    """
     import keras
 
-    @tf.function
-    def train_step(iterator: Any) -> tf.Tensor:
+    def one_step(iterator: Any, notice: tf.Tensor | None) -> tf.Tensor:
         def replica_step(batch: Any) -> tf.Tensor:
             x, y, weight = keras.utils.unpack_x_y_sample_weight(batch)
             with tf.GradientTape() as tape:
@@ -261,13 +290,15 @@ def _make_train_step(
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             gradients = tape.gradient(loss, model.trainable_variables)
             model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-            return loss
+            return loss if notice is None else tf.stack([tf.cast(loss, tf.float32), notice])
 
         per_replica_loss = strategy.run(replica_step, args=(next(iterator),))
         step.assign_add(1)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
 
-    return train_step
+    if with_notice:
+        return tf.function(lambda iterator, notice: one_step(iterator, notice))
+    return tf.function(lambda iterator: one_step(iterator, None))
 
 
 def _distribute(
@@ -358,20 +389,32 @@ class _Saver:
 
 
 class _LocalSteps:
-    """Training steps this worker runs itself (MWMS: in lockstep with the others)."""
+    """Training steps this worker runs itself (MWMS: in lockstep with the others).
 
-    def __init__(self, train_step: Callable[[Any], tf.Tensor], iterator: Any, start: int) -> None:
+    Each step also tells every worker whether any has had a stop notice (`preempt`); once one
+    has, `run` stops after that step on every worker alike and ``noticed`` is set.
+    """
+
+    def __init__(self, train_step: Callable[..., tf.Tensor], iterator: Any, start: int) -> None:
         self._train_step = train_step
         self._iterator = iterator
         self._done = start
+        self._flags = (tf.constant(0.0), tf.constant(1.0))
+        self.noticed = False
 
     def run(self, steps: int, heartbeat: progress.Heartbeat) -> tf.Tensor:
-        """Run ``steps`` steps and return the sum of their losses (not read back: no sync)."""
+        """Run up to ``steps`` steps and return the sum of their losses."""
         total = tf.zeros([])
         for _ in range(steps):
-            total += self._train_step(self._iterator)
+            loss, notices = tf.unstack(
+                self._train_step(self._iterator, self._flags[preempt.noticed()])
+            )
+            total += loss
             self._done += 1
             heartbeat.beat(self._done)
+            if notices > 0:  # the same value on every worker: the same step's all-reduce
+                self.noticed = True
+                break
         return total
 
 

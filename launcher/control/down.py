@@ -1,7 +1,8 @@
 """`distlaunch down`: stop whatever is left of a run, also one whose launcher was killed outright.
 
-A launcher that is alive is asked to stop (SIGTERM: it tears its tasks down and records the run
-as interrupted). What a dead launcher leaves behind is found by what every task and everything a
+A launcher that is alive is sent a stop notice (SIGTERM: its tasks save and stop, within the
+spec's timeouts.save_s, and the run is recorded as preempted; or, where they cannot, it tears them
+down and records the run as interrupted); with ``now`` it is stopped at once (SIGINT, no save). What a dead launcher leaves behind is found by what every task and everything a
 task forks carry in their environment: the run id and the run dir's path (DISTLAUNCH_RUN_ID and
 DISTLAUNCH_RUN_DIR), plus the rest of the recorded task process groups those processes are in.
 The run id alone is not enough: two projects may both use `--run-id nightly` in their own shared
@@ -13,6 +14,7 @@ by someone else's process is never signalled.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from distlaunch.launcher.transports.base import load_backend
 from distlaunch.worker import contract
 
 DEFAULT_GRACE_S = 5.0
+DEFAULT_SAVE_S = 30.0  # the spec's timeouts.save_s default
 # A launcher asked to stop gets its own grace period for its tasks plus this much for itself.
 LAUNCHER_SLACK_S = 10.0
 
@@ -39,21 +42,26 @@ class DownResult:
     marked: bool  # whether run.json was changed to interrupted
     cancelled: tuple[str, ...] = ()  # what the backend's cleanup cancelled (job steps, a job)
     backend: str = ""  # the backend as messages name it (`Backend.title`)
+    preempted: str = ""  # how the launcher's tasks saved, when they did ("saved step N")
 
 
-def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
+def down(run_dir: Path, grace_s: float | None = None, now: bool = False) -> DownResult:
     """Stop the run in ``run_dir``: its launcher if alive, then every leftover process, then
     what its backend left elsewhere (`Backend.cleanup`: job steps on other nodes, containers).
 
+    A live launcher gets a stop notice (its tasks save first) or, with ``now``, SIGINT.
     Leftovers get SIGTERM, ``grace_s`` (default: the spec's timeouts.grace_s), then SIGKILL.
     A run recorded as running or stopping is then marked interrupted.
     """
     record = RunRecord.load(run_dir)
+    timeouts = record.spec.get("timeouts") or {}
     if grace_s is None:
-        grace_s = float((record.spec.get("timeouts") or {}).get("grace_s", DEFAULT_GRACE_S))
+        grace_s = float(timeouts.get("grace_s", DEFAULT_GRACE_S))
     launcher = live_launcher(record)
     if launcher is not None:
-        _stop([launcher], grace_s + LAUNCHER_SLACK_S)
+        save_s = 0.0 if now else float(timeouts.get("save_s", DEFAULT_SAVE_S))
+        sig = signal.SIGINT if now else signal.SIGTERM
+        _stop([launcher], save_s + grace_s + LAUNCHER_SLACK_S, sig)
         record = RunRecord.load(run_dir)  # the launcher recorded its own ending
     backend = load_backend(record.backend)
     with backend.cleanup(record, run_dir, grace_s) as cancelled:
@@ -62,6 +70,7 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
     marked = record.state.live
     if marked:
         _mark_interrupted(run_dir, record)
+    saved = record.preempted if record.state is RunState.PREEMPTED else None
     return DownResult(
         record.run_id,
         launcher.pid if launcher else None,
@@ -69,7 +78,15 @@ def down(run_dir: Path, grace_s: float | None = None) -> DownResult:
         marked,
         tuple(cancelled),
         backend.title,
+        _saved_words(saved) if isinstance(saved, dict) else "",
     )
+
+
+def _saved_words(saved: dict) -> str:
+    """How a preempted run saved, in `down`'s words."""
+    if saved.get("step") is None:
+        return "its tasks stopped on the notice"
+    return f"its tasks saved step {saved['step']}; `up --resume` continues"
 
 
 def _processes_of(record: RunRecord, run_dir: Path) -> list[psutil.Process]:
@@ -106,11 +123,11 @@ def _names_run(proc: psutil.Process, record: RunRecord, run_dir: Path) -> bool:
     return proc.pid in pids
 
 
-def _stop(procs: list[psutil.Process], grace_s: float) -> None:
-    """SIGTERM, wait up to ``grace_s``, SIGKILL what is left, and wait for it to go."""
+def _stop(procs: list[psutil.Process], grace_s: float, sig: int = signal.SIGTERM) -> None:
+    """``sig``, wait up to ``grace_s``, SIGKILL what is left, and wait for it to go."""
     for proc in procs:
         try:
-            proc.terminate()
+            proc.send_signal(sig)
         except psutil.NoSuchProcess:
             pass
     for proc in _wait_gone(procs, grace_s):

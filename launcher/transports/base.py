@@ -75,6 +75,14 @@ class Transport(Protocol):
         that stands for a remote task). Calling the source may signal that program alone."""
 
 
+class NoticeTransport(Transport, Protocol):
+    """A transport that can send a stop notice (the supervisor asks the others to stop at once)."""
+
+    def notify(self, handles: Sequence[TaskHandle]) -> bool:
+        """Ask these tasks to save and stop: SIGTERM to each one's program process alone. False,
+        with nothing sent, where the transport cannot reach some task's program alone."""
+
+
 class StandbyPool(Protocol):
     """A transport's warm standbys (launcher/standby.py); the transport's `start` uses one made for
     exactly the task plan it starts. The supervisor says when to make them, and for which plans."""

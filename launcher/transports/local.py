@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distlaunch.launcher import procs, rundir, stacks
+from distlaunch.launcher import procs, rundir, stacks, taskinit
 from distlaunch.launcher.plan import TaskPlan
 from distlaunch.launcher.standby import Standbys
 from distlaunch.launcher.transports.netns import Sandbox, SandboxLost
@@ -155,6 +155,13 @@ class LocalTransport:
         procs.stop_groups([h.proc for h in handles], grace_s)
         for handle in handles:
             handle.wait_tree()
+
+    def notify(self, handles: Sequence[LocalHandle]) -> bool:
+        """Send each task a stop notice: SIGTERM to its program alone (taskinit's NOTICE to its
+        keeper, alone in its group, which has the init pass it to the program's pid only)."""
+        for handle in handles:
+            procs.signal_group(handle.pid, taskinit.NOTICE)
+        return True
 
     def kill(self, handles: Sequence[LocalHandle]) -> None:
         """SIGKILL the tasks now and reap them; return once nothing of theirs is left."""

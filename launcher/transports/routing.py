@@ -50,7 +50,7 @@ EXPOSURE_NOTE = (
 class HostRouter:
     """Starts local tasks with ``local`` and SSH tasks with ``ssh``; stops both at once."""
 
-    def __init__(self, local: Transport, ssh: Transport | None) -> None:
+    def __init__(self, local: LocalTransport, ssh: Transport | None) -> None:
         self.local = local
         self.ssh = ssh
 
@@ -76,6 +76,13 @@ class HostRouter:
             transport.stop(group, grace_s)
         for thread in threads:
             thread.join()
+
+    def notify(self, handles: Sequence[TaskHandle]) -> bool:
+        """Send the tasks a stop notice; False, and nothing sent, when one runs on an SSH host
+        (not wired there yet: the supervisor then stops the run as it always did)."""
+        if any(self._for(handle.task) is not self.local for handle in handles):
+            return False
+        return self.local.notify(handles)
 
     def kill(self, handles: Sequence[TaskHandle]) -> None:
         """Kill every handle with its own transport."""

@@ -1,0 +1,523 @@
+"""Preemption without loss (issue 26): a stop notice becomes one checkpoint at an agreed step.
+
+Real 2-worker MWMS runs of `dw.fit` on the local backend: SIGTERM to `up` and `distlaunch down`
+each make every worker save the same step and exit "preempted"; `up --resume` goes on from
+exactly that step; `down --now` skips the save; a data-loader child never gets the notice; a
+save that misses timeouts.save_s stops the run as before and names the tasks. The policy's and
+the exit-code table's decisions are checked with scripted inputs.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import (
+    distlaunch,
+    events,
+    processes_of_run,
+    run_record,
+    wait_for,
+    write_spec,
+)
+from distlaunch.launcher.endings import EventKind
+from distlaunch.launcher.policy import Action, Cluster, RestartPolicy, RestartRules, TaskEvent
+from distlaunch.worker import contract
+
+# Checkpoints only at the end (or on a notice): the notice's checkpoint is the only one a resume
+# can start from, so "resumed at step N" shows that nothing trained before the notice was lost.
+ARGS = ["--epochs", "400", "--steps-per-epoch", "25", "--checkpoint-every", "100000"]
+EXAMPLE = {"module": "distlaunch.worker.examples.mnist_mlp", "args": ARGS}
+
+# A program with a data-loader child (as tf.data services or multiprocessing loaders have): the
+# child notes any SIGTERM it gets in a file of its own; the notice must reach the program alone.
+WITH_CHILD = """
+import os, subprocess, sys
+import distlaunch.worker as dw
+child = '''
+import os, signal, sys, time
+def noted(signum, frame):
+    open(sys.argv[1], "w").write("SIGTERM")
+signal.signal(signal.SIGTERM, noted)
+open(sys.argv[1] + ".started", "w").write(str(os.getpid()))
+while True:
+    time.sleep(1)
+'''
+marker = os.path.join(os.environ["DISTLAUNCH_RUN_DIR"], f"child-{dw.context().name}")
+subprocess.Popen([sys.executable, "-c", child, marker])
+from distlaunch.worker.examples.mnist_mlp import main
+main(sys.argv[1:])
+"""
+
+# A program that takes the notice and never saves: the launcher's deadline must stop it.
+NEVER_SAVES = """
+import signal, time
+import distlaunch.worker as dw
+dw.strategy()
+signal.signal(signal.SIGTERM, lambda signum, frame: print("notice ignored", flush=True))
+print("serving", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+# A user's own loop with TensorFlow's PreemptionCheckpointHandler (it takes SIGTERM over from
+# dw.strategy(), saves at a step the workers agree on, and exits 42).
+TF_HANDLER = """
+import os
+import tensorflow as tf
+import distlaunch.worker as dw
+strategy = dw.strategy()
+with strategy.scope():
+    total = tf.Variable(0.0)
+checkpoint = tf.train.Checkpoint(total=total)
+handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+    strategy.cluster_resolver, checkpoint, os.environ["DISTLAUNCH_CHECKPOINT_DIR"]
+)
+print("resumed at run", handler.total_run_calls, flush=True)
+
+@tf.function
+def train_step():
+    def replica_fn():
+        one = tf.distribute.get_replica_context().all_reduce("sum", tf.constant(1.0))
+        total.assign_add(one)
+    strategy.run(replica_fn)
+
+while handler.total_run_calls < 100000:
+    handler.run(train_step)
+    if handler.total_run_calls % 50 == 0:
+        print("run", handler.total_run_calls, flush=True)
+"""
+
+
+# dw.fit whose save on the notice never ends, its data file half written and the checkpoint
+# index not yet updated (a save cut short by the deadline: what a slow disk leaves).
+# (The save on the notice is the one fit makes in _save_and_stop: a worker's own notice may not
+# have arrived yet when the workers agree on one.)
+SLOW_SAVE = """
+import inspect, os, sys, time
+import tensorflow as tf
+save = tf.train.CheckpointManager.save
+
+def slow_save(self, checkpoint_number=None, **kwargs):
+    if not any(frame.function == "_save_and_stop" for frame in inspect.stack()):
+        return save(self, checkpoint_number=checkpoint_number, **kwargs)
+    os.makedirs(self.directory, exist_ok=True)  # a non-chief's copy goes after each save
+    path = os.path.join(self.directory, f"ckpt-{checkpoint_number}.data-00000-of-00001")
+    with open(path, "wb") as f:
+        f.write(bytes(100))
+    print("saving slowly", flush=True)
+    while True:
+        time.sleep(1)
+
+tf.train.CheckpointManager.save = slow_save
+from distlaunch.worker.examples.mnist_mlp import main
+main(sys.argv[1:])
+"""
+
+
+def _start(spec: Path, *args: str) -> subprocess.Popen:
+    folder = spec.parent
+    with open(folder / "stdout.txt", "a") as out, open(folder / "stderr.txt", "a") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "distlaunch.launcher", "up", *args, str(spec)],
+            cwd=folder,
+            stdout=out,
+            stderr=err,
+        )
+
+
+def _training(tmp: Path, attempt: int = 0, past_step: int = 25) -> Path:
+    """The run dir once both workers have logged an epoch line past ``past_step`` in ``attempt``."""
+
+    def trained() -> Path | None:
+        runs = list((tmp / "runs").glob("*/logs")) if (tmp / "runs").exists() else []
+        if not runs:
+            return None
+        logs = list((runs[0] / f"attempt-{attempt}").glob("worker-*.log"))
+        steps = [
+            [int(s) for s in re.findall(r"^epoch \d+/\d+ step (\d+)", log.read_text(), re.M)]
+            for log in logs
+        ]
+        if len(steps) == 2 and all(s and s[-1] > past_step for s in steps):
+            return runs[0].parent
+        return None
+
+    return wait_for(trained, f"both workers to train past step {past_step}")
+
+
+def _saved_steps(run_dir: Path, attempt: int) -> list[int]:
+    logs = sorted((run_dir / "logs" / f"attempt-{attempt}").glob("worker-*.log"))
+    return [
+        int(s)
+        for log in logs
+        for s in re.findall(r"stop notice: saved step (\d+)", log.read_text())
+    ]
+
+
+def _resumed_steps(text: str) -> list[int]:
+    return [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", text)]
+
+
+def test_sigterm_to_up_saves_one_step_and_resume_loses_none(tmp):
+    (tmp / "task.py").write_text(WITH_CHILD)
+    spec = write_spec(tmp, program={"script": "task.py", "args": ARGS})
+    launcher = _start(spec)
+    try:
+        run_dir = _training(tmp)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = _saved_steps(run_dir, 0)
+    # Both workers saved, and the same step: the one the notice was agreed on.
+    assert len(saved) == 2 and saved[0] == saved[1] > 25
+    step = saved[0]
+    record = run_record(run_dir)
+    assert record["state"] == "preempted" and record["exit_code"] == contract.EXIT_PREEMPTED
+    assert record["preempted"]["step"] == step and record["preempted"]["save_s"] >= 0
+    line = f"run {record['run_id']} preempted at step {step}, saved in "
+    assert line in err and f"`distlaunch up {spec} --resume` continues" in err
+    assert "failed" not in err
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.EXIT_PREEMPTED}
+    assert {t["state"] for t in record["tasks"].values()} == {"stopped"}
+    ended = [e for e in events(run_dir) if e["event"] == "exited"]
+    assert [e["saved_step"] for e in ended] == [step, step]
+    assert all(e["decision"] in ("continue", "preempted") for e in ended)
+    assert [e["signal"] for e in events(run_dir) if e["event"] == "notice"] == ["SIGTERM"]
+    # The data-loader children ran, and the notice never reached them.
+    for task in ("worker-0", "worker-1"):
+        assert (run_dir / f"child-{task}.started").is_file()
+        assert not (run_dir / f"child-{task}").exists()
+    assert not processes_of_run(record["run_id"])
+    status = distlaunch("status", record["run_id"], "--shared-dir", str(tmp / "runs"))
+    assert f"run {record['run_id']}: preempted" in status.stdout
+    assert f"preempted at step {step}, saved in " in status.stdout
+
+    # The resumed run starts at exactly that step on both workers; a second notice in the same
+    # run dir saves again.
+    resumed = _start(spec, "--resume")
+    try:
+        _training(tmp, attempt=1, past_step=step)
+        resumed.send_signal(signal.SIGTERM)
+        resumed.wait(timeout=240)
+    finally:
+        resumed.kill()
+    logs = "".join(p.read_text() for p in (run_dir / "logs" / "attempt-1").glob("worker-*.log"))
+    assert _resumed_steps(logs) == [step, step]
+    assert resumed.returncode == contract.EXIT_PREEMPTED
+    again = _saved_steps(run_dir, 1)
+    assert len(again) == 2 and again[0] == again[1] > step
+
+
+# worker-1 holds off SIGTERM until the test says go (loading data, say), then builds its strategy;
+# worker-0 meanwhile waits for it inside its own strategy's build, under TensorFlow's handler.
+LATE_WORKER = """
+import os, signal, sys, time
+import distlaunch.worker as dw
+if dw.context().index == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+dw.strategy()
+from distlaunch.worker.examples.mnist_mlp import main
+main(sys.argv[2:])
+"""
+
+
+def test_a_notice_during_the_strategys_build_is_kept(tmp):
+    (tmp / "task.py").write_text(LATE_WORKER)
+    go = tmp / "go"
+    spec = write_spec(
+        tmp,
+        program={"script": "task.py", "args": [str(go), *ARGS]},
+        timeouts={"grace_s": 2, "startup_s": 120, "save_s": 120},
+    )
+    launcher = _start(spec)
+    try:
+        run_dir = wait_for(
+            lambda: (
+                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
+                if (tmp / "runs").exists()
+                else None
+            ),
+            "the run dir",
+        )
+        # worker-0's server is up: TensorFlow's notifier holds SIGTERM; the cluster is not formed.
+        wait_for(
+            lambda: run_record(run_dir)["tasks"].get("worker-0", {}).get("state") == "running",
+            "worker-0 to start its server",
+        )
+        launcher.send_signal(signal.SIGTERM)
+        wait_for(lambda: any(e["event"] == "notice" for e in events(run_dir)), "the notice")
+        go.touch()
+        launcher.wait(timeout=240)
+    finally:
+        go.touch()
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = _saved_steps(run_dir, 0)
+    assert len(saved) == 2 and saved[0] == saved[1]
+
+
+def test_down_saves_by_default_and_down_now_does_not(tmp):
+    spec = write_spec(tmp, program=EXAMPLE)
+    launcher = _start(spec)
+    try:
+        run_dir = _training(tmp)
+        run_id = run_dir.name
+        down = distlaunch("down", run_id, "--shared-dir", str(tmp / "runs"))
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    assert down.returncode == 0, down.stderr
+    assert launcher.returncode == contract.EXIT_PREEMPTED
+    saved = _saved_steps(run_dir, 0)
+    assert len(saved) == 2 and saved[0] == saved[1]
+    assert f"its tasks saved step {saved[0]}" in down.stdout
+    assert run_record(run_dir)["state"] == "preempted"
+
+    resumed = _start(spec, "--resume")
+    try:
+        _training(tmp, attempt=1, past_step=saved[0] + 25)
+        now = distlaunch("down", "--now", run_id, "--shared-dir", str(tmp / "runs"))
+        resumed.wait(timeout=240)
+    finally:
+        resumed.kill()
+    assert now.returncode == 0, now.stderr
+    assert resumed.returncode == 128 + signal.SIGINT
+    record = run_record(run_dir)
+    assert record["state"] == "interrupted"
+    logs = "".join(p.read_text() for p in (run_dir / "logs" / "attempt-1").glob("worker-*.log"))
+    assert _resumed_steps(logs) == [saved[0], saved[0]]
+    assert "stop notice" not in logs  # --now: no notice, no save
+    checkpoint = (run_dir / "checkpoints" / "checkpoint").read_text()
+    assert f'model_checkpoint_path: "ckpt-{saved[0]}"' in checkpoint
+    assert not processes_of_run(record["run_id"])
+
+
+def test_a_save_that_misses_its_deadline_stops_the_run_and_names_the_tasks(tmp):
+    (tmp / "task.py").write_text(NEVER_SAVES)
+    spec = write_spec(tmp, timeouts={"grace_s": 1, "startup_s": 120, "save_s": 1})
+    launcher = _start(spec)
+    try:
+        run_dir = wait_for(
+            lambda: (
+                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
+                if (tmp / "runs").exists()
+                else None
+            ),
+            "the run dir",
+        )
+        wait_for(
+            lambda: (
+                all(
+                    "serving" in p.read_text()
+                    for p in (run_dir / "logs" / "attempt-0").glob("*.log")
+                )
+                and len(list((run_dir / "logs" / "attempt-0").glob("*.log"))) == 2
+            ),
+            "both tasks to take over SIGTERM",
+        )
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert (
+        "worker-0 did not save within 1 s of the stop notice (timeouts.save_s); "
+        "not saved: worker-0, worker-1: stopping the run"
+    ) in err
+    record = run_record(run_dir)
+    assert record["state"] == "interrupted"
+    assert "notice ignored" in (run_dir / "logs" / "attempt-0" / "worker-1.log").read_text()
+    assert not processes_of_run(record["run_id"])
+
+
+def _chief_log(tmp: Path, attempt: int) -> str:
+    logs = list((tmp / "runs").glob(f"*/logs/attempt-{attempt}/chief-0.log"))
+    return logs[0].read_text() if logs else ""
+
+
+def test_pss_chief_stops_scheduling_joins_and_saves(tmp):
+    tasks = {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}}
+    spec = write_spec(tmp, strategy=contract.PSS, tasks=tasks, program=EXAMPLE)
+    launcher = _start(spec)
+    try:
+        wait_for(lambda: "step 50 " in _chief_log(tmp, 0), "the chief to train 50 steps")
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = [int(s) for s in re.findall(r"stop notice: saved step (\d+)", _chief_log(tmp, 0))]
+    assert len(saved) == 1 and saved[0] >= 50
+    run_dir = next((tmp / "runs").glob("*/run.json")).parent
+    record = run_record(run_dir)
+    assert record["state"] == "preempted" and record["preempted"]["step"] == saved[0]
+    # Only the chief got the notice; its servers ran its last steps, then were stopped.
+    assert record["tasks"]["chief-0"]["exit_code"] == contract.EXIT_PREEMPTED
+    assert [e["task"] for e in events(run_dir) if e["event"] == "exited"] == ["chief-0"]
+    assert all(record["tasks"][n]["state"] == "stopped" for n in ("ps-0", "worker-0", "worker-1"))
+    assert not processes_of_run(record["run_id"])
+
+    resumed = _start(spec, "--resume")
+    try:
+        wait_for(lambda: "resumed from" in _chief_log(tmp, 1), "the chief to resume")
+        resumed.send_signal(signal.SIGTERM)
+        resumed.wait(timeout=240)
+    finally:
+        resumed.kill()
+    assert _resumed_steps(_chief_log(tmp, 1)) == [saved[0]]
+
+
+def test_a_save_cut_short_by_the_deadline_is_never_resumed_from(tmp):
+    (tmp / "task.py").write_text(SLOW_SAVE)
+    args = ["--epochs", "400", "--steps-per-epoch", "25", "--checkpoint-every", "25"]
+    timeouts = {"grace_s": 1, "startup_s": 120, "save_s": 2}
+    spec = write_spec(tmp, program={"script": "task.py", "args": args}, timeouts=timeouts)
+    launcher = _start(spec)
+    try:
+        run_dir = _training(tmp, past_step=50)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "not saved: worker-0, worker-1: stopping the run" in err
+    assert run_record(run_dir)["state"] == "interrupted"
+    index = (run_dir / "checkpoints" / "checkpoint").read_text()
+    latest = int(re.search(r'^model_checkpoint_path: "ckpt-(\d+)"', index, re.M).group(1))
+    half = [p.name for p in (run_dir / "checkpoints").glob("ckpt-*.data-*")]
+    cut = [int(re.match(r"ckpt-(\d+)", n).group(1)) for n in half]
+    assert max(cut) > latest >= 50  # the half-written save is the newest file, not the latest
+
+    resumed = _start(spec, "--resume")
+    try:
+        wait_for(lambda: len(_resumed_steps(_logs_of(run_dir, 1))) == 2, "both workers to resume")
+        resumed.send_signal(signal.SIGINT)
+        resumed.wait(timeout=120)
+    finally:
+        resumed.kill()
+    assert _resumed_steps(_logs_of(run_dir, 1)) == [latest, latest]
+
+
+def _logs_of(run_dir: Path, attempt: int) -> str:
+    folder = run_dir / "logs" / f"attempt-{attempt}"
+    return "".join(p.read_text() for p in sorted(folder.glob("worker-*.log")))
+
+
+def test_tf_keras_fit_with_keras_callbacks_saves_on_the_notice(tmp):
+    program = {**EXAMPLE, "keras": "tf_keras"}
+    spec = write_spec(tmp, program=program)
+    launcher = _start(spec)
+    try:
+        run_dir = _training(tmp)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    record = run_record(run_dir)
+    assert record["state"] == "preempted"
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.TF_HANDLER_EXIT}
+    # No backup but the notice's: checkpoint_every (BackupAndRestore's save_freq) is never reached.
+    resumed = _start(spec, "--resume")
+    try:
+        wait_for(lambda: len(_resumed_steps(_logs_of(run_dir, 1))) == 2, "both workers to resume")
+        resumed.send_signal(signal.SIGINT)
+        resumed.wait(timeout=120)
+    finally:
+        resumed.kill()
+    steps = _resumed_steps(_logs_of(run_dir, 1))
+    assert len(steps) == 2 and steps[0] == steps[1] > 25
+
+
+def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):
+    (tmp / "task.py").write_text(TF_HANDLER)
+    spec = write_spec(tmp)
+    launcher = _start(spec)
+    try:
+        run_dir = wait_for(
+            lambda: (
+                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
+                if (tmp / "runs").exists()
+                else None
+            ),
+            "the run dir",
+        )
+        logs = run_dir / "logs" / "attempt-0"
+        wait_for(
+            lambda: len([p for p in logs.glob("*.log") if "run 50" in p.read_text()]) == 2,
+            "both workers to run 50 steps",
+        )
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    record = run_record(run_dir)
+    assert record["state"] == "preempted"
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.TF_HANDLER_EXIT}
+    assert f"run {record['run_id']} preempted on the notice; " in err
+    assert (run_dir / "checkpoints" / "checkpoint").is_file()  # the handler's own save
+
+
+def test_save_s_is_checked_like_the_other_timeouts(tmp):
+    spec = write_spec(tmp, timeouts={"save_s": 0})
+    result = distlaunch("up", str(spec), cwd=tmp)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"distlaunch: error: {spec}: $.timeouts.save_s: input should be greater than 0, got 0"
+    ]
+    assert not (tmp / "runs").exists()
+
+
+# ---- decisions, with scripted inputs -------------------------------------------------------
+
+MWMS = Cluster(contract.MWMS, {"worker": ["worker-0", "worker-1"], "evaluator": ["evaluator-0"]})
+ON_FAILURE = RestartRules(policy="on-failure")
+
+
+def _after_notice(name: str, code: int, exited: dict[str, int]) -> Action:
+    event = TaskEvent(name, name.split("-")[0], code, kind=EventKind.PREEMPTED)
+    return RestartPolicy(MWMS, ON_FAILURE).decide(event, exited, (), 0.0).action
+
+
+def test_after_a_notice_the_run_is_preempted_once_every_training_task_saved():
+    assert _after_notice("worker-0", 75, {"worker-0": 75}) is Action.CONTINUE
+    assert _after_notice("worker-1", 75, {"worker-0": 75, "worker-1": 75}) is Action.PREEMPTED
+    # TensorFlow's handler's 42 and a handler's 143 mean preempted after a notice, ...
+    assert _after_notice("worker-1", 42, {"worker-0": 143, "worker-1": 42}) is Action.PREEMPTED
+    # ... a failure, or death by the SIGTERM (nobody handled it: nothing saved), does not, nor
+    # restarts anything: the run stops, naming the task.
+    assert _after_notice("worker-1", 1, {"worker-0": 75, "worker-1": 1}) is Action.STOP
+    assert _after_notice("worker-0", -15, {"worker-0": -15}) is Action.STOP
+    assert _after_notice("evaluator-0", -15, {"evaluator-0": -15}) is Action.CONTINUE
+    deadline = TaskEvent("worker-0", "worker", None, kind=EventKind.SAVE_TIMEOUT, detail="late")
+    decision = RestartPolicy(MWMS, ON_FAILURE).decide(deadline, {}, (), 0.0)
+    assert (decision.action, decision.reason) == (Action.STOP, "worker-0 late")
+
+
+def test_the_exit_code_table():
+    meaning = contract.exit_meaning
+    assert meaning(0, noticed=False) is contract.ExitMeaning.DONE
+    assert meaning(75, noticed=False) is contract.ExitMeaning.PREEMPTED
+    assert meaning(42, noticed=False) is contract.ExitMeaning.RESTARTABLE
+    assert meaning(143, noticed=False) is contract.ExitMeaning.RESTARTABLE
+    assert meaning(143, noticed=True) is contract.ExitMeaning.PREEMPTED
+    assert meaning(-15, noticed=True) is contract.ExitMeaning.RESTARTABLE
+    assert meaning(2, noticed=True) is contract.ExitMeaning.FATAL
+    assert meaning(1, noticed=True) is contract.ExitMeaning.RESTARTABLE
