@@ -40,6 +40,8 @@ AUTO = "auto"
 # The module ps and worker tasks run when the program does not serve by itself.
 SERVE_MODULE = "distlaunch.worker.serve"
 _TF_MODULES = program_env.TF_MODULES
+# What saves a checkpoint when a task gets a stop notice, besides distlaunch.worker's dw.fit.
+_NOTICE_HANDLERS = ("PreemptionCheckpointHandler", "BackupAndRestore")
 UPSTREAM = {
     contract.MWMS: ("MultiWorkerMirroredStrategy", "keras-team/keras#20585"),
     contract.PSS: ("ParameterServerStrategy", "keras-team/keras#18624"),
@@ -59,6 +61,9 @@ class Facts:
     # imports TensorFlow, a Keras or distlaunch.worker: what a warm standby imports in advance
     imports_tensorflow: bool = False
     standby_env: StandbyEnv = StandbyEnv()  # what it writes to the env before that import
+    # names a way to save on a stop notice: TensorFlow's PreemptionCheckpointHandler or a Keras
+    # BackupAndRestore (or imports distlaunch.worker, whose dw.fit saves on one)
+    handler_line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,9 @@ class ProgramChoice:
     # the env the program writes before that import: a standby repeats it for its own imports, or
     # (standby_env.cold says why) cannot, and the program restarts cold
     standby_env: StandbyEnv = StandbyEnv()
+    # Whether the program can save on a stop notice (launcher/supervisor.py waits for the save
+    # only then); True when the source is unknown
+    saves_on_notice: bool = True
 
     @property
     def warm_restarts(self) -> bool:
@@ -102,6 +110,7 @@ class ProgramChoice:
             # names only: a value written in the source may be a secret
             "standby_env": sorted({w.name for w in self.standby_env.writes}),
             "standby_cold": self.standby_env.cold,
+            "saves_on_notice": self.saves_on_notice,
         }
 
 
@@ -126,7 +135,8 @@ def choose(loaded: LoadedSpec) -> ProgramChoice:
             cold=f"what the program sets before importing TensorFlow is unknown ({where})"
         )
     )
-    return ProgramChoice(keras, reason, auto, serve, serve_reason, uses_tf, env)
+    saves = facts is None or facts.imports_distlaunch or facts.handler_line is not None
+    return ProgramChoice(keras, reason, auto, serve, serve_reason, uses_tf, env, saves)
 
 
 def standby_env(rest: Sequence[str], cwd: str) -> StandbyEnv:
@@ -228,6 +238,7 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
     tf_keras: list[int] = []
     keras3: list[int] = []
     server: list[int] = []
+    handler: list[int] = []
     imports_distlaunch = False
     imports_tensorflow = False
     for node in ast.walk(tree):
@@ -251,6 +262,8 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
                 tf_keras.append(node.lineno)
             imports_distlaunch |= program_env.is_module(node.module, "distlaunch")
             imports_tensorflow |= any(program_env.is_module(node.module, m) for m in _TF_MODULES)
+            if names & set(_NOTICE_HANDLERS):
+                handler.append(node.lineno)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             if (
@@ -261,14 +274,19 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
                 tf_keras.append(node.lineno)
             if node.attr == "Server":
                 server.append(node.lineno)
+            if node.attr in _NOTICE_HANDLERS:
+                handler.append(node.lineno)
         elif isinstance(node, ast.Name) and node.id == "Server":
             server.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id in _NOTICE_HANDLERS:
+            handler.append(node.lineno)
     return Facts(
         tf_keras_line=min(tf_keras, default=None),
         keras3_line=min(keras3, default=None),
         imports_distlaunch=imports_distlaunch,
         server_line=min(server, default=None),
         imports_tensorflow=imports_tensorflow,
+        handler_line=min(handler, default=None),
         standby_env=program_env.before_tensorflow(
             tree, filename, lambda name: _own_module(name, folder)
         ),

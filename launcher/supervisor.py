@@ -287,9 +287,13 @@ class Supervisor:
 
     def _notify(self, signum: int) -> bool:
         """Send every training task a stop notice; False (nothing sent) where it cannot be kept:
-        a task down waiting to restart, training already done, a transport without notices."""
+        a program that cannot save on one (program_scan: no dw.fit, no TensorFlow or Keras
+        handler, so the run stops at once as it always did), a task down waiting to restart,
+        training already done, a transport without notices."""
         notify = getattr(self.transport, "notify", None)
         training = [self.tasks[name] for name in self.policy.cluster.savers()]
+        if not self.plan.program.saves_on_notice:
+            return False
         if notify is None or self.pending or self.drain_until is not None:
             return False
         alive = all(t.alive for t in self.tasks.values() if t.plan.role != "evaluator")

@@ -24,7 +24,14 @@ from conftest import (
     write_spec,
 )
 from distlaunch.launcher.endings import EventKind
-from distlaunch.launcher.policy import Action, Cluster, RestartPolicy, RestartRules, TaskEvent
+from distlaunch.launcher.policy import (
+    Action,
+    Cluster,
+    History,
+    RestartPolicy,
+    RestartRules,
+    TaskEvent,
+)
 from distlaunch.worker import contract
 
 # Checkpoints only at the end (or on a notice): the notice's checkpoint is the only one a resume
@@ -342,6 +349,53 @@ def test_a_save_that_misses_its_deadline_stops_the_run_and_names_the_tasks(tmp):
     assert not processes_of_run(record["run_id"])
 
 
+# A plain MWMS script: no distlaunch, no handler of TensorFlow's or Keras's, so nothing in it can
+# save on a notice (and TensorFlow's own SIGTERM handler swallows the signal).
+PLAIN = """
+import time
+import tensorflow as tf
+tf.distribute.MultiWorkerMirroredStrategy()
+print("serving", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_program_that_cannot_save_is_stopped_at_once_as_before(tmp):
+    # program_scan finds no way to save in it: the notice is no notice, the run is torn down at
+    # once (TERM, grace, KILL) and recorded interrupted; a save_s of 600 s is never waited for.
+    (tmp / "task.py").write_text(PLAIN)
+    spec = write_spec(tmp, timeouts={"grace_s": 1, "startup_s": 120, "save_s": 600})
+    launcher = _start(spec)
+    try:
+        run_dir = wait_for(
+            lambda: (
+                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
+                if (tmp / "runs").exists()
+                else None
+            ),
+            "the run dir",
+        )
+        wait_for(
+            lambda: (
+                len(logs := list((run_dir / "logs" / "attempt-0").glob("*.log"))) == 2
+                and all("serving" in p.read_text() for p in logs)
+            ),
+            "both tasks to build their strategy",
+        )
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stop notice" not in err
+    record = run_record(run_dir)
+    assert record["state"] == "interrupted"
+    assert record["plan"]["program"]["saves_on_notice"] is False
+    assert not processes_of_run(record["run_id"])
+
+
 def _chief_log(tmp: Path, attempt: int) -> str:
     logs = list((tmp / "runs").glob(f"*/logs/attempt-{attempt}/chief-0.log"))
     return logs[0].read_text() if logs else ""
@@ -493,7 +547,7 @@ ON_FAILURE = RestartRules(policy="on-failure")
 
 def _after_notice(name: str, code: int, exited: dict[str, int]) -> Action:
     event = TaskEvent(name, name.split("-")[0], code, kind=EventKind.PREEMPTED)
-    return RestartPolicy(MWMS, ON_FAILURE).decide(event, exited, (), 0.0).action
+    return RestartPolicy(MWMS, ON_FAILURE).decide(event, exited, History(), 0.0).action
 
 
 def test_after_a_notice_the_run_is_preempted_once_every_training_task_saved():
@@ -507,7 +561,7 @@ def test_after_a_notice_the_run_is_preempted_once_every_training_task_saved():
     assert _after_notice("worker-0", -15, {"worker-0": -15}) is Action.STOP
     assert _after_notice("evaluator-0", -15, {"evaluator-0": -15}) is Action.CONTINUE
     deadline = TaskEvent("worker-0", "worker", None, kind=EventKind.SAVE_TIMEOUT, detail="late")
-    decision = RestartPolicy(MWMS, ON_FAILURE).decide(deadline, {}, (), 0.0)
+    decision = RestartPolicy(MWMS, ON_FAILURE).decide(deadline, {}, History(), 0.0)
     assert (decision.action, decision.reason) == (Action.STOP, "worker-0 late")
 
 

@@ -159,3 +159,23 @@ def test_plan_shows_the_choice_and_why(tmp: Path) -> None:
     assert "roles: ps and worker tasks run `python -m distlaunch.worker.serve`" in result.stdout
     data = json.loads(distlaunch("plan", "--json", str(spec), cwd=tmp).stdout)
     assert data["program"]["keras"] == "tf_keras" and data["program"]["serve_ps_workers"] is True
+
+
+@pytest.mark.parametrize(
+    ("source", "saves"),
+    [
+        ("import tensorflow as tf\ntf.distribute.MultiWorkerMirroredStrategy()\n", False),
+        ("import distlaunch.worker as dw\ndw.fit(None, None)\n", True),
+        (
+            "import tensorflow as tf\n"
+            "h = tf.distribute.experimental.PreemptionCheckpointHandler(None, None)\n",
+            True,
+        ),
+        ("from tf_keras.callbacks import BackupAndRestore\n", True),
+        ("import tf_keras\ntf_keras.callbacks.BackupAndRestore('/tmp/b')\n", True),
+        ("x = 'PreemptionCheckpointHandler'  # a string is no handler\n", False),
+    ],
+)
+def test_whether_a_program_can_save_on_a_stop_notice(source: str, saves: bool) -> None:
+    facts = program_scan.scan(source)
+    assert (facts.imports_distlaunch or facts.handler_line is not None) is saves
