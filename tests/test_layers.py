@@ -1,9 +1,12 @@
-"""The import structure: no module imports a layer above its own, and no import cycle anywhere.
+"""The import structure: every module is placed in a layer, no module imports a layer above its
+own, and no import cycle anywhere.
 
-Layers, bottom to top: spec -> plan -> transports -> supervisor -> up -> cli -> api (the Python
-API and the package root `distlaunch`, a front end over the same layers as the command line). Every import
-statement counts, also one inside a function or under TYPE_CHECKING: a lazy import is still a
-dependency. `distlaunch.worker` is below everything and imports no launcher code.
+Layers, bottom to top (LAYERS): each names packages, whose modules (at any depth) are all in it,
+and single modules. The two roots, `distlaunch.launcher` and the package root `distlaunch`, hold
+modules of different layers, so their own modules are each listed: a module added there, or in a
+package no layer names, is unplaced and fails the test. Every import statement counts, also one
+inside a function or under TYPE_CHECKING: a lazy import is still a dependency.
+`distlaunch.worker` is below everything and imports no launcher code.
 """
 
 from __future__ import annotations
@@ -19,64 +22,109 @@ PACKAGES = {
     "distlaunch.launcher": REPO / "launcher",
     "distlaunch.worker": REPO / "worker",
 }
+# Packages whose modules are not placed by the package's name: each is listed.
+ROOTS = ("distlaunch", "distlaunch.launcher")
 
-# Each launcher module's layer. A new module must be placed here (the test says so).
-LAYERS = ("worker", "spec", "plan", "transports", "supervisor", "up", "cli", "api")
-LAYER_OF = {
-    # spec: what the spec is, and what every layer uses (errors, the run dir, the terminal)
-    "distlaunch.launcher": "spec",
-    "distlaunch.launcher.errors": "spec",
-    "distlaunch.launcher.spec": "spec",
-    "distlaunch.launcher.spec_sources": "spec",
-    "distlaunch.launcher.records": "spec",  # the typed records the spec is made of
-    "distlaunch.launcher.rundir": "spec",
-    "distlaunch.launcher.console": "spec",
-    "distlaunch.launcher.summary": "spec",
-    "distlaunch.launcher.endings": "spec",  # the kinds of a task's or a run's ending
-    "distlaunch.launcher.tfconfig": "spec",
-    "distlaunch.launcher.evidence": "spec",
-    "distlaunch.launcher.hints": "spec",
-    "distlaunch.launcher.api_types": "spec",  # the API's results and errors: plain data
-    "distlaunch.launcher.api_protocol": "spec",  # the API's caller <-> launcher process lines
-    "distlaunch.launcher.backends": "spec",  # the registry: every backend's name, none imported
-    # run.json: a backend class reads its own section of it, so it sits below the transports
-    "distlaunch.launcher.state": "spec",
-    # plan: pure decisions made from the spec
-    "distlaunch.launcher.plan": "plan",
-    "distlaunch.launcher.placement": "plan",  # where each task runs, decided once per backend
-    "distlaunch.launcher.ports": "plan",
-    "distlaunch.launcher.isolation": "plan",
-    "distlaunch.launcher.policy": "plan",
-    "distlaunch.launcher.program_scan": "plan",
-    "distlaunch.launcher.program_env": "plan",  # the env a program sets before TensorFlow
-    # transports: starting, watching and stopping tasks
-    "distlaunch.launcher.procs": "transports",
-    "distlaunch.launcher.transports": "transports",
-    "distlaunch.launcher.k8s": "transports",  # Kubernetes manifests, like compose_file
-    "distlaunch.launcher.taskinit": "transports",  # the init a local task starts through
-    "distlaunch.launcher.standby": "transports",  # warm standbys of local tasks
-    "distlaunch.launcher.firewall": "transports",  # the SSH hosts' per-run guards
-    "distlaunch.launcher.heartbeat": "transports",  # the pulse to remote helpers and guards
-    "distlaunch.launcher.transports.helper": "transports",  # the helper-over-stdin transport
-    # supervisor: the loop and the run's state
-    "distlaunch.launcher.supervisor": "supervisor",
-    "distlaunch.launcher.progress_view": "supervisor",  # the live line and status --watch
-    "distlaunch.launcher.formation": "supervisor",  # whether the cluster formed, from its log
+LAYERS = (
+    ("worker", ("distlaunch.worker",)),
+    (
+        "spec",  # what the spec is, and what every layer uses (errors, the run dir, the terminal)
+        (
+            "distlaunch.launcher",
+            "distlaunch.launcher.errors",
+            "distlaunch.launcher.spec",
+            "distlaunch.launcher.spec_sources",
+            "distlaunch.launcher.records",  # the typed records the spec is made of
+            "distlaunch.launcher.rundir",
+            "distlaunch.launcher.console",
+            "distlaunch.launcher.summary",
+            "distlaunch.launcher.endings",  # the kinds of a task's or a run's ending
+            "distlaunch.launcher.tfconfig",
+            "distlaunch.launcher.evidence",
+            "distlaunch.launcher.hints",
+            "distlaunch.launcher.stacks",  # a task's stacks, which every transport reads
+            "distlaunch.launcher.api_types",  # the API's results and errors: plain data
+            "distlaunch.launcher.api_protocol",  # the API's caller <-> launcher process lines
+        ),
+    ),
+    (
+        "plan",  # pure decisions made from the spec
+        (
+            "distlaunch.launcher.plan",
+            "distlaunch.launcher.ports",
+            "distlaunch.launcher.isolation",
+            "distlaunch.launcher.policy",
+            "distlaunch.launcher.program_scan",
+            "distlaunch.launcher.program_env",  # the env a program sets before TensorFlow
+        ),
+    ),
+    (
+        "transports",  # starting, watching and stopping tasks
+        (
+            "distlaunch.launcher.procs",
+            "distlaunch.launcher.transports",
+            "distlaunch.launcher.k8s",  # Kubernetes manifests, like compose_file
+            "distlaunch.launcher.taskinit",  # the init a local task starts through
+            "distlaunch.launcher.standby",  # warm standbys of local tasks
+            "distlaunch.launcher.firewall",  # the SSH hosts' per-run guards
+        ),
+    ),
+    (
+        "supervisor",  # the loop and the run's state
+        (
+            "distlaunch.launcher.supervisor",
+            "distlaunch.launcher.state",
+            "distlaunch.launcher.progress_view",  # the live line and status --watch
+            "distlaunch.launcher.formation",  # whether the cluster formed, from its log
+            "distlaunch.launcher.oom",  # whether the OOM killer ended a task
+            "distlaunch.launcher.watchdog",  # whether a task still makes progress
+        ),
+    ),
     # up and the commands that inspect or steer a run from another shell
-    "distlaunch.launcher.up": "up",
-    "distlaunch.launcher.control": "up",
-    # the command line
-    "distlaunch.launcher.cli": "cli",
-    "distlaunch.launcher.__main__": "cli",
-    "distlaunch.launcher.api_child": "cli",  # the launcher process of a run started from Python
-    # the Python API: launch/up/run, the package root, the pytest plugin
-    "distlaunch.launcher.api": "api",
-    "distlaunch.launcher.api_call": "api",
-    "distlaunch.launcher.api_reads": "api",
-    "distlaunch.launcher.api_pool": "api",  # the warm clusters of `distlaunch.run`
-    "distlaunch": "api",  # the root's own modules are each listed: it is no prefix
-    "distlaunch.pytest_plugin": "api",
-}
+    ("up", ("distlaunch.launcher.up", "distlaunch.launcher.control")),
+    (
+        "cli",  # the command line
+        (
+            "distlaunch.launcher.cli",
+            "distlaunch.launcher.__main__",
+            "distlaunch.launcher.api_child",  # the launcher process of a run started from Python
+        ),
+    ),
+    (
+        "api",  # the Python API: launch/up/run, the package root, the pytest plugin
+        (
+            "distlaunch.launcher.api",
+            "distlaunch.launcher.api_call",
+            "distlaunch.launcher.api_reads",
+            "distlaunch",
+            "distlaunch.pytest_plugin",
+        ),
+    ),
+)
+
+
+class Unplaced(Exception):
+    """A module that no layer places."""
+
+
+def layer_of(module: str) -> str:
+    """The layer of ``module``: the one naming it or, outside the roots, a package above it."""
+    for layer, members in LAYERS:
+        for member in members:
+            if module == member or (member not in ROOTS and module.startswith(member + ".")):
+                return layer
+    raise Unplaced(module)
+
+
+def unplaced(modules) -> list[str]:
+    """The modules of ``modules`` that no layer places."""
+    out = []
+    for module in modules:
+        try:
+            layer_of(module)
+        except Unplaced:
+            out.append(module)
+    return out
 
 
 def _modules() -> dict[str, Path]:
@@ -121,31 +169,34 @@ def _imports(name: str, path: Path) -> set[str]:
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
-def _layer(module: str) -> str:
-    if module.startswith("distlaunch.worker"):
-        return "worker"
-    if module in LAYER_OF:
-        return LAYER_OF[module]
-    for prefix in sorted(LAYER_OF, key=len, reverse=True):
-        if prefix == "distlaunch":
-            continue
-        if module == prefix or module.startswith(prefix + "."):
-            return LAYER_OF[prefix]
-    pytest.fail(f"{module} has no layer: add it to LAYER_OF in {__file__}")
+def _rank(module: str) -> int:
+    return [layer for layer, _ in LAYERS].index(layer_of(module))
+
+
+def test_every_module_is_placed() -> None:
+    missing = unplaced(MODULES)
+    assert not missing, f"no layer places {', '.join(missing)}: add each to LAYERS in {__file__}"
+
+
+def test_a_module_no_layer_names_is_unplaced() -> None:
+    # A new module at a root, or in a package no layer names, is never placed by a prefix.
+    new = [f"{root}.brand_new" for root in ROOTS] + [f"{ROOTS[1]}.brand_new_pkg.mod"]
+    assert unplaced([*MODULES, *new]) == new
 
 
 def test_no_module_imports_a_layer_above_its_own() -> None:
+    placed = set(MODULES) - set(unplaced(MODULES))  # the unplaced fail the test above
     wrong = [
-        f"{name} ({_layer(name)}) imports {dep} ({_layer(dep)})"
+        f"{name} ({layer_of(name)}) imports {dep} ({layer_of(dep)})"
         for name, deps in GRAPH.items()
-        for dep in sorted(deps)
-        if LAYERS.index(_layer(dep)) > LAYERS.index(_layer(name))
+        for dep in sorted(deps & placed)
+        if name in placed and _rank(dep) > _rank(name)
     ]
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_supervisor_knows_transports_only_through_their_interface() -> None:
-    transports = {d for d in GRAPH["distlaunch.launcher.supervisor"] if _layer(d) == "transports"}
+    transports = {d for d in GRAPH["distlaunch.launcher.supervisor"] if layer_of(d) == "transports"}
     assert transports == {"distlaunch.launcher.transports.base"}
 
 
@@ -173,4 +224,5 @@ def test_no_import_cycle() -> None:
 
 def test_the_layer_table_names_real_modules() -> None:
     # A renamed module must not leave a stale entry behind (it would place nothing).
-    assert all(any(m == p or m.startswith(p + ".") for m in MODULES) for p in LAYER_OF)
+    stale = [m for _, members in LAYERS for m in members if m not in MODULES]
+    assert not stale, stale
