@@ -26,11 +26,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import sshhosts  # noqa: E402
-from distlaunch.launcher import placement, ports, rundir  # noqa: E402
-from distlaunch.launcher.plan import make_plan  # noqa: E402
-from distlaunch.launcher.spec import load_spec  # noqa: E402
-from distlaunch.launcher.transports import preflight, ssh  # noqa: E402
-from distlaunch.launcher.transports.local import LocalTransport  # noqa: E402
+from distlaunch.launcher.plan import placement, ports  # noqa: E402
+from distlaunch.launcher.plan.plan import make_plan  # noqa: E402
+from distlaunch.launcher.record import rundir  # noqa: E402
+from distlaunch.launcher.spec.model import load_spec  # noqa: E402
+from distlaunch.launcher.transports.local.transport import LocalTransport  # noqa: E402
+from distlaunch.launcher.transports.ssh import preflight  # noqa: E402
+from distlaunch.launcher.transports.ssh import transport as ssh  # noqa: E402
 
 TASK = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
 GRACE_S = 2.0

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from distlaunch.launcher import backends
-from distlaunch.launcher.errors import (
+from distlaunch.launcher.core import backends
+from distlaunch.launcher.core.errors import (
     HostError,
     Interrupted,
     LaunchError,
@@ -30,14 +30,14 @@ from distlaunch.launcher.errors import (
     SpecError,
     UsageError,
 )
-from distlaunch.launcher.transports.image import DEFAULT_BASE, DEFAULT_TAG
+from distlaunch.launcher.transports.compose.image import DEFAULT_BASE, DEFAULT_TAG
 from distlaunch.worker import contract
 
 # Every command imports what it needs in its body: `--help`, and a command's start, pay only
 # for their own (the spec's parsing, the run dir, the supervisor... are imported by those that use them).
 if TYPE_CHECKING:
-    from distlaunch.launcher.console import Console
-    from distlaunch.launcher.spec_sources import SpecOptions
+    from distlaunch.launcher.core.console import Console
+    from distlaunch.launcher.spec.sources import SpecOptions
 
 
 class ExitCode(enum.IntEnum):
@@ -52,8 +52,8 @@ class ExitCode(enum.IntEnum):
 
 def exit_codes() -> dict[type[LaunchError], ExitCode]:
     """Each error's exit code; an error not listed gets its nearest listed base class's."""
-    from distlaunch.launcher.transports.docker import DockerError
-    from distlaunch.launcher.transports.netns import SandboxError
+    from distlaunch.launcher.network.netns import SandboxError
+    from distlaunch.launcher.transports.compose.docker import DockerError
 
     return {
         LaunchError: ExitCode.FAILED,
@@ -77,7 +77,7 @@ def exit_code(error: LaunchError) -> int:
 
 
 class BackendChoice(click.Choice):
-    """`--backend`: one of launcher/backends.py's names. The list (which scans the installed
+    """`--backend`: one of launcher/core/backends.py's names. The list (which scans the installed
     entry points) is made only when shown or when a name is not built in: `--help` and an `up`
     of a built-in backend do not pay for it."""
 
@@ -152,7 +152,7 @@ def _options(
     overrides: tuple[str, ...], only_hosts: str = "", exclude_hosts: str = ""
 ) -> SpecOptions:
     """The spec options of the command line's --set, --hosts and --exclude."""
-    from distlaunch.launcher.spec_sources import SpecOptions
+    from distlaunch.launcher.spec.sources import SpecOptions
 
     return SpecOptions(
         overrides=overrides,
@@ -184,7 +184,7 @@ def cli(ctx: click.Context) -> None:
 @SET
 def validate(spec: str, overrides: tuple[str, ...]) -> None:
     """Check SPEC and print a one-line verdict; exit 2 when it is malformed."""
-    from distlaunch.launcher.spec import load_spec
+    from distlaunch.launcher.spec.model import load_spec
 
     loaded = load_spec(spec, _options(overrides))
     counts = ", ".join(f"{len(v)} {k}" for k, v in loaded.spec.tasks.by_role().items())
@@ -204,10 +204,10 @@ def plan(
 
     `auto` ports are picked as `up` would pick them; `up` picks again when it starts.
     """
-    from distlaunch.launcher import firewall
-    from distlaunch.launcher.spec import load_spec
-    from distlaunch.launcher.transports.ssh import jumped_hosts
-    from distlaunch.launcher.up import build_plan, choose_run
+    from distlaunch.launcher.network import firewall
+    from distlaunch.launcher.run.up import build_plan, choose_run
+    from distlaunch.launcher.spec.model import load_spec
+    from distlaunch.launcher.transports.ssh.transport import jumped_hosts
 
     loaded = load_spec(spec, _options(overrides, only_hosts, exclude_hosts))
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
@@ -284,9 +284,9 @@ def _standby_line(data: dict, wanted: bool) -> str:
 @click.argument("task")
 def tfconfig(spec: str, task: str) -> None:
     """Print the TF_CONFIG of TASK (e.g. worker:1) for launching it by hand."""
-    from distlaunch.launcher import tfconfig as tfc
-    from distlaunch.launcher.spec import load_spec
-    from distlaunch.launcher.up import build_plan, choose_run
+    from distlaunch.launcher.plan import tfconfig as tfc
+    from distlaunch.launcher.run.up import build_plan, choose_run
+    from distlaunch.launcher.spec.model import load_spec
 
     loaded = load_spec(spec)
     the_plan = build_plan(loaded, choose_run(loaded, None, False))
@@ -301,7 +301,7 @@ def tfconfig(spec: str, task: str) -> None:
 @cli.command()
 def schema() -> None:
     """Print the JSON Schema of the cluster spec."""
-    from distlaunch.launcher.spec import json_schema
+    from distlaunch.launcher.spec.model import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2))
 
@@ -348,10 +348,10 @@ def up(
     exclude_hosts: str,
 ) -> None:
     """Start every task of SPEC, stream their output, and supervise the run to its end."""
-    from distlaunch.launcher.console import Console
-    from distlaunch.launcher.spec import load_spec
+    from distlaunch.launcher.core.console import Console
+    from distlaunch.launcher.run.up import choose_run, claim_and_up
+    from distlaunch.launcher.spec.model import load_spec
     from distlaunch.launcher.transports.base import UpOptions
-    from distlaunch.launcher.up import choose_run, claim_and_up
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")
@@ -363,7 +363,7 @@ def up(
     if not (resume or fresh or run_id):
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
-    # The one path `distlaunch.launch` takes too (launcher/api_child.py).
+    # The one path `distlaunch.launch` takes too (launcher/api/child.py).
     claim_and_up(loaded, target, console, UpOptions(image, base_image, requeue))
 
 
@@ -386,12 +386,12 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
     image must exist: `distlaunch up --backend compose` builds it, or
     `docker build -f docker/Dockerfile -t IMAGE .` in this checkout.
     """
-    from distlaunch.launcher import rundir
-    from distlaunch.launcher.console import Console
-    from distlaunch.launcher.spec import load_spec
-    from distlaunch.launcher.transports import compose_file as compose
-    from distlaunch.launcher.transports.compose import write_compose_file
-    from distlaunch.launcher.up import choose_run
+    from distlaunch.launcher.core.console import Console
+    from distlaunch.launcher.record import rundir
+    from distlaunch.launcher.run.up import choose_run
+    from distlaunch.launcher.spec.model import load_spec
+    from distlaunch.launcher.transports.compose import file as compose
+    from distlaunch.launcher.transports.compose.transport import write_compose_file
 
     loaded = load_spec(spec)
     target = choose_run(loaded, run_id, False)
@@ -449,10 +449,10 @@ def k8s_manifests(
     port from the run's own pods only, and each pod builds its TF_CONFIG from its index. Apply
     them with `kubectl apply -f FILE`.
     """
-    from distlaunch.launcher import k8s
-    from distlaunch.launcher.console import Console
-    from distlaunch.launcher.rundir import new_run_id
-    from distlaunch.launcher.spec import load_spec
+    from distlaunch.launcher.core.console import Console
+    from distlaunch.launcher.export import k8s
+    from distlaunch.launcher.record.rundir import new_run_id
+    from distlaunch.launcher.spec.model import load_spec
 
     loaded = load_spec(spec)
     settings = loaded.spec.kubernetes
@@ -478,7 +478,7 @@ def k8s_manifests(
 
 def _offer_resume(loaded, console: Console) -> bool:
     """When this spec's last run did not finish, ask (on a terminal) whether to resume it."""
-    from distlaunch.launcher.state import latest_unfinished
+    from distlaunch.launcher.record.state import latest_unfinished
 
     unfinished = latest_unfinished(loaded.shared_dir, loaded.spec.name)
     if unfinished is None:
@@ -530,11 +530,11 @@ def sbatch(
 
     The batch script is written to <run_dir>/job.sbatch first (readable, and runnable by hand).
     """
-    from distlaunch.launcher import rundir
-    from distlaunch.launcher.spec import load_spec
-    from distlaunch.launcher.spec_sources import SpecOptions
-    from distlaunch.launcher.transports import sbatch as batch
-    from distlaunch.launcher.up import choose_run
+    from distlaunch.launcher.record import rundir
+    from distlaunch.launcher.run.up import choose_run
+    from distlaunch.launcher.spec.model import load_spec
+    from distlaunch.launcher.spec.sources import SpecOptions
+    from distlaunch.launcher.transports.slurm import sbatch as batch
 
     loaded = load_spec(spec, SpecOptions(overrides=("backend=slurm",)))
     request = batch.BatchRequest(
@@ -574,11 +574,12 @@ def sbatch(
 )
 def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
-    from distlaunch.launcher import firewall, rundir
     from distlaunch.launcher.control.liveness import launcher_alive
     from distlaunch.launcher.control.status import LOST, run_state, status_rows
-    from distlaunch.launcher.state import RunRecord
-    from distlaunch.launcher.summary import preempted_line
+    from distlaunch.launcher.diagnosis.summary import preempted_line
+    from distlaunch.launcher.network import firewall
+    from distlaunch.launcher.record import rundir
+    from distlaunch.launcher.record.state import RunRecord
 
     path = rundir.resolve_run(run, settings.shared_dir)
     if watch:
@@ -632,10 +633,10 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the run ends.")
 def logs(settings: Settings, run: str | None, task: str | None, lines: int, follow: bool) -> None:
     """Print the last lines of TASK's log (every task's when omitted) in its latest attempt."""
-    from distlaunch.launcher import rundir
-    from distlaunch.launcher.console import Console
     from distlaunch.launcher.control import logs as control_logs
-    from distlaunch.launcher.summary import tail
+    from distlaunch.launcher.core.console import Console
+    from distlaunch.launcher.diagnosis.summary import tail
+    from distlaunch.launcher.record import rundir
 
     path = rundir.resolve_run(run, settings.shared_dir)
     for file in control_logs.log_files(path, task):
@@ -657,9 +658,9 @@ def stacks(
 ) -> None:
     """Capture every thread's stack of each running task (or TASK) into RUN/stacks/<time>/ and
     print where each task is."""
-    from distlaunch.launcher import rundir
-    from distlaunch.launcher import stacks as stack_dumps
     from distlaunch.launcher.control.stacks import take_stacks
+    from distlaunch.launcher.diagnosis import stacks as stack_dumps
+    from distlaunch.launcher.record import rundir
 
     path = rundir.resolve_run(run, settings.shared_dir)
     captures = take_stacks(path, task, native=not no_native)
@@ -679,8 +680,8 @@ def stacks(
 @click.pass_obj
 def restart(settings: Settings, run: str, task: str) -> None:
     """Restart TASK of the running RUN the way its strategy needs (an MWMS task: the whole gang)."""
-    from distlaunch.launcher import rundir
     from distlaunch.launcher.control.requests import request_restart
+    from distlaunch.launcher.record import rundir
 
     path = rundir.resolve_run(run, settings.shared_dir)
     name = request_restart(path, task)
@@ -703,8 +704,8 @@ def restart(settings: Settings, run: str, task: str) -> None:
 def down(settings: Settings, run: str, grace: float | None, now: bool) -> None:
     """Stop RUN (a run id or directory): its launcher if alive (its tasks save first, unless
     --now), then every leftover process."""
-    from distlaunch.launcher import rundir
     from distlaunch.launcher.control.down import down as run_down
+    from distlaunch.launcher.record import rundir
 
     result = run_down(rundir.resolve_run(run, settings.shared_dir), grace, now)
     done = []
@@ -729,8 +730,8 @@ def down(settings: Settings, run: str, grace: float | None, now: bool) -> None:
 @click.pass_obj
 def collect(settings: Settings, run: str) -> None:
     """Copy the run files of RUN's SSH hosts (when they share no run dir) into RUN/hosts/<host>/."""
-    from distlaunch.launcher import rundir
     from distlaunch.launcher.control.collect import collect as run_collect
+    from distlaunch.launcher.record import rundir
 
     for got in run_collect(rundir.resolve_run(run, settings.shared_dir)):
         click.echo(f"{got.host}: {got.files} files, {got.bytes} bytes into {got.into}")

@@ -19,7 +19,7 @@ import pytest
 
 import distlaunch
 from conftest import processes_of_run, wait_for, write_spec
-from distlaunch.launcher.spec import Spec
+from distlaunch.launcher.spec.model import Spec
 
 pytestmark = pytest.mark.integration
 
@@ -205,7 +205,7 @@ def test_an_unpicklable_return_value_names_the_task_and_the_type(here):
 
 
 def test_a_task_killed_during_the_run_raises_task_error_with_the_root_cause(here):
-    from distlaunch.launcher.api_call import start
+    from distlaunch.launcher.api.call import start
 
     def wait_forever():
         import time

@@ -19,8 +19,8 @@ import pytest
 
 import distlaunch
 from conftest import processes_of_run, wait_for
-from distlaunch.launcher import api_pool
-from distlaunch.launcher.api_call import start
+from distlaunch.launcher.api import pool as api_pool
+from distlaunch.launcher.api.call import start
 from test_api import assert_nothing_left
 
 pytestmark = pytest.mark.integration

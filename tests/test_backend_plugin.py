@@ -24,8 +24,8 @@ import pytest
 
 from conftest import distlaunch, processes_of_run, run_record, wait_for, write_spec
 from distlaunch.launcher.transports.base import Opened, UpOptions
-from distlaunch.launcher.transports.local import LocalTransport
-from distlaunch.launcher.transports.routing import LocalBackend
+from distlaunch.launcher.transports.local.routing import LocalBackend
+from distlaunch.launcher.transports.local.transport import LocalTransport
 
 pytestmark = pytest.mark.integration
 

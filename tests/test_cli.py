@@ -9,9 +9,9 @@ from pathlib import Path
 
 from conftest import distlaunch, write_spec
 from distlaunch.launcher.cli import ExitCode, exit_code
-from distlaunch.launcher.errors import HostError, Interrupted, RunFailed, SpecError, UsageError
-from distlaunch.launcher.transports.docker import DockerError
-from distlaunch.launcher.transports.netns import SandboxError
+from distlaunch.launcher.core.errors import HostError, Interrupted, RunFailed, SpecError, UsageError
+from distlaunch.launcher.network.netns import SandboxError
+from distlaunch.launcher.transports.compose.docker import DockerError
 
 
 def test_errors_map_to_their_exit_codes() -> None:
@@ -76,21 +76,21 @@ def test_the_start_imports_only_what_it_uses() -> None:
     assert _loaded_after(help_run) == set()
     # What `up` of a local JSON spec runs through up to its tasks' start.
     up_path = (
-        "from distlaunch.launcher import cli, spec, up, supervisor, plan, state\n"
-        "from distlaunch.launcher.transports import routing, local, netns"
+        "from distlaunch.launcher import cli; from distlaunch.launcher.spec import model as spec; from distlaunch.launcher.run import up, supervisor; from distlaunch.launcher.plan import plan; from distlaunch.launcher.record import state\n"
+        "from distlaunch.launcher.transports.local import routing; from distlaunch.launcher.transports.local import transport as local; from distlaunch.launcher.network import netns"
     )
     assert _loaded_after(up_path) == set()
 
 
 def test_up_imports_its_own_backend_alone_and_scans_no_entry_points(tmp: Path) -> None:
-    # Backends are named in launcher/backends.py; a built-in one is found without reading the
+    # Backends are named in launcher/core/backends.py; a built-in one is found without reading the
     # installed packages' entry points (importlib.metadata), and the others are not imported.
     (tmp / "noop.py").write_text("")
     spec = write_spec(tmp, program={"script": "noop.py"}, tasks={"worker": {"count": 1}})
     up_run = (
         "from distlaunch.launcher.cli import cli\n"
         f"cli.main(['up', {str(spec)!r}], standalone_mode=False)\n"
-        "from distlaunch.launcher.backends import BUILTIN\n"
+        "from distlaunch.launcher.core.backends import BUILTIN\n"
         "others = {BUILTIN[b].target.split(':')[0] for b in ('compose', 'slurm')}\n"
         "print(*sorted(m for m in sys.modules if m == 'importlib.metadata' or m in others))"
     )

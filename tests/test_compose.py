@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, events, only_run_dir, run_record, write_spec
-from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.spec import load_spec
-from distlaunch.launcher.transports import compose_file as compose
-from distlaunch.launcher.transports.docker import DockerError, compose_command, docker, run
-from distlaunch.launcher.transports.image import ImageRequest, ensure_image, pip_ca_bundle
+from distlaunch.launcher.core.errors import SpecError
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports.compose import file as compose
+from distlaunch.launcher.transports.compose.docker import DockerError, compose_command, docker, run
+from distlaunch.launcher.transports.compose.image import ImageRequest, ensure_image, pip_ca_bundle
 
 BASE_IMAGE = "distlaunch-test-base:bookworm"
 # The tests' own tag: a user's distlaunch:local (built on another base) is left alone.

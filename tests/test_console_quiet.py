@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, distlaunch, only_run_dir
-from distlaunch.launcher.console import QuietFilter, hide_tf_noise
+from distlaunch.launcher.core.console import QuietFilter, hide_tf_noise
 
 # What a ParameterServerStrategy server writes when the chief connects (TF 2.21, seen here): one
 # INFO record whose message is a protobuf dump, ended by an empty line. Its marker varies from

@@ -31,9 +31,9 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
-from distlaunch.launcher import procs
-from distlaunch.launcher.policy import NON_RETRYABLE_ERRORS
-from distlaunch.launcher.transports import netns
+from distlaunch.launcher.network import netns
+from distlaunch.launcher.run.policy import NON_RETRYABLE_ERRORS
+from distlaunch.launcher.transports import procs
 
 CAPS = netns.probe()
 ISOLATIONS = ["off", "auto"] if (CAPS.netns or CAPS.userns) else ["off"]
@@ -296,7 +296,7 @@ def test_a_spawned_task_still_dies_with_its_parent(tmp: Path) -> None:
     """The parent-death signal, now set by taskinit after exec, still reaches the task."""
     driver = (
         "import sys, time\n"
-        "from distlaunch.launcher import procs\n"
+        "from distlaunch.launcher.transports import procs\n"
         "p = procs.spawn(['sleep', '300'], {'DISTLAUNCH_RUN_ID': sys.argv[1]}, '.', 'log')\n"
         "q, t = procs.spawn_contained(['sleep', '301'], {'DISTLAUNCH_RUN_ID': sys.argv[1]}, '.', 'log')\n"
         "print('up', flush=True)\n"

@@ -22,7 +22,7 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
-from distlaunch.launcher import formation, oom, stacks
+from distlaunch.launcher.diagnosis import formation, oom, stacks
 
 pytestmark = pytest.mark.integration
 

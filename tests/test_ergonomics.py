@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, distlaunch, only_run_dir, run_record, wait_for, write_spec
-from distlaunch.launcher.console import Console, LogFollower, hide_tf_noise
-from distlaunch.launcher.spec import load_spec
+from distlaunch.launcher.core.console import Console, LogFollower, hide_tf_noise
+from distlaunch.launcher.spec.model import load_spec
 
 GOOD_YAML = """\
 name: t
@@ -469,8 +469,8 @@ def test_up_local2_console_has_no_tf_noise_but_its_logs_do(tmp: Path) -> None:
 
 
 def test_the_heartbeat_carries_what_the_progress_views_show(tmp: Path, monkeypatch) -> None:
-    from distlaunch.launcher.progress_view import live_line, screen, task_progress
-    from distlaunch.launcher.state import RunRecord
+    from distlaunch.launcher.diagnosis.progress_view import live_line, screen, task_progress
+    from distlaunch.launcher.record.state import RunRecord
     from distlaunch.worker import progress
 
     monkeypatch.setenv("DISTLAUNCH_STATUS_FILE", str(tmp / "status" / "worker-0.json"))

@@ -1,4 +1,4 @@
-"""The per-run firewall of SSH hosts (launcher/firewall.py, worker/guard.py).
+"""The per-run firewall of SSH hosts (launcher/network/firewall.py, worker/guard.py).
 
 Pure parts first (which rules each host gets, the nftables script, hostile run ids), then real
 runs on the SSH test hosts of tests/sshhosts.py, where a third namespace on the same bridge, the
@@ -32,8 +32,8 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
-from distlaunch.launcher import firewall
-from distlaunch.launcher.plan import Plan, TaskPlan
+from distlaunch.launcher.network import firewall
+from distlaunch.launcher.plan.plan import Plan, TaskPlan
 from distlaunch.worker import guard
 from test_ssh import PS_JOB, _nothing_left, _script, _spec
 

@@ -1,5 +1,6 @@
-"""The launcher's one heartbeat (launcher/heartbeat.py), which the SSH and Slurm tasks' helpers and
-the hosts' firewall guards all get: against the real remote helper, run here as a local process."""
+"""The launcher's one heartbeat (launcher/network/heartbeat.py), which the SSH and Slurm tasks'
+helpers and the hosts' firewall guards all get: against the real remote helper, run here as a local
+process."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from distlaunch.launcher.heartbeat import HEARTBEAT_S, Heartbeat, Pipe
+from distlaunch.launcher.network.heartbeat import HEARTBEAT_S, Heartbeat, Pipe
 
 HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]
 # The helper's silence limit: past HEARTBEAT_S with room for a busy machine, and well below how

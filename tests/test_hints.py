@@ -1,7 +1,7 @@
 """The known-failure catalog: each entry recognises its failure as a task's log shows it, only it.
 
-Adding a known failure is one entry in launcher/hints.py and one row in SEEN below: the end of a
-real log of that failure (trimmed) and the entry's name.
+Adding a known failure is one entry in launcher/diagnosis/hints.py and one row in SEEN below: the
+end of a real log of that failure (trimmed) and the entry's name.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from distlaunch.launcher import evidence, hints
-from distlaunch.launcher.summary import Failure, details, headline
+from distlaunch.launcher.diagnosis import evidence, hints
+from distlaunch.launcher.diagnosis.summary import Failure, details, headline
 
 TB = (
     "Traceback (most recent call last):\n"

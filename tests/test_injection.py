@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import distlaunch, only_run_dir, write_spec
-from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.spec import load_spec
+from distlaunch.launcher.core.errors import SpecError
+from distlaunch.launcher.spec.model import load_spec
 
 PAYLOADS = [
     '; touch "$DL_CANARY"',

@@ -30,11 +30,12 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
-from distlaunch.launcher import isolation, ports, procs
-from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.placement import on_hosts
-from distlaunch.launcher.spec import load_spec
-from distlaunch.launcher.transports import netns
+from distlaunch.launcher.core.errors import SpecError
+from distlaunch.launcher.network import netns
+from distlaunch.launcher.plan import isolation, ports
+from distlaunch.launcher.plan.placement import on_hosts
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports import procs
 
 CAPS = netns.probe()
 DEADLINE_S = 180  # generous: two TensorFlow imports on a busy 2-core machine
@@ -349,9 +350,9 @@ def test_unprivileged_user_gets_a_user_namespace(capsys: pytest.CaptureFixture) 
 
 _DRIVER = """
 import json, os, sys, time
-from distlaunch.launcher import procs
-from distlaunch.launcher.isolation import HOST, NETNS, USERNS, Isolation
-from distlaunch.launcher.transports import netns
+from distlaunch.launcher.transports import procs
+from distlaunch.launcher.plan.isolation import HOST, NETNS, USERNS, Isolation
+from distlaunch.launcher.network import netns
 caps = netns.probe()
 if not (caps.netns or caps.userns):
     print(json.dumps({"mode": HOST, "reason": caps.detail}), flush=True)

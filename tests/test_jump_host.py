@@ -16,8 +16,8 @@ import pytest
 
 import sshhosts
 from conftest import distlaunch, run_record
-from distlaunch.launcher.spec import Host
-from distlaunch.launcher.transports import ssh
+from distlaunch.launcher.spec.model import Host
+from distlaunch.launcher.transports.ssh import transport as ssh
 from test_firewall import LISTENER, _hold, _release, _rules_left, fw_lab
 from test_ssh import _script, _spec
 

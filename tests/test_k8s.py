@@ -29,10 +29,10 @@ import pytest
 import yaml
 
 from conftest import distlaunch, write_spec
-from distlaunch.launcher import k8s
-from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.spec import load_spec
-from distlaunch.launcher.transports.docker import docker
+from distlaunch.launcher.core.errors import SpecError
+from distlaunch.launcher.export import k8s
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports.compose.docker import docker
 from distlaunch.worker import contract, k8s_entry
 from test_compose import TEST_IMAGE, engine, image  # noqa: F401  (fixtures: the engine, the image)
 from test_injection import NAME_PAYLOADS, PATH_PAYLOADS, PAYLOADS, chain

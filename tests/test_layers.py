@@ -26,76 +26,64 @@ PACKAGES = {
 ROOTS = ("distlaunch", "distlaunch.launcher")
 
 LAYERS = (
-    ("worker", ("distlaunch.worker",)),
-    (
-        "spec",  # what the spec is, and what every layer uses (errors, the run dir, the terminal)
+    (  # the runtime a training script imports
+        "worker",
+        ("distlaunch.worker",),
+    ),
+    (  # what every layer uses; the launcher's root package is a docstring
+        "core",
         (
             "distlaunch.launcher",
-            "distlaunch.launcher.errors",
-            "distlaunch.launcher.spec",
-            "distlaunch.launcher.spec_sources",
-            "distlaunch.launcher.records",  # the typed records the spec is made of
-            "distlaunch.launcher.rundir",
-            "distlaunch.launcher.console",
-            "distlaunch.launcher.summary",
-            "distlaunch.launcher.endings",  # the kinds of a task's or a run's ending
-            "distlaunch.launcher.tfconfig",
-            "distlaunch.launcher.evidence",
-            "distlaunch.launcher.hints",
-            "distlaunch.launcher.stacks",  # a task's stacks, which every transport reads
-            "distlaunch.launcher.api_types",  # the API's results and errors: plain data
-            "distlaunch.launcher.api_protocol",  # the API's caller <-> launcher process lines
+            "distlaunch.launcher.core",
         ),
     ),
-    (
-        "plan",  # pure decisions made from the spec
-        (
-            "distlaunch.launcher.plan",
-            "distlaunch.launcher.ports",
-            "distlaunch.launcher.isolation",
-            "distlaunch.launcher.policy",
-            "distlaunch.launcher.program_scan",
-            "distlaunch.launcher.program_env",  # the env a program sets before TensorFlow
-        ),
+    (  # the cluster spec
+        "spec",
+        ("distlaunch.launcher.spec",),
     ),
-    (
-        "transports",  # starting, watching and stopping tasks
-        (
-            "distlaunch.launcher.procs",
-            "distlaunch.launcher.transports",
-            "distlaunch.launcher.k8s",  # Kubernetes manifests, like compose_file
-            "distlaunch.launcher.taskinit",  # the init a local task starts through
-            "distlaunch.launcher.standby",  # warm standbys of local tasks
-            "distlaunch.launcher.firewall",  # the SSH hosts' per-run guards
-        ),
+    (  # pure decisions made from the spec
+        "plan",
+        ("distlaunch.launcher.plan",),
     ),
-    (
-        "supervisor",  # the loop and the run's state
-        (
-            "distlaunch.launcher.supervisor",
-            "distlaunch.launcher.state",
-            "distlaunch.launcher.progress_view",  # the live line and status --watch
-            "distlaunch.launcher.formation",  # whether the cluster formed, from its log
-            "distlaunch.launcher.oom",  # whether the OOM killer ended a task
-            "distlaunch.launcher.watchdog",  # whether a task still makes progress
-        ),
+    (  # the run dir and run.json
+        "record",
+        ("distlaunch.launcher.record",),
     ),
-    # up and the commands that inspect or steer a run from another shell
-    ("up", ("distlaunch.launcher.up", "distlaunch.launcher.control")),
-    (
-        "cli",  # the command line
+    (  # why a run failed or stalls
+        "diagnosis",
+        ("distlaunch.launcher.diagnosis",),
+    ),
+    (  # netns and the remote hosts' firewall
+        "network",
+        ("distlaunch.launcher.network",),
+    ),
+    (  # starting, watching and stopping tasks
+        "transports",
+        ("distlaunch.launcher.transports",),
+    ),
+    (  # Kubernetes manifests
+        "export",
+        ("distlaunch.launcher.export",),
+    ),
+    (  # commands on a run from another shell
+        "control",
+        ("distlaunch.launcher.control",),
+    ),
+    (  # up, the supervisor and its policy
+        "run",
+        ("distlaunch.launcher.run",),
+    ),
+    (  # the command line
+        "cli",
         (
             "distlaunch.launcher.cli",
             "distlaunch.launcher.__main__",
-            "distlaunch.launcher.api_child",  # the launcher process of a run started from Python
         ),
     ),
-    (
-        "api",  # the Python API: launch/up/run, the package root, the pytest plugin
+    (  # the Python API, the package root, the pytest plugin
+        "api",
         (
             "distlaunch.launcher.api",
-            "distlaunch.launcher.api_call",
-            "distlaunch.launcher.api_reads",
             "distlaunch",
             "distlaunch.pytest_plugin",
         ),
@@ -196,7 +184,9 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 
 def test_the_supervisor_knows_transports_only_through_their_interface() -> None:
-    transports = {d for d in GRAPH["distlaunch.launcher.supervisor"] if layer_of(d) == "transports"}
+    transports = {
+        d for d in GRAPH["distlaunch.launcher.run.supervisor"] if layer_of(d) == "transports"
+    }
     assert transports == {"distlaunch.launcher.transports.base"}
 
 

@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 
 from conftest import write_spec
-from distlaunch.launcher import k8s, placement, ports
-from distlaunch.launcher.backends import TaskTransport
-from distlaunch.launcher.placement import IMAGE_PYTHON
-from distlaunch.launcher.plan import for_attempt, make_plan
-from distlaunch.launcher.spec import load_spec
-from distlaunch.launcher.transports import compose_file, local, slurm
+from distlaunch.launcher.core.backends import TaskTransport
+from distlaunch.launcher.export import k8s
+from distlaunch.launcher.plan import placement, ports
+from distlaunch.launcher.plan.placement import IMAGE_PYTHON
+from distlaunch.launcher.plan.plan import for_attempt, make_plan
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports.compose import file as compose_file
+from distlaunch.launcher.transports.local import transport as local
+from distlaunch.launcher.transports.slurm import transport as slurm
 from distlaunch.worker import contract
 
 LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"

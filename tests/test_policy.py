@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from distlaunch.launcher.endings import EventKind
-from distlaunch.launcher.policy import (
+from distlaunch.launcher.record.endings import EventKind
+from distlaunch.launcher.run.policy import (
     Action,
     Cluster,
     History,

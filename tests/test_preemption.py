@@ -23,8 +23,8 @@ from conftest import (
     wait_for,
     write_spec,
 )
-from distlaunch.launcher.endings import EventKind
-from distlaunch.launcher.policy import (
+from distlaunch.launcher.record.endings import EventKind
+from distlaunch.launcher.run.policy import (
     Action,
     Cluster,
     History,

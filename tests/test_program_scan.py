@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from conftest import distlaunch, write_spec
-from distlaunch.launcher import program_scan
-from distlaunch.launcher.placement import on_hosts
-from distlaunch.launcher.plan import Plan, make_plan
-from distlaunch.launcher.spec import LoadedSpec, load_spec
+from distlaunch.launcher.plan import program_scan
+from distlaunch.launcher.plan.placement import on_hosts
+from distlaunch.launcher.plan.plan import Plan, make_plan
+from distlaunch.launcher.spec.model import LoadedSpec, load_spec
 
 TF_KERAS = "import tensorflow as tf\nmodel = tf.keras.Sequential()\n"
 

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from conftest import REPO, events, run_record, wait_for, wait_for_run_dir
-from distlaunch.launcher import stacks
+from distlaunch.launcher.diagnosis import stacks
 from distlaunch.worker import bootstrap
 from test_compose import _env, _leftovers, _start_up, engine, image  # noqa: F401 (fixtures)
 

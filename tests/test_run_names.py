@@ -18,9 +18,10 @@ import pytest
 
 import sshhosts
 from conftest import distlaunch, run_record, wait_for, write_spec
-from distlaunch.launcher import firewall, k8s
-from distlaunch.launcher.plan import Plan, TaskPlan
-from distlaunch.launcher.spec import load_spec
+from distlaunch.launcher.export import k8s
+from distlaunch.launcher.network import firewall
+from distlaunch.launcher.plan.plan import Plan, TaskPlan
+from distlaunch.launcher.spec.model import load_spec
 from distlaunch.worker import guard
 from test_firewall import (
     LISTENER,

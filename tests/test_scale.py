@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, events, processes_of_run, run_record, wait_for, write_spec
-from distlaunch.launcher import procs
-from distlaunch.launcher.transports.local import ListeningPorts
+from distlaunch.launcher.transports import procs
+from distlaunch.launcher.transports.local.transport import ListeningPorts
 
 sys.path.insert(0, str(REPO / "bench"))
 from scale import PROGRAM  # noqa: E402

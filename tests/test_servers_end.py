@@ -17,7 +17,7 @@ import portpicker
 import pytest
 
 from conftest import distlaunch, write_spec
-from distlaunch.launcher.transports.docker import compose_command, docker
+from distlaunch.launcher.transports.compose.docker import compose_command, docker
 from distlaunch.worker import chief_result, contract
 from distlaunch.worker.chief_result import EndRule, Result, Verdicts
 from test_compose import TEST_IMAGE, engine, image  # noqa: F401  (fixtures: the engine, the image)

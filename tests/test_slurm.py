@@ -592,8 +592,8 @@ def test_status_logs_restart_and_down_work_on_a_slurm_run(lab: SlurmLab, tmp: Pa
 def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
     tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from distlaunch.launcher.spec import load_spec
-    from distlaunch.launcher.transports import slurm
+    from distlaunch.launcher.spec.model import load_spec
+    from distlaunch.launcher.transports.slurm import transport as slurm
 
     (tmp / "task.py").write_text("")
     loaded = load_spec(_spec(tmp, {"script": "task.py"}, {"worker": [{"gpus": 2}, {}]}))
@@ -618,7 +618,7 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
 
 
 def test_the_helper_runs_by_path_without_site_packages_or_else_as_a_module() -> None:
-    from distlaunch.launcher.transports import slurm
+    from distlaunch.launcher.transports.slurm import transport as slurm
 
     path = "/opt/venv/lib/python3.11/site-packages/distlaunch/worker/remote.py"
     assert slurm.helper_argv("py", path) == ["py", "-I", "-S", path]
@@ -630,8 +630,8 @@ def test_the_helper_runs_by_path_without_site_packages_or_else_as_a_module() -> 
 def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_named_node(
     tmp: Path,
 ) -> None:
-    from distlaunch.launcher.spec import load_spec
-    from distlaunch.launcher.transports import slurm
+    from distlaunch.launcher.spec.model import load_spec
+    from distlaunch.launcher.transports.slurm import transport as slurm
 
     (tmp / "task.py").write_text("")
     alloc = slurm.Allocation("7", ("a", "b", "c"), {"a": 2, "b": 2, "c": 2}, submitted=False)

@@ -8,8 +8,8 @@ import socket
 import pytest
 
 from conftest import distlaunch, write_spec
-from distlaunch.launcher.errors import SpecError
-from distlaunch.launcher.spec import json_schema, load_spec
+from distlaunch.launcher.core.errors import SpecError
+from distlaunch.launcher.spec.model import json_schema, load_spec
 
 GOOD = {
     "name": "t",

@@ -21,8 +21,8 @@ import pytest
 
 import sshhosts
 from conftest import distlaunch, only_run_dir, wait_for, wait_for_run_dir
-from distlaunch.launcher.spec import Host, load_spec
-from distlaunch.launcher.transports import ssh
+from distlaunch.launcher.spec.model import Host, load_spec
+from distlaunch.launcher.transports.ssh import transport as ssh
 
 HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]
 # A task that says it is up (after its SIGTERM handler is set, when it has one), then waits.

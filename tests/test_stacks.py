@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distlaunch.launcher import evidence, stacks
+from distlaunch.launcher.diagnosis import evidence, stacks
 
 WAITING = """Process 3052: python task.py
 Python v3.11.7 (/usr/bin/python3.11)

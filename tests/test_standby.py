@@ -1,6 +1,6 @@
-"""Warm standbys (launcher/standby.py) with real processes: a restart through a standby trains
-like a cold restart and leaves the same run dir, the program sees what a cold start gives it,
-an unused standby leaves no file and no process, and none outlives a SIGKILLed launcher.
+"""Warm standbys (launcher/transports/local/standby.py) with real processes: a restart through a
+standby trains like a cold restart and leaves the same run dir, the program sees what a cold start
+gives it, an unused standby leaves no file and no process, and none outlives a SIGKILLed launcher.
 
 The programs wait for their standby (run.json lists it as ready) before they fail, so no test
 depends on how fast anything is.
@@ -27,11 +27,12 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
-from distlaunch.launcher import procs, rundir
-from distlaunch.launcher.placement import on_hosts
-from distlaunch.launcher.plan import for_attempt, make_plan
-from distlaunch.launcher.spec import load_spec
-from distlaunch.launcher.standby import Standbys
+from distlaunch.launcher.plan.placement import on_hosts
+from distlaunch.launcher.plan.plan import for_attempt, make_plan
+from distlaunch.launcher.record import rundir
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports import procs
+from distlaunch.launcher.transports.local.standby import Standbys
 from distlaunch.worker import bootstrap
 
 pytestmark = pytest.mark.integration

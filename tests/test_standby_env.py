@@ -1,7 +1,7 @@
-"""A warm standby imports TensorFlow under the env the program gives it (launcher/program_env.py):
-the program's env writes before its import are repeated for the standby's imports and undone,
-or, where they cannot be, the program restarts cold and `plan` says why. Real processes: a
-standby's TensorFlow must see what a cold start's sees."""
+"""A warm standby imports TensorFlow under the env the program gives it
+(launcher/plan/program_env.py): the program's env writes before its import are repeated for the
+standby's imports and undone, or, where they cannot be, the program restarts cold and `plan` says
+why. Real processes: a standby's TensorFlow must see what a cold start's sees."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import distlaunch, events, only_run_dir, wait_for, write_spec
-from distlaunch.launcher import program_env, rundir
-from distlaunch.launcher.placement import on_hosts
-from distlaunch.launcher.plan import Plan, for_attempt, make_plan
-from distlaunch.launcher.spec import load_spec
-from distlaunch.launcher.standby import Standbys
+from distlaunch.launcher.plan import program_env
+from distlaunch.launcher.plan.placement import on_hosts
+from distlaunch.launcher.plan.plan import Plan, for_attempt, make_plan
+from distlaunch.launcher.record import rundir
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports.local.standby import Standbys
 from test_standby import ON_FAILURE, WAIT_FOR_STANDBY
 
 pytestmark = pytest.mark.integration

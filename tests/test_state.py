@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from conftest import events
-from distlaunch.launcher import api_reads, rundir
-from distlaunch.launcher.endings import EventKind
-from distlaunch.launcher.errors import UsageError
-from distlaunch.launcher.state import (
+from distlaunch.launcher.api import reads as api_reads
+from distlaunch.launcher.core.errors import UsageError
+from distlaunch.launcher.record import rundir
+from distlaunch.launcher.record.endings import EventKind
+from distlaunch.launcher.record.state import (
     SCHEMA_VERSION,
     RunBook,
     RunFailure,
@@ -130,8 +131,8 @@ def test_the_failure_is_stored_typed_and_a_version_1_record_still_loads(tmp_path
 def test_a_backend_section_is_read_typed_and_a_previous_version_record_still_loads(
     tmp_path: Path,
 ) -> None:
-    from distlaunch.launcher.transports.compose import ComposeBackend, ComposeProject
-    from distlaunch.launcher.transports.slurm import Allocation, SlurmBackend
+    from distlaunch.launcher.transports.compose.transport import ComposeBackend, ComposeProject
+    from distlaunch.launcher.transports.slurm.transport import Allocation, SlurmBackend
 
     # The previous version wrote no `backend`: its section tells it, and nothing is `extra`.
     job = {"job_id": "12", "nodes": ["n1", "n2"], "cpus": {"n1": 2, "n2": 2}, "submitted": True}

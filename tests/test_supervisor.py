@@ -21,16 +21,18 @@ from pathlib import Path
 import pytest
 
 from conftest import events, write_spec
-from distlaunch.launcher import rundir, stacks, supervisor
-from distlaunch.launcher.console import Console
-from distlaunch.launcher.endings import EventKind
-from distlaunch.launcher.errors import Interrupted, RecordError
-from distlaunch.launcher.placement import on_hosts
-from distlaunch.launcher.plan import Plan, TaskPlan, make_plan
-from distlaunch.launcher.policy import Action, Decision, RestartPolicy, TaskEvent
-from distlaunch.launcher.spec import Restart, Timeouts, load_spec
-from distlaunch.launcher.state import RunRecord, RunState
-from distlaunch.launcher.supervisor import RunResult, Supervisor
+from distlaunch.launcher.core.console import Console
+from distlaunch.launcher.core.errors import Interrupted, RecordError
+from distlaunch.launcher.diagnosis import stacks
+from distlaunch.launcher.plan.placement import on_hosts
+from distlaunch.launcher.plan.plan import Plan, TaskPlan, make_plan
+from distlaunch.launcher.record import rundir
+from distlaunch.launcher.record.endings import EventKind
+from distlaunch.launcher.record.state import RunRecord, RunState
+from distlaunch.launcher.run import supervisor
+from distlaunch.launcher.run.policy import Action, Decision, RestartPolicy, TaskEvent
+from distlaunch.launcher.run.supervisor import RunResult, Supervisor
+from distlaunch.launcher.spec.model import Restart, Timeouts, load_spec
 from distlaunch.worker import contract
 
 RUNS_FOREVER = None

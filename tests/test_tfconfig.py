@@ -7,10 +7,10 @@ import json
 import pytest
 
 from conftest import distlaunch, write_spec
-from distlaunch.launcher import tfconfig
-from distlaunch.launcher.placement import on_hosts
-from distlaunch.launcher.plan import make_plan
-from distlaunch.launcher.spec import load_spec
+from distlaunch.launcher.plan import tfconfig
+from distlaunch.launcher.plan.placement import on_hosts
+from distlaunch.launcher.plan.plan import make_plan
+from distlaunch.launcher.spec.model import load_spec
 
 W = ["h:1", "h:2"]
 

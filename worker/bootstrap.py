@@ -4,16 +4,16 @@ The launcher runs ``PYTHON .../distlaunch/worker/bootstrap.py SCRIPT ARGS...`` (
 any interpreter works, also one without distlaunch installed) or, where distlaunch is installed
 (SSH hosts, containers), ``PYTHON -m distlaunch.worker.bootstrap -m MODULE ARGS...``.
 
-A warm standby (launcher/standby.py) runs the task's own command, with the env, cwd and output
-of the task's next attempt and one more variable, DISTLAUNCH_STANDBY: the socket FD it talks on
-and the env writes the program makes before its TensorFlow import (launcher/program_env.py). It
-removes that variable, sets ``sys.argv`` and ``sys.path[0]`` as below, makes those writes,
-imports TensorFlow and the plan's Keras (so they read the env at import as in a cold start),
-undoes the writes, writes ``r`` (ready) on FD and blocks on it. ``g`` (go) closes FD and goes on
-exactly as a cold start does from there; EOF (the launcher discards it) or a failed import ends
-it quietly, and its output, never linked into the run dir, vanishes with it. Its command line
-(``/proc/PID/cmdline``, ``sys.orig_argv``) is a cold start's; only its initial environment
-(``/proc/PID/environ``) still names DISTLAUNCH_STANDBY.
+A warm standby (launcher/transports/local/standby.py) runs the task's own command, with the env, cwd
+and output of the task's next attempt and one more variable, DISTLAUNCH_STANDBY: the socket FD it
+talks on and the env writes the program makes before its TensorFlow import
+(launcher/plan/program_env.py). It removes that variable, sets ``sys.argv`` and ``sys.path[0]`` as
+below, makes those writes, imports TensorFlow and the plan's Keras (so they read the env at import
+as in a cold start), undoes the writes, writes ``r`` (ready) on FD and blocks on it. ``g`` (go)
+closes FD and goes on exactly as a cold start does from there; EOF (the launcher discards it) or a
+failed import ends it quietly, and its output, never linked into the run dir, vanishes with it. Its
+command line (``/proc/PID/cmdline``, ``sys.orig_argv``) is a cold start's; only its initial
+environment (``/proc/PID/environ``) still names DISTLAUNCH_STANDBY.
 
 Before a line of the program runs, an excepthook is in place that writes an uncaught exception to
 DISTLAUNCH_ERROR_FILE. So an import or syntax error in the entry script or module is recorded too,

@@ -14,7 +14,7 @@ file, which the caller reads after the run:
 
 The result file is a plain pickle of that dict, written atomically.
 
-A task of the warm pool (launcher/api_pool.py; run with ``--serve``) serves call after call in
+A task of the warm pool (launcher/api/pool.py; run with ``--serve``) serves call after call in
 the same interpreter: call 0 as above, then it waits on its wake pipe (a FIFO in
 the run dir, ``call/wake/<task>``, made before call 0) for the number N of the next call, whose
 payload is ``call/payload-N.pkl`` and result ``<task>.call-N.pkl``. After each call it flushes
@@ -31,7 +31,7 @@ on a barrier after making each test's strategy (strategy_combinations.py).
 
 This module imports neither TensorFlow nor the rest of distlaunch: under ParameterServerStrategy
 the launcher then runs its own server on the ps and worker tasks and this module only on the chief
-(launcher/program_scan.py), and no warm standby imports TensorFlow in advance for it.
+(launcher/plan/program_scan.py), and no warm standby imports TensorFlow in advance for it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _RUN_DIR, _ROLE, _INDEX, _ATTEMPT = (
     "DISTLAUNCH_INDEX",
     "DISTLAUNCH_ATTEMPT",
 )
-# The payload and result files, relative to the run dir (launcher/api_call.py reads the same).
+# The payload and result files, relative to the run dir (launcher/api/call.py reads the same).
 PAYLOAD = "call/payload.pkl"
 RESULTS = "call/results"
 WAKE = "call/wake"

@@ -8,7 +8,7 @@ over stdin, as to `distlaunch.worker.remote`:
 
 - line 1 is a JSON request: ``{"run_id": "...", "name": "...", "ports": [2222, ...], "allow":
   ["10.0.0.11", "node2", ...], "allow_client": true, "heartbeat_s": 20}``. ``name`` names this
-  guard's rules (the launcher makes it unique per run dir and host: `distlaunch.launcher.firewall`);
+  guard's rules (the launcher makes it unique per run dir and host: `distlaunch.launcher.network.firewall`);
   ``allow`` names who may connect (IPv4 or IPv6 addresses, or names this host resolves);
   ``allow_client`` adds the address the SSH session comes from (``SSH_CONNECTION``): the
   launcher's when it connects directly (through NAT, too). EOF in place of the request: a Slurm

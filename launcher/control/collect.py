@@ -18,10 +18,10 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from distlaunch.launcher.errors import HostError, UsageError, last_message
-from distlaunch.launcher.state import RunRecord
-from distlaunch.launcher.transports import ssh
-from distlaunch.launcher.transports.routing import LocalBackend
+from distlaunch.launcher.core.errors import HostError, UsageError, last_message
+from distlaunch.launcher.record.state import RunRecord
+from distlaunch.launcher.transports.local.routing import LocalBackend
+from distlaunch.launcher.transports.ssh import transport as ssh
 
 HOSTS_DIR = "hosts"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from distlaunch.launcher.control.liveness import live_launcher
-from distlaunch.launcher.state import RunRecord, RunState, TaskState
+from distlaunch.launcher.record.state import RunRecord, RunState, TaskState
 from distlaunch.launcher.transports.base import load_backend
 from distlaunch.worker import contract
 

@@ -14,7 +14,7 @@ import os
 
 import psutil
 
-from distlaunch.launcher.state import RunRecord
+from distlaunch.launcher.record.state import RunRecord
 
 # psutil derives a process's start time from clock ticks since boot: allow for their rounding.
 _CLOCK_SLACK_S = 0.05

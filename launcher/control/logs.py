@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from distlaunch.launcher.console import Console, LogFollower
 from distlaunch.launcher.control.liveness import launcher_alive
-from distlaunch.launcher.errors import UsageError
-from distlaunch.launcher.state import RunRecord
+from distlaunch.launcher.core.console import Console, LogFollower
+from distlaunch.launcher.core.errors import UsageError
+from distlaunch.launcher.record.state import RunRecord
 
 FOLLOW_INTERVAL_S = 0.2
 

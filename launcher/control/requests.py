@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distlaunch.launcher import rundir
 from distlaunch.launcher.control.liveness import live_launcher
 from distlaunch.launcher.control.status import run_state
-from distlaunch.launcher.errors import UsageError
-from distlaunch.launcher.state import RunRecord
+from distlaunch.launcher.core.errors import UsageError
+from distlaunch.launcher.record import rundir
+from distlaunch.launcher.record.state import RunRecord
 
 
 def request_restart(run_dir: Path, task: str) -> str:

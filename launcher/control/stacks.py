@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distlaunch.launcher import stacks
 from distlaunch.launcher.control.liveness import launcher_alive
-from distlaunch.launcher.errors import UsageError
-from distlaunch.launcher.state import RunRecord, TaskState
+from distlaunch.launcher.core.errors import UsageError
+from distlaunch.launcher.diagnosis import stacks
+from distlaunch.launcher.record.state import RunRecord, TaskState
 from distlaunch.launcher.transports.base import load_backend
 
 _RUNNING = (TaskState.STARTING, TaskState.RUNNING)

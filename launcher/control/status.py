@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from distlaunch.launcher import progress_view
 from distlaunch.launcher.control.liveness import launcher_alive
-from distlaunch.launcher.state import RunRecord
+from distlaunch.launcher.diagnosis import progress_view
+from distlaunch.launcher.record.state import RunRecord
 
 # What `status` shows for a run recorded as running whose launcher is gone (killed outright).
 LOST = "lost"

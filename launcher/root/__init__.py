@@ -25,9 +25,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from distlaunch.launcher.api import Run, launch, up
-    from distlaunch.launcher.api_call import run
-    from distlaunch.launcher.api_types import (
+    from distlaunch.launcher.api.call import run
+    from distlaunch.launcher.api.launch import Run, launch, up
+    from distlaunch.launcher.api.results import (
         Failure,
         PicklingError,
         RunFailed,
@@ -35,22 +35,22 @@ if TYPE_CHECKING:
         StartError,
         TaskError,
     )
-    from distlaunch.launcher.errors import LaunchError, SpecError
+    from distlaunch.launcher.core.errors import LaunchError, SpecError
 
 # Public name -> module that defines it.
 _EXPORTS = {
-    "launch": "distlaunch.launcher.api",
-    "up": "distlaunch.launcher.api",
-    "Run": "distlaunch.launcher.api",
-    "run": "distlaunch.launcher.api_call",
-    "RunResult": "distlaunch.launcher.api_types",
-    "Failure": "distlaunch.launcher.api_types",
-    "RunFailed": "distlaunch.launcher.api_types",
-    "TaskError": "distlaunch.launcher.api_types",
-    "PicklingError": "distlaunch.launcher.api_types",
-    "StartError": "distlaunch.launcher.api_types",
-    "SpecError": "distlaunch.launcher.errors",
-    "LaunchError": "distlaunch.launcher.errors",
+    "launch": "distlaunch.launcher.api.launch",
+    "up": "distlaunch.launcher.api.launch",
+    "Run": "distlaunch.launcher.api.launch",
+    "run": "distlaunch.launcher.api.call",
+    "RunResult": "distlaunch.launcher.api.results",
+    "Failure": "distlaunch.launcher.api.results",
+    "RunFailed": "distlaunch.launcher.api.results",
+    "TaskError": "distlaunch.launcher.api.results",
+    "PicklingError": "distlaunch.launcher.api.results",
+    "StartError": "distlaunch.launcher.api.results",
+    "SpecError": "distlaunch.launcher.core.errors",
+    "LaunchError": "distlaunch.launcher.core.errors",
 }
 
 __all__ = [

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from distlaunch.launcher.api_call import Call
+    from distlaunch.launcher.api.call import Call
 
 MARKER = "tf_cluster"
 _MARKER_HELP = (
@@ -79,7 +79,7 @@ class TfCluster:
     def start(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
         """Start the call and return it at once (``.result()`` waits): ``kill`` and ``restart``
         act on it meanwhile."""
-        from distlaunch.launcher import api_call
+        from distlaunch.launcher.api import call as api_call
 
         s = self.shape
         spec = api_call.cluster_spec(

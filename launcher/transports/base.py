@@ -9,8 +9,8 @@ helper or a container; so is reading a task's stacks (`stacks`), for the same re
 A backend (the spec's `backend`) is one `Backend` class: how it plans (`plan`, pure apart from
 the port lookup), how one `up` opens it (`open`: preflight, then the plan, then a transport, each
 released on the way out), what `down` does after its launcher died (`cleanup`), where `distlaunch
-stacks` reads a task (`stacks`) and its own section of run.json. launcher/backends.py names them
-all; `load_backend` imports the one a run uses. A new backend is one module with one of these.
+stacks` reads a task (`stacks`) and its own section of run.json. launcher/core/backends.py names
+them all; `load_backend` imports the one a run uses. A new backend is one module with one of these.
 """
 
 from __future__ import annotations
@@ -22,21 +22,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from distlaunch.launcher import backends
-from distlaunch.launcher.console import Console
-from distlaunch.launcher.plan import Plan, TaskPlan
-from distlaunch.launcher.spec import LoadedSpec
-from distlaunch.launcher.stacks import Source
+from distlaunch.launcher.core import backends
+from distlaunch.launcher.core.console import Console
+from distlaunch.launcher.diagnosis.stacks import Source
+from distlaunch.launcher.plan.plan import Plan, TaskPlan
+from distlaunch.launcher.spec.model import LoadedSpec
 
 if TYPE_CHECKING:
-    from distlaunch.launcher.state import RunRecord, TaskRecord
+    from distlaunch.launcher.record.state import RunRecord, TaskRecord
 
 
 class TaskHandle(Protocol):
     """One started task as the supervisor watches it."""
 
     task: TaskPlan
-    warm: bool  # a warm standby became this task (launcher/standby.py): it skipped the imports
+    # a warm standby became this task (launcher/transports/local/standby.py): it skipped the imports
+    warm: bool
 
     @property
     def pid(self) -> int:
@@ -84,8 +85,9 @@ class NoticeTransport(Transport, Protocol):
 
 
 class StandbyPool(Protocol):
-    """A transport's warm standbys (launcher/standby.py); the transport's `start` uses one made for
-    exactly the task plan it starts. The supervisor says when to make them, and for which plans."""
+    """A transport's warm standbys (launcher/transports/local/standby.py); the transport's `start`
+    uses one made for exactly the task plan it starts. The supervisor says when to make them, and
+    for which plans."""
 
     def prepare(self, tasks: Sequence[TaskPlan]) -> None:
         """Have one standby for exactly each of ``tasks`` the transport runs; drop the others."""
@@ -147,9 +149,9 @@ class TaskStacks(Protocol):
 
 
 class Backend(Protocol):
-    """A kind of backend, named in launcher/backends.py (see the module docstring). One installed
-    through an entry point states the registry's facts (`backends.Entry`) as class attributes:
-    ``section_key``, ``hosts_are_nodes``, ``own_python``."""
+    """A kind of backend, named in launcher/core/backends.py (see the module docstring). One
+    installed through an entry point states the registry's facts (`backends.Entry`) as class
+    attributes: ``section_key``, ``hosts_are_nodes``, ``own_python``."""
 
     name: ClassVar[str]
     title: ClassVar[str]  # how messages name it: "cancelled Slurm 12.3"

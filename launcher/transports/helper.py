@@ -9,9 +9,10 @@ task's stacks are read (`stacks`):
   environment and working dir reach the helper as one JSON line on its stdin
   (`HelperTransport.request`): no spec value is ever parsed by a shell.
 - The launcher keeps the client's stdin: a heartbeat line every HEARTBEAT_S
-  (launcher/heartbeat.py), and ``stop`` to end the task (SIGTERM, grace, SIGKILL where it runs). EOF or HEARTBEAT_TIMEOUT_S
-  of silence makes the helper SIGKILL the task's process group there at once, as the kernel does
-  to a local task whose launcher dies: nothing is left running on the machine.
+  (launcher/network/heartbeat.py), and ``stop`` to end the task (SIGTERM, grace, SIGKILL where it
+  runs). EOF or HEARTBEAT_TIMEOUT_S of silence makes the helper SIGKILL the task's process group
+  there at once, as the kernel does to a local task whose launcher dies: nothing is left running on
+  the machine.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from distlaunch.launcher import procs, rundir, stacks
-from distlaunch.launcher.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat, Pipe
-from distlaunch.launcher.plan import TaskPlan
+from distlaunch.launcher.diagnosis import stacks
+from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat, Pipe
+from distlaunch.launcher.plan.plan import TaskPlan
+from distlaunch.launcher.record import rundir
+from distlaunch.launcher.transports import procs
 from distlaunch.worker import contract
 
 HELPER_MODULE = "distlaunch.worker.remote"

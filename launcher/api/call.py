@@ -1,0 +1,356 @@
+"""`distlaunch.run(fn, *args, workers=2, ...)`: call a function on every task of a cluster.
+
+The function and its arguments travel as one cloudpickle payload (functions of ``__main__`` and
+notebook cells, closures and lambdas by value), written into the run dir before any task starts;
+every task runs `distlaunch.worker.call`, which calls it and writes the task's result file; the
+caller reads them once the run has ended. Everything in between is `launch`: the same spec
+validation, plan, supervision and teardown as `distlaunch up`. A call without a spec of its own
+takes a lease on the warm pool instead (launcher/api/pool.py): the same run, kept for the next
+call of the same shape, its result files numbered by call.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import pickle
+import re
+import sys
+import types
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from distlaunch.launcher.api import launch as api
+from distlaunch.launcher.api import pool as api_pool
+from distlaunch.launcher.api.results import PicklingError, RemoteTraceback, RunResult, TaskError
+from distlaunch.worker import contract
+from distlaunch.worker.call import PAYLOAD, SERVE_ARG, result_path
+
+# The program of every task.
+CALL_MODULE = "distlaunch.worker.call"
+
+
+def run(
+    fn: Callable[..., Any],
+    *args: Any,
+    workers: int = 2,
+    chief: int = 0,
+    ps: int = 0,
+    evaluator: int = 0,
+    strategy: str = contract.MWMS,
+    spec: api.SpecInput | None = None,
+    timeout_s: float | None = None,
+    restart: Mapping[str, Any] | str | None = None,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    pool: bool | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Call ``fn(*args, **kwargs)`` on every task of a local cluster and return what they returned.
+
+    The cluster: ``workers``, ``chief``, ``ps`` and ``evaluator`` tasks under ``strategy``
+    ("multi_worker_mirrored" or "parameter_server"), run dirs under ./runs; or, with ``spec`` (a
+    spec file, dict or typed Spec), that spec's tasks, strategy, hosts and settings, its program
+    replaced by the call (the counts and strategy given here are then not used). Each task runs
+    ``fn`` with its TF_CONFIG set and no strategy made yet: ``fn`` builds its strategy as a
+    script would. Under ParameterServerStrategy ``fn`` runs on the chief only; the ps and worker
+    tasks serve.
+
+    Returns ``{"worker-0": v0, "worker-1": v1}`` in TF_CONFIG order (chief, workers, evaluator),
+    or under ParameterServerStrategy the chief's value alone.
+
+    ``timeout_s`` limits the whole run (timeouts.run_s); ``restart`` is the spec's restart
+    setting (a policy name such as "on-failure", or the whole mapping); ``env`` is added to each
+    task's environment. Each task's lines are printed with its prefix on sys.stdout (``quiet``:
+    the run dir's logs only).
+
+    ``pool``: whether the call may take its tasks from the warm pool of this process (a live
+    cluster of the same shape whose interpreters imported TensorFlow in an earlier call;
+    launcher/api/pool.py); None: on unless DISTLAUNCH_POOL=0. Calls with ``spec``, ``restart``
+    or ``timeout_s`` always start a cluster of their own.
+
+    Raises: PicklingError (before anything starts) naming the function or argument that cannot
+    be pickled; the first failed task's own exception (same type; the remote traceback chained as
+    its cause, the task named in a note); TaskError when that exception does not unpickle here,
+    or the task was killed (a signal, the OOM killer, a hang), with the CLI's root-cause line;
+    PicklingError naming the task and the type of a return value that cannot be pickled;
+    RunFailed when the run could not start or was stopped. Interrupting the wait (Ctrl-C)
+    stops the run.
+    """
+    call = start(
+        fn, *args, workers=workers, chief=chief, ps=ps, evaluator=evaluator, strategy=strategy,
+        spec=spec, timeout_s=timeout_s, restart=restart, env=env, quiet=quiet, pool=pool,
+        **kwargs,
+    )  # fmt: skip
+    return call.result()
+
+
+class Call:
+    """A `distlaunch.run` call in flight: its `Run`, and its tasks' values once it has ended."""
+
+    def __init__(
+        self, handle: api.Run, fn: Callable[..., Any], lease: api_pool.Lease | None = None
+    ) -> None:
+        self.run = handle
+        self._fn = fn
+        self._lease = lease  # a call on the warm pool's run: it goes on after this call
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the end (TimeoutError after ``timeout`` s; the run goes on) and return the
+        tasks' values, or raise the first failure, as `run` does. Any other interruption of the
+        wait (Ctrl-C) stops the run."""
+        number = 0 if self._lease is None else self._lease.number
+        try:
+            if self._lease is None:
+                result = self.run.wait(timeout)
+            else:
+                ended = self._lease.wait(timeout)
+                if ended is None:  # every task finished the call; the run serves on
+                    return _collect(self.run, number)
+                result = ended
+        except TimeoutError:
+            raise
+        except BaseException:
+            self.run.stop()
+            raise
+        return _values(self.run, result, self._fn, number)
+
+
+def start(
+    fn: Callable[..., Any],
+    *args: Any,
+    workers: int = 2,
+    chief: int = 0,
+    ps: int = 0,
+    evaluator: int = 0,
+    strategy: str = contract.MWMS,
+    spec: api.SpecInput | None = None,
+    timeout_s: float | None = None,
+    restart: Mapping[str, Any] | str | None = None,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    pool: bool | None = None,
+    **kwargs: Any,
+) -> Call:
+    """`run` without the wait: start the call and return it (`Call.result` waits)."""
+    payload = _payload(fn, args, kwargs)
+    program: dict[str, Any] = {"module": CALL_MODULE, "workdir": str(Path.cwd())}
+    if env:
+        program["env"] = dict(env)
+    console: api.ConsoleTarget = None if quiet else "stdout"
+    warm = spec is None and restart is None and timeout_s is None and api_pool.enabled(pool)
+    if spec is None:
+        spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy)
+    if warm:
+        assert isinstance(spec, dict)
+        lease = _lease(spec, {**program, "args": [SERVE_ARG]}, payload, console)
+        if lease is not None:
+            return Call(lease.run, fn, lease)
+    overrides = [f"program={json.dumps(program)}"]
+    if timeout_s is not None:
+        overrides.append(f"timeouts.run_s={timeout_s}")
+    if restart is not None:
+        policy = {"policy": restart} if isinstance(restart, str) else dict(restart)
+        overrides.append(f"restart={json.dumps(policy)}")
+    handle = api.launch_with_files(
+        spec, None, None, False, tuple(overrides), console, {PAYLOAD: payload}
+    )
+    return Call(handle, fn)
+
+
+def _lease(
+    spec: dict[str, Any], program: dict[str, Any], payload: bytes, console: api.ConsoleTarget
+) -> api_pool.Lease | None:
+    """The call on the warm pool: its entry of this shape (the tasks, strategy, program and
+    working directory; not the function's name), or a new one started with this call."""
+    key = json.dumps([spec["tasks"], spec["strategy"], program, spec["shared_dir"]], sort_keys=True)
+    # The tasks that run the function: under PSS the ps and worker tasks only serve.
+    roles = (contract.CHIEF, contract.EVALUATOR)
+    if spec["strategy"] != contract.PSS:
+        roles = (contract.CHIEF, contract.WORKER, contract.EVALUATOR)
+    tasks = tuple(
+        f"{role}-{i}" for role in roles for i in range(spec["tasks"].get(role, {}).get("count", 0))
+    )
+    overrides = (f"program={json.dumps(program)}",)
+
+    def start() -> api.Run:
+        return api.launch_with_files(
+            spec, None, None, False, overrides, console, {PAYLOAD: payload}
+        )
+
+    return api_pool.take(key, tasks, payload, console, start)
+
+
+def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """The call as the tasks load it; PicklingError naming what cannot be pickled."""
+    if not callable(fn):
+        raise TypeError(f"distlaunch.run: expected a function, got a {type(fn).__name__}")
+    try:
+        call = cloudpickle.dumps((fn, args, kwargs))
+    except Exception:  # noqa: BLE001 - find out which part it was, below
+        _name_unpicklable(fn, args, kwargs)
+        raise
+    return pickle.dumps({"sys_path": [p for p in sys.path if p], "call": call})
+
+
+def _name_unpicklable(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    parts: list[tuple[str, Any]] = [(f"the function {_name(fn)}", fn)]
+    parts += [(f"argument {i} (a {type(a).__name__})", a) for i, a in enumerate(args)]
+    parts += [(f"keyword argument {k!r} (a {type(v).__name__})", v) for k, v in kwargs.items()]
+    for what, value in parts:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - any pickling error is this one line
+            raise PicklingError(
+                f"distlaunch.run: cannot pickle {what}: {exc}; nothing was started"
+            ) from None
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def cluster_spec(
+    name: str,
+    workers: int,
+    chief: int,
+    ps: int,
+    evaluator: int,
+    strategy: str,
+    shared_dir: str | Path = "./runs",
+) -> dict[str, Any]:
+    """The spec of a local cluster of these counts (a role of count 0 is left out) for a call;
+    its program is the call's runner."""
+    counts = {
+        contract.CHIEF: chief,
+        contract.WORKER: workers,
+        contract.PS: ps,
+        contract.EVALUATOR: evaluator,
+    }
+    for role, count in counts.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"distlaunch.run: {role}= expected an integer >= 0, got {count!r}")
+    return {
+        "name": name,
+        "strategy": strategy,
+        "program": {"module": CALL_MODULE},
+        "tasks": {role: {"count": n} for role, n in counts.items() if n},
+        "shared_dir": str(shared_dir),
+    }
+
+
+def _run_name(fn: Callable[..., Any]) -> str:
+    """``run-<function name>``: what run ids start with."""
+    short = getattr(fn, "__name__", None) or type(fn).__name__  # not the <locals> path
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "", short.replace("<lambda>", "lambda"))[:48]
+    return f"run-{name or 'fn'}"
+
+
+def _values(handle: api.Run, result: RunResult, fn: Callable[..., Any], call: int) -> Any:
+    """Every task's return value; or the first failure raised, as the module docstring says."""
+    if not result.ok:
+        if result.failure is not None:
+            _raise_task_failure(handle, result, fn, call)
+        api.check(handle, result)
+    return _collect(handle, call)
+
+
+def _collect(handle: api.Run, call: int) -> Any:
+    """Every task's return value of the run's ``call`` (0: a one-shot run's)."""
+    strategy, tasks = api.reads().task_attempts(handle.run_dir)
+    pss = strategy == contract.PSS
+    names = [n for n, (role, _) in tasks.items() if not pss or role == contract.CHIEF]
+    values = {n: _value(result_path(handle.run_dir, tasks[n][1], n, call)) for n in names}
+    return values[names[0]] if pss else values
+
+
+def _value(path: Path) -> Any:
+    data = pickle.loads(path.read_bytes())
+    return cloudpickle.loads(data["value"])
+
+
+def _raise_task_failure(
+    handle: api.Run, result: RunResult, fn: Callable[..., Any], call: int
+) -> None:
+    failure = result.failure
+    assert failure is not None
+    task, run_dir = failure.task, str(handle.run_dir)
+    _, tasks = api.reads().task_attempts(handle.run_dir)
+    path = result_path(handle.run_dir, tasks[task][1] if task in tasks else 0, task, call)
+    try:
+        data = pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError):
+        data = None
+    if not isinstance(data, dict) or data.get("ok") is not False:
+        # Killed (a signal, the OOM killer, a hang) or failed outside the function.
+        raise TaskError(failure.summary, task=task, run_dir=run_dir, failure=failure)
+    if data["kind"] == "result":
+        raise PicklingError(
+            f"distlaunch.run: {task} returned a {data['type']}, which cannot be pickled: "
+            f"{data['message']}"
+        )
+    text = restore_files(data["traceback"], fn)
+    exc = _unpickled(data.get("exception"))
+    if exc is None:
+        raise TaskError(
+            f"{task} raised {data['type']}: {data['message']} (the exception does not unpickle "
+            f"here; its traceback is in .traceback_text and in {run_dir})",
+            task=task,
+            run_dir=run_dir,
+            failure=failure,
+            type_name=data["type"],
+            traceback_text=text,
+        )
+    exc.add_note(
+        f"distlaunch.run: raised in task {task} of run {handle.run_id} (run dir {run_dir})"
+    )
+    raise exc from RemoteTraceback(text)
+
+
+# A frame of a function that travelled by value: cloudpickle drops its file name.
+_DYNAMIC_FRAME = re.compile(r'^  File "<dynamic-code>", line (\d+), in (.+)$')
+
+
+def restore_files(text: str, fn: Callable[..., Any]) -> str:
+    """``text`` (a task's traceback) with the frames of ``fn`` and the functions it defines
+    named by their file and line again, with their source line where this process has it (a
+    notebook cell's too): cloudpickle sends a function by value without its file name."""
+    codes: dict[tuple[str, int], str] = {}
+    pending = [getattr(fn, "__code__", None)]
+    while pending:
+        code = pending.pop()
+        if not isinstance(code, types.CodeType):
+            continue
+        for _start, _end, line in code.co_lines():
+            if line is not None:
+                codes.setdefault((code.co_name, line), code.co_filename)
+        pending += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    out: list[str] = []
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        found = _DYNAMIC_FRAME.match(line.rstrip("\n"))
+        file = found and codes.get((found[2], int(found[1])))
+        if not found or not file:
+            out.append(line)
+            continue
+        out.append(f'  File "{file}", line {found[1]}, in {found[2]}\n')
+        source = linecache.getline(file, int(found[1])).strip()
+        has_source = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+        if source and not has_source:
+            out.append(f"    {source}\n")
+    return "".join(out)
+
+
+def _unpickled(data: bytes | None) -> BaseException | None:
+    if data is None:
+        return None
+    try:
+        exc = cloudpickle.loads(data)
+    except Exception:  # noqa: BLE001 - a class this process cannot import or rebuild
+        return None
+    return exc if isinstance(exc, BaseException) else None

@@ -1,0 +1,335 @@
+"""`distlaunch.launch` and `distlaunch.up`: a cluster spec started from Python, and its `Run` handle.
+
+The run is supervised by a launcher process of its own (launcher/api/child.py: the supervisor
+needs a main thread), which loads the spec and chooses the run as `distlaunch up` does and
+answers before anything starts (launcher/api/protocol.py): a bad spec raises SpecError here, a
+bad run id UsageError, with the CLI's one line. This side imports none of the launcher's heavy
+modules to start a run (the first call of a session pays for them once, in that process); it
+reads the run (api_reads) while the launcher starts. The launcher lives no longer than the
+caller: the handle holds its stdin, and the caller's exit (even a SIGKILL) closes it, which
+stops the run. Its output is read by a thread here and written to the caller's ``console``
+(sys.stdout by default, looked up at each write: a notebook's cell, pytest's capture).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+from distlaunch.launcher.api import protocol as api_protocol
+from distlaunch.launcher.api.results import RunFailed, RunResult, StartError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from distlaunch.launcher.spec.model import Spec
+
+# A spec: a JSON/YAML file, the spec as data (relative paths against the working directory), or
+# the typed model.
+SpecInput = "str | os.PathLike[str] | Mapping[str, Any] | Spec"
+# Where a run's output goes: "stdout" (sys.stdout at each write), a text stream, or None (the
+# run dir only).
+ConsoleTarget = Literal["stdout"] | TextIO | None
+# After the launcher process exits, how long its output may still take to arrive.
+_DRAIN_S = 5.0
+# How long `stop` waits for the launcher's teardown (TERM, grace, KILL of every task) beyond
+# the spec's grace.
+_STOP_MARGIN_S = 30.0
+
+# What the launcher process exits with when it could not start the run (the CLI's usage exit).
+START_ERROR_EXIT = 2
+
+_live: set[Run] = set()  # runs whose launcher may still run: stopped at the caller's exit
+
+
+class Run:
+    """A run started by `launch`: its state, tasks and logs while it runs, and its result."""
+
+    def __init__(self, request: bytes, console: ConsoleTarget) -> None:
+        """Start the launcher process with ``request`` and wait for its answer; raise what it
+        refused the run with (SpecError, UsageError, StartError)."""
+        self.console = console  # where task lines go; the pool sets it per call
+        # Sees each output line first; a line it returns True for is not shown (the pool's).
+        self.line_hook: Callable[[str], bool] | None = None
+        self._errors: list[str] = []  # the launcher's `distlaunch: error:` lines
+        self._result: RunResult | None = None
+        self._lock = threading.Lock()
+        reply_r, reply_w = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "distlaunch.launcher.api.child", str(reply_w)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(reply_w,),
+                # A Ctrl-C in the caller's terminal reaches the caller only; it stops the run.
+                start_new_session=True,
+            )
+        finally:
+            os.close(reply_w)
+        _live.add(self)
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(request)
+        self._proc.stdin.flush()  # kept open: EOF tells the launcher its caller is gone
+        self._reader = threading.Thread(target=self._echo, name="distlaunch-run", daemon=True)
+        self._reader.start()
+        # While the launcher starts (its imports), this process imports what it reads later.
+        reads()
+        with os.fdopen(reply_r, "rb") as replies:
+            line = replies.readline()
+        reply = json.loads(line) if line else {"event": "gone"}
+        if reply["event"] != "accepted":
+            self._proc.wait()
+            self._finish()
+            if reply["event"] == "refused":
+                raise api_protocol.refusal_error(reply)
+            raise StartError(self.error_line or f"the launcher exited with {self._proc.returncode}")
+        self.run_id: str = reply["run_id"]
+        self.run_dir = Path(reply["run_dir"])
+        self._grace_s: float = reply["grace_s"]
+
+    def __repr__(self) -> str:
+        return f"<distlaunch.Run {self.run_id} {self.state}>"
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        """Leaving the block stops the run if it still runs."""
+        self.stop()
+
+    @property
+    def state(self) -> str:
+        """The run's state: "starting" (no run.json yet), "running", "stopping", "succeeded",
+        "failed", "interrupted", or "lost" (its launcher died)."""
+        if self._result is not None:
+            return self._result.state
+        return reads().state_of(self.run_dir)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the run's launcher still runs (the run has not ended)."""
+        return self._proc.poll() is None
+
+    @property
+    def result(self) -> RunResult | None:
+        """How the run ended; None while it runs."""
+        if self._result is None and self._proc.poll() is not None:
+            self._finish()
+        return self._result
+
+    @property
+    def tasks(self) -> list[dict[str, Any]]:
+        """One row per task, as `distlaunch status --json` lists them (task, state, pid, port,
+        attempt, restarts, uptime_s, exit); empty before the run has started."""
+        return reads().task_rows(self.run_dir)
+
+    def logs(self, task: str) -> str:
+        """The log of ``task`` (``worker-1`` or ``worker:1``) in its latest attempt ("" before it
+        started); UsageError for a task the run does not have."""
+        return reads().log_text(self.run_dir, task)
+
+    def restart(self, task: str) -> str:
+        """Restart ``task`` the way its strategy needs (an MWMS task restarts the gang), outside
+        the restart budget, as `distlaunch restart` does; return its name."""
+        return reads().restart(self.run_dir, task)
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Wait for the run to end and return its result; TimeoutError after ``timeout`` seconds
+        (the run goes on)."""
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"run {self.run_id} still runs after {timeout:g} s") from None
+        return self._finish()
+
+    def stop(self) -> RunResult:
+        """Stop the run (every task TERM, grace, KILL, as Ctrl-C does) and return its result;
+        a run that has ended only returns its result."""
+        if self._proc.poll() is None:
+            try:
+                self._proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self._proc.wait(self._grace_s + _STOP_MARGIN_S)
+            except subprocess.TimeoutExpired:
+                # A launcher that does not stop in time: closing its stdin is its last word...
+                self._proc.kill()  # ...and its tasks die with it (their parent-death signal)
+                self._proc.wait()
+        return self._finish()
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _echo(self) -> None:
+        """Copy the launcher's output, line by line, to the console; keep its error lines."""
+        assert self._proc.stdout is not None
+        in_error = False
+        for raw in self._proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            if line.startswith("distlaunch: error: "):
+                self._errors.append(line.rstrip("\n").removeprefix("distlaunch: error: "))
+                in_error = True
+            elif in_error and line.startswith("  "):  # a HostError's line per host
+                self._errors[-1] += "\n" + line.rstrip("\n")
+            else:
+                in_error = False
+            if self.line_hook is not None and self.line_hook(line):
+                continue
+            target = sys.stdout if self.console == "stdout" else self.console
+            if target is None:
+                continue
+            try:
+                target.write(line)
+                target.flush()
+            except (OSError, ValueError):
+                pass  # a console that is closed: the run dir has every line
+
+    def _finish(self) -> RunResult:
+        with self._lock:
+            if self._result is None:
+                self._reader.join(_DRAIN_S)
+                run_dir = getattr(self, "run_dir", None)  # None: the launcher refused the run
+                self._result = reads().result_of(run_dir, self._proc.returncode)
+                if self._proc.stdin is not None:
+                    self._proc.stdin.close()
+                if self._proc.stdout is not None and not self._reader.is_alive():
+                    self._proc.stdout.close()
+                _live.discard(self)
+        return self._result
+
+    @property
+    def error_line(self) -> str | None:
+        """The launcher's own error, as the CLI prints it, when it could not run the spec (a
+        host that failed its check: a line under it per host; a sandbox that cannot be made):
+        nothing was started."""
+        return self._errors[-1] if self._errors else None
+
+
+def launch(
+    spec: SpecInput,
+    *,
+    backend: str | None = None,
+    run_id: str | None = None,
+    resume: bool = False,
+    overrides: tuple[str, ...] | list[str] = (),
+    console: ConsoleTarget = "stdout",
+) -> Run:
+    """Start ``spec`` as `distlaunch up` does and return its `Run` at once.
+
+    ``spec``: a spec file's path, the spec as a dict (relative paths against the working
+    directory), or a typed ``Spec``. ``backend`` replaces the spec's; ``overrides`` are `--set`
+    values (``"tasks.worker.count=4"``); ``run_id`` names the run (an existing run with that id is
+    resumed); ``resume`` continues the spec's latest unfinished run. ``console``: where the
+    tasks' prefixed lines and the launcher's messages go (default sys.stdout; None: the run dir
+    only). A bad spec raises SpecError, a bad run id UsageError: nothing starts.
+    """
+    return launch_with_files(spec, backend, run_id, resume, tuple(overrides), console, {})
+
+
+def up(
+    spec: SpecInput,
+    *,
+    backend: str | None = None,
+    run_id: str | None = None,
+    resume: bool = False,
+    overrides: tuple[str, ...] | list[str] = (),
+    console: ConsoleTarget = "stdout",
+) -> RunResult:
+    """`launch`, then wait for the end: return the result of a run that succeeded, else raise
+    RunFailed carrying it (its root-cause failure as data). An interrupt (Ctrl-C) stops the run
+    first."""
+    run = launch(
+        spec, backend=backend, run_id=run_id, resume=resume, overrides=overrides, console=console
+    )
+    return check(run, wait(run))
+
+
+def wait(run: Run) -> RunResult:
+    """``run.wait()``; whatever interrupts the wait (Ctrl-C, a test's timeout) stops the run."""
+    try:
+        return run.wait()
+    except BaseException:
+        run.stop()
+        raise
+
+
+def check(run: Run, result: RunResult) -> RunResult:
+    """``result`` if the run succeeded; else RunFailed with the line the CLI would print, or
+    StartError when the launcher could not start it."""
+    if result.ok:
+        return result
+    if result.failure is not None:
+        raise RunFailed(result.failure.summary, result, str(run.run_dir))
+    line = run.error_line or f"run {run.run_id} {result.state} (exit code {result.exit_code})"
+    if result.exit_code == START_ERROR_EXIT:
+        raise StartError(line)
+    raise RunFailed(line, result, str(run.run_dir))
+
+
+def launch_with_files(
+    spec: SpecInput,
+    backend: str | None,
+    run_id: str | None,
+    resume: bool,
+    overrides: tuple[str, ...],
+    console: ConsoleTarget,
+    files: dict[str, bytes],
+) -> Run:
+    """`launch`, also writing ``files`` (relative paths) into the run dir before any task
+    starts (`distlaunch.run`'s payload)."""
+    if backend is not None:
+        # Before validation, as `up --backend`: what a task's `host` may name depends on it.
+        overrides = (*overrides, f"backend={backend}")
+    if isinstance(spec, str | os.PathLike):
+        spec_file, spec_data = os.fspath(spec), None
+    elif isinstance(spec, Mapping):
+        spec_file, spec_data = None, dict(spec)
+    elif hasattr(spec, "model_dump"):  # the typed Spec (not imported here: the caller's start)
+        spec_file, spec_data = None, spec_as_data(spec)
+    else:
+        raise TypeError(f"expected a spec path, dict or Spec, got a {type(spec).__name__}")
+    request = api_protocol.request_line(
+        spec_file=spec_file,
+        spec_data=spec_data,
+        base=os.getcwd(),
+        overrides=overrides,
+        run_id=run_id,
+        resume=resume,
+        files=files,
+    )
+    return Run(request, console)
+
+
+def spec_as_data(spec: Spec) -> dict[str, Any]:
+    """A typed spec as the data it validates from (what the launcher process is sent): the
+    values that were set, each role's tasks as their list."""
+    data = spec.model_dump(mode="json", exclude_unset=True)
+    for role, group in data.get("tasks", {}).items():
+        data["tasks"][role] = group["entries"]
+    return data
+
+
+def reads() -> ModuleType:
+    """launcher/api/reads.py, imported on first use: it reads run.json and logs with the
+    launcher's modules, heavier than this one's."""
+    return importlib.import_module("distlaunch.launcher.api.reads")
+
+
+@atexit.register
+def _stop_live_runs() -> None:
+    """The caller is exiting: stop every run it started that still runs (no orphan tasks)."""
+    for run in list(_live):
+        try:
+            run.stop()
+        except Exception:  # noqa: BLE001 - each run gets its stop, whatever the others did
+            pass

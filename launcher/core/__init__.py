@@ -1,0 +1,2 @@
+"""What every layer of the launcher uses: its typed errors (errors) and the terminal
+(console)."""

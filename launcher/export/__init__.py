@@ -1,0 +1,1 @@
+"""What a spec becomes for a system that runs it by itself: Kubernetes manifests (k8s)."""

@@ -1,0 +1,493 @@
+"""The per-run firewall of remote hosts: which rules each host gets, and the guards that hold them.
+
+TensorFlow's gRPC ports take work from anyone who reaches them. A local run hides them in a
+private network namespace (netns.py), a compose run on an internal network; a run across hosts
+must keep them open to its peers, so each remote host gets a firewall for the run's lifetime: its
+task ports admit the run's own hosts and loopback only (`plan_rules`, pure, what `plan` shows).
+
+The host owns its rules, not the launcher: a guard (`distlaunch.worker.guard`) per host installs
+one nftables table (an iptables chain where nft is missing) and deletes it
+when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
+however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
+that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` works through
+any remote transport: it only needs a local process per host whose stdin and stdout reach the
+guard there, waiting for its request (`start_guard` of ``ssh HOST 'exec PYTHON -m ...'`` for SSH
+hosts; on Slurm nodes the node's preflight probe, a job step, goes on as its guard).
+
+The rules of one run on one host have a name of their own (`rules_name`: the run id and a digest
+of the run id, the run dir's path and the host): runs that share an id (``nightly`` in two shared
+dirs) or whose ids differ only in characters nft cannot take (``run-1``, ``run.1``) never share a
+table, so no run's guard replaces or deletes another run's rules. run.json keeps the names, for
+`distlaunch down`.
+
+The launcher checks that tasks joined by connecting to their ports, so every guard admits the
+launcher's own addresses (`run_rules`: the source addresses of its routes to the hosts). Over SSH
+the guard also admits the address the session comes from (SSH_CONNECTION: the launcher's, also
+through NAT), except for a host reached through a jump host (ProxyJump or ProxyCommand), where
+that address is the jump host's.
+
+Changing a host's firewall needs root or CAP_NET_ADMIN there. Where a guard cannot, the spec's
+``network.protect`` decides: ``auto`` goes on and says which ports stay open, ``required`` stops
+before any task starts (HostError, exit 2), ``off`` starts no guard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import os
+import re
+import selectors
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from distlaunch.launcher.core.backends import TaskTransport
+from distlaunch.launcher.core.errors import HostError
+from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat, Pipe
+from distlaunch.launcher.plan.plan import Plan
+from distlaunch.worker import guard
+
+GUARD_MODULE = "distlaunch.worker.guard"
+AUTO, OFF, REQUIRED = "auto", "off", "required"
+# How long a guard may take to answer: a connection, a Python start and one nft call.
+ANSWER_TIMEOUT_S = 60.0
+# How long a closed guard may take to remove its table (it first waits for the ports to close).
+CLOSE_TIMEOUT_S = guard.LINGER_S + 10.0
+
+
+def rules_name(run_id: str, run_dir: str, host: str) -> str:
+    """The name of run ``run_id``'s rules on ``host`` (table ``inet distlaunch_<name>``): the run
+    id in letters, digits and ``_``, then a digest of the exact run id, the run dir's real path
+    and the host. Unique per run and host; a resumed run (the same dir) gets its own name again."""
+    identity = "\0".join((run_id, os.path.realpath(run_dir), host))
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    return f"{re.sub(r'[^A-Za-z0-9_]', '_', run_id)}_{digest}"
+
+
+@dataclass(frozen=True)
+class HostRules:
+    """What one host's guard must do: ports of the run's tasks there admit ``allow`` only."""
+
+    host: str  # the host's name in the spec
+    name: str  # the rules' name on the host (`rules_name`)
+    ports: tuple[int, ...]
+    allow: tuple[str, ...]  # addresses (or names the host resolves) of every host of the run
+    launcher: tuple[str, ...] = ()  # the launcher's addresses, for its join checks
+    ssh_client: bool = True  # also admit the address the guard's SSH session comes from
+    jump_host: bool = False  # the SSH session comes through a jump host (not admitted)
+
+    def request(self, run_id: str) -> dict:
+        """The JSON request the guard reads on its stdin."""
+        return {
+            "run_id": run_id,
+            "name": self.name,
+            "ports": list(self.ports),
+            "allow": sorted(set(self.allow) | set(self.launcher)),
+            "allow_client": self.ssh_client,
+            "heartbeat_s": HEARTBEAT_TIMEOUT_S,
+        }
+
+    def describe(self) -> str:
+        """The rules in one line, as `plan` prints them."""
+        ports = ", ".join(str(p) for p in self.ports)
+        admitted = [", ".join(self.allow)]
+        if self.launcher:
+            admitted.append(f"the launcher ({', '.join(self.launcher)})")
+        if self.ssh_client:
+            admitted.append("the address the launcher's SSH session comes from")
+        jump = "; the jump host is not admitted" if self.jump_host else ""
+        return (
+            f"{self.host}: nftables table inet {guard.table_name(self.name)}: tcp ports {ports} "
+            f"admit {', '.join(admitted)} and loopback{jump}; drop all others "
+            f"(iptables chain {guard.chain_name(self.name)} where nft is missing)"
+        )
+
+
+# The transports whose hosts get a guard (`TaskTransport.guarded`); local tasks run on this
+# machine (see isolation).
+REMOTE = tuple(t for t in TaskTransport if t.guarded)
+
+
+def plan_rules(
+    plan: Plan,
+    remote: Collection[str] = REMOTE,
+    launcher: Collection[str] = (),
+    jumped: Collection[str] = (),
+) -> dict[str, HostRules]:
+    """The rules of every host whose tasks run over a ``remote`` transport (pure).
+
+    Every host of the run may reach every task port: TensorFlow's tasks dial each other (MWMS
+    all-reduce, PSS workers to ps), and an evaluator or a local task is a peer like any other.
+    ``launcher`` adds the launcher's addresses (its join checks); SSH hosts in ``jumped`` are
+    reached through a jump host, whose address (the SSH session's) is not admitted.
+    """
+    allow = tuple(sorted({t.host for t in plan.tasks}))
+    ports: dict[str, set[int]] = {}
+    over_ssh: dict[str, bool] = {}
+    for task in plan.tasks:
+        if task.transport in remote:
+            ports.setdefault(task.host_name, set()).add(task.port)
+            over_ssh[task.host_name] = task.transport == TaskTransport.SSH
+    return {
+        host: HostRules(
+            host,
+            rules_name(plan.run_id, plan.run_dir, host),
+            tuple(sorted(p)),
+            allow,
+            tuple(sorted(launcher)),
+            ssh_client=over_ssh[host] and host not in jumped,
+            jump_host=over_ssh[host] and host in jumped,
+        )
+        for host, p in sorted(ports.items())
+    }
+
+
+def run_rules(plan: Plan, jumped: Collection[str] = ()) -> dict[str, HostRules]:
+    """`plan_rules` of a run, with the launcher's addresses admitted on every remote host.
+
+    The launcher connects to every task port (the join check) from the address its route to the
+    host leaves from. A Slurm node's guard cannot tell where that is, nor can an SSH host's guard
+    behind a jump host (its session comes from the jump host), so the launcher names it.
+    """
+    hosts = sorted({t.host for t in plan.tasks if t.transport in REMOTE})
+    return plan_rules(plan, launcher=launcher_addresses(hosts), jumped=jumped)
+
+
+def launcher_addresses(hosts: Collection[str]) -> list[str]:
+    """The source addresses this machine's connections to ``hosts`` leave from (no packet sent:
+    a UDP socket's connect only asks the kernel's routing). Loopback is left out (always admitted);
+    a host that does not resolve or route is skipped: the launcher cannot reach its tasks either."""
+    found: set[str] = set()
+    for host in hosts:
+        try:
+            infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+        except OSError:
+            continue
+        for family, kind, proto, _, address in infos:
+            try:
+                with socket.socket(family, kind, proto) as probe:
+                    probe.connect(address)
+                    source = ipaddress.ip_address(probe.getsockname()[0].split("%")[0])
+            except (OSError, ValueError):
+                continue
+            if not source.is_loopback:
+                found.add(str(source))
+    return sorted(found)
+
+
+def plan_json(mode: str, rules: Mapping[str, HostRules]) -> dict:
+    """The firewall part of `plan --json`: the mode and each host's rules."""
+    hosts = {}
+    if mode != OFF:
+        hosts = {
+            name: {
+                "table": guard.table_name(r.name),
+                "ports": list(r.ports),
+                "allow": list(r.allow),
+                "launcher": list(r.launcher),
+                "ssh_client": r.ssh_client,
+            }
+            for name, r in rules.items()
+        }
+    return {"protect": mode, "hosts": hosts}
+
+
+@dataclass(frozen=True)
+class HostState:
+    """Whether a host's task ports are firewalled for this run, and how or why not."""
+
+    host: str
+    ports: tuple[int, ...]
+    protected: bool
+    why: str = ""  # why not, when not protected
+    name: str = ""  # the rules' name on the host (`rules_name`), for `down`
+    how: str = "nftables"  # or "iptables", where nft is missing
+    table: str = ""  # the nftables table, or the iptables chain
+    allowed: tuple[str, ...] = ()  # the addresses the guard admits, as the host resolved them
+
+    @property
+    def rules(self) -> str:
+        """Where the host's rules are, e.g. ``nftables table inet distlaunch_...``."""
+        kind = "iptables chain" if self.how == "iptables" else "nftables table inet"
+        return f"{kind} {self.table}"
+
+    def to_json(self) -> dict:
+        """The host's entry in run.json's ``network.hosts``."""
+        data: dict = {"protected": self.protected, "ports": list(self.ports)}
+        if self.name:
+            data["name"] = self.name
+        if self.protected:
+            data.update(how=self.how, table=self.table, allowed=list(self.allowed))
+        else:
+            data["why"] = self.why
+        return data
+
+
+@dataclass(frozen=True)
+class Protection:
+    """The firewall of one run: the spec's mode and the state of each remote host."""
+
+    mode: str
+    hosts: tuple[HostState, ...] = field(default_factory=tuple)
+
+    def open_hosts(self) -> list[HostState]:
+        """The hosts whose task ports anyone who reaches them can connect to."""
+        return [h for h in self.hosts if not h.protected]
+
+    def to_json(self) -> dict:
+        """What run.json keeps under ``network`` (`status` reads it)."""
+        return {
+            "protect": self.mode,
+            "hosts": {h.host: h.to_json() for h in self.hosts},
+        }
+
+    def notes(self) -> list[str]:
+        """The lines `up` prints: who can reach the remote task ports, and what to do about it."""
+        lines = []
+        guarded = [h for h in self.hosts if h.protected]
+        if guarded:
+            lines.append(
+                f"firewall: on {', '.join(h.host for h in guarded)} the run's task ports admit only the "
+                f"run's hosts and loopback ({', '.join(sorted({h.rules for h in guarded}))}, removed when "
+                "the run ends)"
+            )
+        if self.mode == OFF and self.hosts:
+            lines.append(
+                f'note: "network": {{"protect": "off"}}: {_open_ports(self.hosts)} stay open to anyone who '
+                "reaches those hosts: TensorFlow's gRPC servers have no authentication (README: Security)"
+            )
+            return lines
+        for host in self.open_hosts():
+            lines.append(
+                f"note: ports {', '.join(str(p) for p in host.ports)} stay open to anyone who reaches "
+                f"{host.host}: {host.why}. "
+                'Give the user the tasks run as root or CAP_NET_ADMIN there, or set "network": {"protect": "required"} '
+                "to refuse such runs (README: Security)"
+            )
+        return lines
+
+
+def _open_ports(hosts: Sequence[HostState]) -> str:
+    return "; ".join(f"ports {', '.join(str(p) for p in h.ports)} on {h.host}" for h in hosts)
+
+
+def status_lines(network: Mapping | None, running: bool) -> list[str]:
+    """`status`'s lines on the firewall of a run from its run.json ``network`` entry."""
+    if not network or not network.get("hosts"):
+        return []
+    if network.get("protect") == OFF:
+        return [
+            f'firewall: off ("network": {{"protect": "off"}}); {_open_ports(_states(network))} open'
+        ]
+    lines = []
+    for state in _states(network):
+        ports = ", ".join(str(p) for p in state.ports)
+        if not state.protected:
+            lines.append(f"firewall: {state.host} OPEN (ports {ports}): {state.why}")
+        elif running:
+            lines.append(f"firewall: {state.host} protected (ports {ports}, {state.rules})")
+        else:
+            lines.append(
+                f"firewall: {state.host} was protected while the run ran (ports {ports}; rules removed)"
+            )
+    return lines
+
+
+def _states(network: Mapping) -> list[HostState]:
+    return [
+        HostState(
+            name,
+            tuple(h.get("ports", ())),
+            bool(h.get("protected")),
+            h.get("why", ""),
+            name=h.get("name", ""),
+            how=h.get("how", "nftables"),
+            table=h.get("table", ""),
+        )
+        for name, h in network["hosts"].items()
+    ]
+
+
+@contextmanager
+def protect(
+    mode: str,
+    run_id: str,
+    rules: Mapping[str, HostRules],
+    start: Callable[[str], subprocess.Popen],
+) -> Iterator[Protection]:
+    """Firewall every host of ``rules`` for the block; the rules are gone when it ends.
+
+    ``start(host)`` gives the local process (an ssh or srun client, stdin and stdout pipes) of a
+    guard on ``host`` that waits for its request; `protect` owns it from then on. Raise
+    HostError, with every guard closed, when ``mode`` is ``required`` and a host cannot be
+    firewalled.
+    """
+    if mode == OFF or not rules:
+        yield Protection(
+            mode,
+            tuple(
+                HostState(r.host, r.ports, False, "protection is off", r.name)
+                for r in rules.values()
+            ),
+        )
+        return
+    guards = Guards(run_id, rules, start)
+    try:
+        protection = Protection(mode, guards.open())
+        if mode == REQUIRED and protection.open_hosts():
+            why = "; ".join(f"{h.host}: {h.why}" for h in protection.open_hosts())
+            raise HostError(
+                f'"network": {{"protect": "required"}}, but not every host can be firewalled ({why}); '
+                "nothing was started",
+                [],
+            )
+        yield protection
+    finally:
+        guards.close()
+
+
+def start_guard(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen:
+    """Start ``argv``, a local command whose stdin and stdout reach a guard (or a probe that goes
+    on as one), ``env`` added to its environment."""
+    # A session of its own: a Ctrl-C at the terminal must not end a guard before the tasks it
+    # protects are stopped. Its stdin is a pipe only the launcher holds: when the launcher
+    # dies, the guard reads EOF.
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+
+
+def end_guard(proc: subprocess.Popen) -> None:
+    """Close a guard's pipes and wait for it: with no request yet, or with its rules, it exits."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    try:
+        proc.wait(timeout=CLOSE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Guards:
+    """The guard processes of one run, one per host, and the heartbeat that keeps them."""
+
+    def __init__(
+        self,
+        run_id: str,
+        rules: Mapping[str, HostRules],
+        start: Callable[[str], subprocess.Popen],
+    ) -> None:
+        self.run_id = run_id
+        self.rules = dict(rules)
+        self.start = start
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._stdins: dict[str, Pipe] = {}
+        self._heartbeat = Heartbeat("guard-heartbeat")
+
+    def open(self) -> tuple[HostState, ...]:
+        """Start (or take) every guard at once, send each its rules and wait for its answer."""
+        for name, rules in self.rules.items():
+            proc = self.start(name)
+            self._procs[name] = proc
+            # A guard started earlier that has died takes no request: `_state` tells why from
+            # its stderr.
+            request = json.dumps(rules.request(self.run_id)).encode() + b"\n"
+            self._stdins[name] = Pipe(proc, request)
+        answers = self._answers()
+        states = tuple(self._state(name, answers.get(name)) for name in self.rules)
+        for state in states:
+            if state.protected:
+                self._heartbeat.add(self._stdins[state.host])
+            else:
+                self._end(state.host)
+        return states
+
+    def close(self) -> None:
+        """Close every guard's stdin and wait for it to remove its table (the tasks are stopped)."""
+        self._heartbeat.close()
+        for stdin in self._stdins.values():
+            stdin.close()
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        for name in list(self._procs):
+            proc = self._procs.pop(name)
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()  # the guard saw EOF already; this only frees the local client
+                proc.wait()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+    def _answers(self) -> dict[str, dict]:
+        """Each guard's answer line, read from all of them at once until ANSWER_TIMEOUT_S."""
+        sel = selectors.DefaultSelector()
+        buffers: dict[str, bytes] = {}
+        for name, proc in self._procs.items():
+            assert proc.stdout is not None
+            sel.register(proc.stdout, selectors.EVENT_READ, name)
+            buffers[name] = b""
+        answers: dict[str, dict] = {}
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+                name = key.data
+                chunk = os.read(key.fd, 65536)
+                buffers[name] += chunk
+                if b"\n" in buffers[name] or not chunk:
+                    sel.unregister(key.fileobj)
+                    try:
+                        answers[name] = json.loads(buffers[name].split(b"\n", 1)[0])
+                    except ValueError:
+                        pass  # no answer: `_state` tells why from the guard's stderr
+        sel.close()
+        return answers
+
+    def _state(self, name: str, answer: dict | None) -> HostState:
+        ports, rules = self.rules[name].ports, self.rules[name].name
+        if answer is not None and answer.get("protected"):
+            return HostState(
+                name,
+                ports,
+                True,
+                name=rules,
+                how=str(answer.get("how", "nftables")),
+                table=str(answer.get("table", "")),
+                allowed=tuple(answer.get("allowed", ())),
+            )
+        if answer is not None:
+            why = str(answer.get("why", "the guard gave no reason"))
+            return HostState(name, ports, False, why, rules)
+        why = f"its guard did not answer: {self._stderr(name)}"
+        return HostState(name, ports, False, why, rules)
+
+    def _stderr(self, name: str) -> str:
+        proc = self._procs[name]
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert proc.stderr is not None
+        lines = [
+            line.strip()
+            for line in proc.stderr.read().decode(errors="replace").splitlines()
+            if line.strip()
+        ]
+        return lines[-1] if lines else f"exit code {proc.returncode}"
+
+    def _end(self, name: str) -> None:
+        """Forget a guard that protects nothing (it has exited, or exits on EOF)."""
+        self._stdins.pop(name).close()
+        end_guard(self._procs.pop(name))

@@ -1,0 +1,524 @@
+"""Where a raw spec comes from before it is validated: a YAML file, `--set` overrides, a host
+file, the `per_host` shorthand and the `--hosts`/`--exclude` filters.
+
+Each step turns plain data into plain data (dicts and lists as JSON would give them), so that
+spec/model.py validates one shape whatever the user wrote. Problems are SpecErrors that name the
+file, the JSON path and, where it is known, the line.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+import reprlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from distlaunch.launcher.core.errors import SpecError, UsageError
+
+# yaml is imported by what reads YAML (a .yaml spec, a --set value): a JSON spec's start skips it.
+if TYPE_CHECKING:
+    import yaml
+
+# Bounds on what a YAML spec or a `--set` value may cost before anything reads it as a spec:
+# anchors and aliases can otherwise make a small text expand exponentially ("billion laughs").
+MAX_YAML_BYTES = 1 << 20  # the text, checked before parsing
+MAX_OVERRIDE_BYTES = 64 << 10  # one `--set` value
+MAX_NODES = 200_000  # nodes composed, and values once aliases expand
+# Bytes once aliases expand: every value's JSON path (a spec file keeps one per value, for its
+# line) and string, counted at each place an alias puts it.
+MAX_EXPANDED_BYTES = 16 << 20
+MAX_KEY_CHARS = 256  # no spec key is longer; a longer one would flood the error that names it
+# Keys a host-file line may set after its name (`node1 slots=4`).
+HOSTFILE_KEYS = ("slots",)
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """What the command line changes in a spec: overrides and host filters."""
+
+    overrides: tuple[str, ...] = ()  # "key.path=value", applied in order
+    only_hosts: tuple[str, ...] = ()  # --hosts: keep only these hosts (empty: all)
+    exclude_hosts: tuple[str, ...] = ()  # --exclude: drop these hosts
+
+
+@dataclass
+class Source:
+    """A raw spec and what is known about where its values were written."""
+
+    raw: Any
+    file: str  # the spec file as the user named it
+    # JSON path ("$.tasks.worker.count") -> 1-based line in the file (YAML only).
+    lines: dict[str, int] = field(default_factory=dict)
+    # JSON path -> the `--set` that wrote it.
+    overridden: dict[str, str] = field(default_factory=dict)
+
+    def locate(self, error: SpecError) -> SpecError:
+        """``error`` with the line of its JSON path (or the nearest enclosing one) and the
+        override that set the value, when known."""
+        path = error.json_path
+        if error.file != self.file:  # an error in a host file names its own line
+            return error
+        # A task of a role that per_host spread is written once, as the role's settings.
+        paths = (path, re.sub(r"^(\$\.tasks\.[A-Za-z]+)\[\d+\]", r"\1", path))
+        line = None
+        probe = paths[1] if paths[1] != path and paths[1] in self.lines else path
+        while probe:
+            if probe in self.lines:
+                line = self.lines[probe]
+                break
+            probe = _parent(probe)
+        message = error.message
+        for target, override in self.overridden.items():
+            if any(p == target or p.startswith((target + ".", target + "[")) for p in paths):
+                message += f" (set by --set {override})"
+                break
+        if line is None and message == error.message:
+            return error
+        file = f"{error.file}:{line}" if line is not None else error.file
+        return SpecError(file, path, message)
+
+
+def _parent(path: str) -> str:
+    """The JSON path one level up ("" above "$")."""
+    if path == "$":
+        return ""
+    cut = max(path.rfind("."), path.rfind("["))
+    return path[:cut] if cut > 0 else "$"
+
+
+def json_path(loc: Iterable[str | int]) -> str:
+    """``("tasks", "worker", 0)`` as ``$.tasks.worker[0]``."""
+    out = "$"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+class _TooBig(Exception):
+    """The YAML text composes to more than MAX_NODES nodes."""
+
+
+@functools.cache
+def _loader() -> type[yaml.SafeLoader]:
+    """The loader class, made on first use (with yaml's import)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader with YAML 1.2 booleans: only true/false are booleans. YAML 1.1 also reads
+        yes/no/on/off as booleans, which would turn `host_key_checking: yes` into true.
+
+        It also stops composing after MAX_NODES nodes (an alias adds none: it is the anchored
+        node again; what aliases expand to is counted by `_Expander`)."""
+
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.composed = 0
+
+        def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+            """Compose the next node, counting it."""
+            self.composed += 1
+            if self.composed > MAX_NODES:
+                raise _TooBig
+            return super().compose_node(parent, index)
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool",
+        re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+        list("tTfF"),
+    )
+    return Loader
+
+
+def read_yaml(text: str, shown: str) -> Source:
+    """Parse a YAML spec into plain data, with the line of every value; SpecError on a syntax
+    error, a duplicate key, a non-string or overlong key, or a text that is or expands too big."""
+    if len(text) > MAX_YAML_BYTES or len(text.encode()) > MAX_YAML_BYTES:
+        size = len(text.encode())
+        raise SpecError(shown, "$", f"expected a YAML spec of at most 1 MiB, got {size} bytes")
+    node = _compose(text, shown)
+    if node is None:
+        raise SpecError(shown, "$", "expected a mapping (the file is empty)")
+    source = Source(raw=None, file=shown)
+    source.raw = _Expander(shown, source.lines).plain(node, ())
+    return source
+
+
+def _compose(text: str, shown: str) -> yaml.Node | None:
+    """The node tree of ``text`` (aliases still shared); SpecError on a syntax error or too many
+    nodes."""
+    import yaml
+
+    loader = _loader()(text)
+    try:
+        return loader.get_single_node()
+    except _TooBig:
+        raise SpecError(shown, "$", f"expected at most {MAX_NODES} YAML nodes") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{shown}:{mark.line + 1}" if mark else shown
+        problem = cut(exc.problem or exc.context or "", 120)
+        raise SpecError(where, "$", f"invalid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(shown, "$", f"invalid YAML: {cut(str(exc), 120)}") from None
+    finally:
+        loader.dispose()
+
+
+class _Expander:
+    """Turns a YAML node tree into plain data, expanding aliases within MAX_NODES values and
+    MAX_EXPANDED_BYTES, and records the line of every JSON path in ``lines``."""
+
+    def __init__(self, shown: str, lines: dict[str, int]) -> None:
+        self.shown = shown
+        self.lines = lines
+        self.nodes = MAX_NODES
+        self.bytes = MAX_EXPANDED_BYTES
+        import yaml
+
+        # The loader's resolver gave each scalar its tag; constructing it is SafeLoader's.
+        self.constructor = yaml.constructor.SafeConstructor()
+
+    def plain(
+        self, node: yaml.Node, loc: tuple[str | int, ...], mark: yaml.Mark | None = None
+    ) -> Any:
+        """The data of ``node`` at ``loc`` (``mark``: where its key is written)."""
+        import yaml
+
+        path = json_path(loc)
+        self.nodes -= 1
+        self.bytes -= len(path) + (len(node.value) if isinstance(node.value, str) else 0)
+        if self.nodes < 0 or self.bytes < 0:
+            raise SpecError(
+                f"{self.shown}:{node.start_mark.line + 1}",
+                short_path(path),
+                f"expected at most {MAX_NODES} values and {MAX_EXPANDED_BYTES >> 20} MiB "
+                "once aliases expand",
+            )
+        self.lines.setdefault(path, (mark or node.start_mark).line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                key = self._key(key_node, loc)
+                if key in out:
+                    raise SpecError(
+                        f"{self.shown}:{key_node.start_mark.line + 1}",
+                        short_path(json_path((*loc, key))),
+                        f"key {preview(key)} appears twice; expected it once",
+                    )
+                out[key] = self.plain(value_node, (*loc, key), key_node.start_mark)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.plain(child, (*loc, i)) for i, child in enumerate(node.value)]
+        value = self.constructor.construct_object(node)
+        if not isinstance(value, (str, int, float, bool, type(None))):
+            # A timestamp or binary: no spec value is one; say so as a string at its path.
+            return str(value)
+        return value
+
+    def _key(self, node: yaml.Node, loc: tuple[str | int, ...]) -> str:
+        """The string a key node holds; SpecError for any other key or an overlong one."""
+        import yaml
+
+        where = f"{self.shown}:{node.start_mark.line + 1}"
+        if not isinstance(node, yaml.ScalarNode):  # never constructed: it may be an alias tree
+            raise SpecError(
+                where, short_path(json_path(loc)), f"expected string keys, got a {node.id}"
+            )
+        key = self.constructor.construct_object(node)
+        if not isinstance(key, str):
+            raise SpecError(
+                where, short_path(json_path(loc)), f"expected string keys, got {preview(key)}"
+            )
+        if len(key) > MAX_KEY_CHARS:
+            raise SpecError(
+                where,
+                short_path(json_path(loc)),
+                f"expected keys of at most {MAX_KEY_CHARS} characters, got {preview(key)}",
+            )
+        return key
+
+
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxlevel, _PREVIEW.maxlist, _PREVIEW.maxdict = 2, 3, 3
+_PREVIEW.maxstring = _PREVIEW.maxother = 40
+
+
+def preview(value: Any, limit: int = 40) -> str:
+    """``value`` as an error message shows it: its repr, cut to about ``limit`` characters (a
+    string says its length); never walks more than a few items of a list or mapping."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    return _PREVIEW.repr(value)
+
+
+def cut(text: str, limit: int = 60) -> str:
+    """``text`` as an error message echoes it: its start and length when long."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def short_path(path: str) -> str:
+    """A JSON path as an error message shows it: its start and end when long."""
+    return path if len(path) <= 120 else f"{path[:60]}...{path[-56:]}"
+
+
+def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
+    """Split ``key.path=value`` into path parts and a value read as a YAML/JSON scalar or list
+    (within the bounds of a YAML spec); UsageError when it is not of that form."""
+    key, sep, value_text = text.partition("=")
+    parts = key.strip().split(".")
+    shown = f"--set {cut(text)}"
+    if not sep or not all(re.fullmatch(r"[A-Za-z0-9_.-]+", p) for p in parts):
+        raise UsageError(
+            f"--set {preview(text, 60)}: expected KEY.PATH=VALUE, e.g. tasks.worker.count=4"
+        )
+    if len(value_text.encode()) > MAX_OVERRIDE_BYTES:
+        raise UsageError(f"{shown}: expected a value of at most {MAX_OVERRIDE_BYTES >> 10} KiB")
+    value: Any = ""
+    if value_text.strip():
+        try:
+            node = _compose(value_text, shown)
+            value = _Expander(shown, {}).plain(node, ()) if node is not None else None
+        except SpecError as exc:
+            raise UsageError(f"{shown}: the value: {exc.message}") from None
+        except RecursionError:
+            raise UsageError(f"{shown}: the value is nested too deeply") from None
+    loc = tuple(int(p) if p.isdecimal() and p.isascii() else p for p in parts)
+    return loc, value
+
+
+def apply_overrides(source: Source, overrides: Iterable[str], shown: str) -> None:
+    """Write each ``key.path=value`` into the raw spec, creating objects on the way."""
+    for full in overrides:
+        loc, value = parse_override(full)
+        text = cut(full)  # as error messages echo it
+        node = source.raw
+        for i, part in enumerate(loc[:-1]):
+            nxt = loc[i + 1]
+            if isinstance(node, dict) and isinstance(part, str):
+                if not isinstance(node.get(part), (dict, list)):
+                    node[part] = {}
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                raise SpecError(
+                    shown,
+                    json_path(loc[: i + 1]),
+                    f"--set {text}: cannot set a key here ({_kind(node)} in the spec)",
+                ) from None
+            if isinstance(nxt, int) and not isinstance(node, list):
+                raise SpecError(
+                    shown,
+                    json_path(loc[: i + 1]),
+                    f"--set {text}: expected a list to index",
+                )
+        last = loc[-1]
+        in_list = isinstance(node, list) and isinstance(last, int) and last < len(node)
+        if in_list or (isinstance(node, dict) and isinstance(last, str)):
+            node[last] = value
+        else:
+            raise SpecError(shown, json_path(loc), f"--set {text}: no such place in the spec")
+        source.overridden[json_path(loc)] = text
+
+
+def _kind(node: Any) -> str:
+    return "a list" if isinstance(node, list) else "a value" if node is not None else "nothing"
+
+
+def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
+    """The hosts of a host file: (name, slots or None, line) per line like ``node1 slots=4``.
+
+    Blank lines and ``#`` comments are skipped, as by DeepSpeed and MPI host files.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(
+            shown, "$.hostfile", f"cannot read host file {str(path)!r}: {exc.strerror}"
+        ) from None
+    except UnicodeDecodeError:
+        raise SpecError(shown, "$.hostfile", f"host file {str(path)!r} is not UTF-8 text") from None
+    out: list[tuple[str, int | None, int]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"{path}:{number}"
+        name, slots = words[0], None
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name) or len(name) > 253:
+            raise SpecError(
+                where,
+                "$.hostfile",
+                f"expected a host name or IPv4 address, got {preview(name)}",
+            )
+        if name in seen:
+            raise SpecError(where, "$.hostfile", f"host {name!r} appears twice; expected it once")
+        seen.add(name)
+        for word in words[1:]:
+            key, sep, value = word.partition("=")
+            if key not in HOSTFILE_KEYS or not sep:
+                raise SpecError(
+                    where,
+                    "$.hostfile",
+                    f"expected slots=N after the host name, got {preview(word)}",
+                )
+            # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+            if not re.fullmatch(r"[0-9]{1,9}", value) or int(value) < 1:
+                raise SpecError(
+                    where,
+                    "$.hostfile",
+                    f"expected slots to be an integer >= 1, got {preview(value)}",
+                )
+            slots = int(value)
+        out.append((name, slots, number))
+    if not out:
+        raise SpecError(shown, "$.hostfile", f"host file {str(path)!r} names no host")
+    return out
+
+
+def expand(source: Source, base: Path, shown: str, options: SpecOptions) -> dict[str, int]:
+    """Expand the host file into ``hosts``, filter hosts, and spread ``per_host`` roles.
+
+    Returns the slots of each host-file host. Leaves a raw spec that lacks the keys alone.
+    """
+    raw = source.raw
+    if not isinstance(raw, dict):
+        return {}
+    slots: dict[str, int] = {}
+    hostfile = raw.get("hostfile")
+    if hostfile is not None:
+        if not isinstance(hostfile, str) or not hostfile:
+            raise SpecError(
+                shown,
+                "$.hostfile",
+                "expected the path of a host file (relative: to the spec)",
+            )
+        template = raw.get("host_template", {})
+        if not isinstance(template, dict):
+            raise SpecError(shown, "$.host_template", "expected an object of host settings")
+        hosts = raw.setdefault("hosts", {})
+        if not isinstance(hosts, dict):
+            return {}  # validation names it
+        path = base / Path(hostfile).expanduser()
+        for name, count, number in read_hostfile(path, shown):
+            if name in hosts:
+                raise SpecError(
+                    f"{path}:{number}",
+                    f"$.hosts.{name}",
+                    "host is also in the spec's hosts; keep one",
+                )
+            hosts[name] = copy.deepcopy(template)
+            if count is not None:
+                slots[name] = count
+    _filter_hosts(raw, shown, options)
+    _spread(raw, shown, slots)
+    return slots
+
+
+def _filter_hosts(raw: dict[str, Any], shown: str, options: SpecOptions) -> None:
+    """Apply --hosts and --exclude to ``hosts``; a task placed on a dropped host is an error."""
+    if not (options.only_hosts or options.exclude_hosts):
+        return
+    hosts = raw.get("hosts")
+    hosts = hosts if isinstance(hosts, dict) else {}
+    for flag, names in (
+        ("--hosts", options.only_hosts),
+        ("--exclude", options.exclude_hosts),
+    ):
+        for name in names:
+            if name not in hosts:
+                known = ", ".join(hosts) or "none"
+                raise UsageError(
+                    f"{flag} {name}: no such host in {shown}; expected one of: {known}"
+                )
+    keep = set(options.only_hosts) if options.only_hosts else set(hosts)
+    keep -= set(options.exclude_hosts)
+    if not keep:
+        raise UsageError("--hosts/--exclude leave no host to run on")
+    dropped = set(hosts) - keep
+    raw["hosts"] = {name: value for name, value in hosts.items() if name in keep}
+    tasks = raw.get("tasks")
+    for role, group in tasks.items() if isinstance(tasks, dict) else ():
+        entries = group if isinstance(group, list) else [group]
+        for i, entry in enumerate(entries):
+            if isinstance(entry, dict) and entry.get("host") in dropped:
+                where = json_path(
+                    ("tasks", role, i, "host")
+                    if isinstance(group, list)
+                    else ("tasks", role, "host")
+                )
+                raise SpecError(
+                    shown,
+                    where,
+                    f"host {entry['host']!r} is left out by --hosts/--exclude",
+                )
+
+
+def _spread(raw: dict[str, Any], shown: str, slots: Mapping[str, int]) -> None:
+    """Turn each ``{"per_host": N, "count": C, ...}`` role into a list of C tasks, N per host,
+    over the spec's hosts in order (C defaults to N per host)."""
+    tasks = raw.get("tasks")
+    if not isinstance(tasks, dict):
+        return
+    for role, group in tasks.items():
+        if not isinstance(group, dict) or "per_host" not in group:
+            continue
+        per_host = group["per_host"]
+        if not isinstance(per_host, int) or isinstance(per_host, bool) or per_host < 1:
+            raise SpecError(
+                shown,
+                f"$.tasks.{role}.per_host",
+                f"expected an integer >= 1, got {per_host!r}",
+            )
+        if "host" in group:
+            raise SpecError(
+                shown,
+                f"$.tasks.{role}.host",
+                "per_host spreads tasks over `hosts`; remove host",
+            )
+        hosts = raw.get("hosts")
+        names = list(hosts) if isinstance(hosts, dict) else []
+        if not names:
+            raise SpecError(
+                shown,
+                f"$.tasks.{role}.per_host",
+                "per_host needs hosts (`hosts` or `hostfile`)",
+            )
+        for name in names:
+            if slots.get(name, per_host) < per_host:
+                raise SpecError(
+                    shown,
+                    f"$.tasks.{role}.per_host",
+                    f"host {name!r} has slots={slots[name]} in the host file; "
+                    "expected per_host <= slots",
+                )
+        count = group.get("count", per_host * len(names))
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise SpecError(
+                shown,
+                f"$.tasks.{role}.count",
+                f"expected an integer >= 1, got {count!r}",
+            )
+        if count > per_host * len(names):
+            raise SpecError(
+                shown,
+                f"$.tasks.{role}.count",
+                f"{count} tasks do not fit on {len(names)} hosts with per_host {per_host}",
+            )
+        if count > 1 and isinstance(group.get("port"), int):
+            raise SpecError(
+                shown, f"$.tasks.{role}.port", 'a fixed port needs one task; use "auto"'
+            )
+        shared = {k: v for k, v in group.items() if k not in ("count", "per_host")}
+        tasks[role] = [{**shared, "host": names[i // per_host]} for i in range(count)]

@@ -1,0 +1,303 @@
+"""The `local` backend: tasks on this machine (local processes) and on SSH hosts, in one run.
+
+`HostRouter` is one transport over two: each task goes to the transport of its host.
+`LocalBackend.open` is the backend's `up`: the SSH session and preflight first (which picks the
+remote tasks' `auto` ports, so it comes before the plan), then the plan, then the network
+sandbox and both transports. Its run.json section (`SshHosts`) keeps the SSH hosts as resolved.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from distlaunch.launcher.core.backends import TaskTransport
+from distlaunch.launcher.core.console import Console
+from distlaunch.launcher.diagnosis.stacks import Source
+from distlaunch.launcher.network import firewall, netns
+from distlaunch.launcher.plan import placement, ports
+from distlaunch.launcher.plan.plan import Plan, TaskPlan, make_plan
+from distlaunch.launcher.record import rundir
+from distlaunch.launcher.record.state import RunRecord, TaskRecord
+from distlaunch.launcher.spec.model import Host, LoadedSpec
+from distlaunch.launcher.transports.base import (
+    Opened,
+    TaskHandle,
+    TaskStacks,
+    Transport,
+    UpOptions,
+)
+from distlaunch.launcher.transports.local.transport import LocalTransport, recorded_task_stacks
+from distlaunch.launcher.transports.ssh import preflight
+from distlaunch.launcher.transports.ssh import transport as ssh
+from distlaunch.worker import contract
+
+ISOLATED_NOTE = (
+    "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
+    "reached from outside the run, and they cannot reach the network; "
+    '"isolation": "off" turns it off)'
+)
+EXPOSURE_NOTE = (
+    "note: ports {ports} can be reached from other machines: TensorFlow's gRPC servers listen on "
+    "every interface with no authentication, and {reason}. To prevent it, {remedy} "
+    "(README: Security)"
+)
+
+
+class HostRouter:
+    """Starts local tasks with ``local`` and SSH tasks with ``ssh``; stops both at once."""
+
+    def __init__(self, local: LocalTransport, ssh: Transport | None) -> None:
+        self.local = local
+        self.ssh = ssh
+
+    def start(self, task: TaskPlan) -> TaskHandle:
+        """Start ``task`` with the transport of its host."""
+        return self._for(task).start(task)
+
+    def stop(self, handles: Sequence[TaskHandle], grace_s: float) -> None:
+        """Stop every handle with its own transport, the transports side by side, so that the
+        grace periods overlap instead of adding up."""
+        groups: dict[int, tuple[Transport, list[TaskHandle]]] = {}
+        for handle in handles:
+            transport = self._for(handle.task)
+            groups.setdefault(id(transport), (transport, []))[1].append(handle)
+        threads = [
+            threading.Thread(target=transport.stop, args=(group, grace_s), name="stop")
+            for transport, group in list(groups.values())[1:]
+        ]
+        for thread in threads:
+            thread.start()
+        if groups:
+            transport, group = next(iter(groups.values()))
+            transport.stop(group, grace_s)
+        for thread in threads:
+            thread.join()
+
+    def notify(self, handles: Sequence[TaskHandle]) -> bool:
+        """Send the tasks a stop notice; False, and nothing sent, when one runs on an SSH host
+        (not wired there yet: the supervisor then stops the run as it always did)."""
+        if any(self._for(handle.task) is not self.local for handle in handles):
+            return False
+        return self.local.notify(handles)
+
+    def kill(self, handles: Sequence[TaskHandle]) -> None:
+        """Kill every handle with its own transport."""
+        for handle in handles:
+            self._for(handle.task).kill([handle])
+
+    def stacks(self, handle: TaskHandle, native: bool) -> Source:
+        """Where the task's stacks are read, as its own transport says."""
+        return self._for(handle.task).stacks(handle, native)
+
+    def _for(self, task: TaskPlan) -> Transport:
+        if task.transport != TaskTransport.SSH:
+            return self.local
+        if self.ssh is None:
+            raise ValueError(
+                f"{task.name} runs on SSH host {task.host_name!r} but the run has no SSH transport"
+            )
+        return self.ssh
+
+
+def plan(
+    loaded: LoadedSpec,
+    run_id: str,
+    run_dir: Path,
+    attempt: int,
+    remote_ports: dict[ports.TaskKey, int] | None = None,
+) -> Plan:
+    """Place the tasks, decide the isolation, allocate ports and build the plan of this attempt
+    (nothing started).
+
+    ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
+    """
+    placed = placement.on_hosts(loaded)
+    isolation = netns.decide(loaded, placed)
+    picked = ports.allocate(loaded, placed, private=isolation.private, remote=remote_ports)
+    return make_plan(
+        loaded,
+        placed.with_ports(picked),
+        run_id,
+        run_dir,
+        attempt,
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        isolation=isolation,
+    )
+
+
+class HostsLaunch:
+    """One `up` of the local backend (see the module docstring)."""
+
+    def __init__(self, loaded: LoadedSpec, session: ssh.Session, console: Console) -> None:
+        self.loaded = loaded
+        self.session = session
+        self.console = console
+        private = loaded.spec.permissions == "private"
+        self.umask = rundir.PRIVATE_UMASK if private else None
+        self.reports: list[preflight.HostReport] = []
+
+    def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """Check the SSH hosts (HostError when one is not usable), then plan with their ports."""
+        self.reports = preflight.check(self.loaded, self.session, self.umask)
+        for report in self.reports:
+            self.console.say(f"host {self.session.target(report.name)}: {report.summary()}")
+        picked = preflight.picked_ports(self.reports)
+        return plan(self.loaded, run_id, run_dir, attempt, picked)
+
+    @contextmanager
+    def open(self, plan: Plan) -> Iterator[Opened]:
+        """The SSH hosts' firewall, the sandbox (when isolated) and both transports. The
+        firewall is up before any task starts and goes after every task has stopped; the sandbox
+        closes only after the supervisor has stopped every task in it."""
+        grace_s = self.loaded.spec.timeouts.grace_s
+        with (
+            self._protect(plan) as protection,
+            netns.sandbox(plan.isolation, plan.run_id) as sandbox,
+            ssh.SshTransport(self.session, grace_s, self.umask) as remote,
+        ):
+            record: dict = {}
+            if sandbox is not None:
+                record["netns_holder_pid"] = sandbox.pid
+            notes = [note for note in (network_note(plan), *protection.notes()) if note]
+            section = None
+            if self.reports:
+                section = SshHosts.of(self.loaded, [r.name for r in self.reports])
+                record["network"] = protection.to_json()
+                if not self.loaded.spec.shared_dir_is_shared:
+                    notes.append(
+                        "SSH hosts keep their run files on their own disks; "
+                        f"`distlaunch collect {plan.run_id}` copies them here"
+                    )
+            shown = HostConsole(self.console, plan) if self.reports else None
+            local = LocalTransport(sandbox, standby=plan.standby)
+            yield Opened(
+                HostRouter(local, remote),
+                record,
+                section,
+                tuple(notes),
+                shown,
+                standbys=local.standbys,
+            )
+
+    def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
+        """The firewall of the run's SSH hosts: one guard per host, over ssh."""
+        session = self.session
+
+        def start(name: str) -> subprocess.Popen:
+            python = ssh.remote_python(session.hosts[name].python)
+            argv = session.argv(name, f"exec {python} -m {firewall.GUARD_MODULE}")
+            # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
+            return firewall.start_guard(argv, {contract.RUN_ID: plan.run_id})
+
+        rules = firewall.run_rules(plan, ssh.jumped_hosts(session.hosts))
+        return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, start)
+
+
+@dataclass(frozen=True)
+class SshHosts:
+    """The local backend's run.json section: its SSH hosts as resolved (for `collect` and
+    `stacks`), and whether they share the run dir."""
+
+    shared_dir_is_shared: bool
+    hosts: Mapping[str, Host]
+
+    @classmethod
+    def of(cls, loaded: LoadedSpec, names: Sequence[str]) -> SshHosts:
+        """The SSH hosts ``names`` of ``loaded``."""
+        return cls(loaded.spec.shared_dir_is_shared, {n: loaded.hosts[n] for n in names})
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SshHosts:
+        """Read the section (a record without the key: shared, as the hosts were before it)."""
+        hosts = data.get("hosts") or {}
+        return cls(
+            bool(data.get("shared_dir_is_shared", True)),
+            {name: Host.model_validate(host) for name, host in hosts.items()},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as JSON data."""
+        return {
+            "shared_dir_is_shared": self.shared_dir_is_shared,
+            "hosts": {name: host.model_dump(mode="json") for name, host in self.hosts.items()},
+        }
+
+
+class LocalBackend:
+    """The `local` backend (a `transports.base.Backend`): processes here and on SSH hosts."""
+
+    name: ClassVar[str] = "local"
+    title: ClassVar[str] = "local"
+
+    def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """A dry run's plan (`plan` above, with the SSH tasks' ports as the spec gives them)."""
+        return plan(loaded, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(
+        self, loaded: LoadedSpec, console: Console, options: UpOptions
+    ) -> Iterator[HostsLaunch]:
+        """One `up` (``options`` do not apply here); the SSH master connections close last."""
+        remote = {n: h for n, h in loaded.hosts.items() if h.transport == TaskTransport.SSH}
+        with ssh.Session(remote) as session:
+            yield HostsLaunch(loaded, session, console)
+
+    @contextmanager
+    def cleanup(self, record: RunRecord, run_dir: Path, grace_s: float) -> Iterator[list[str]]:
+        """Nothing: `down`'s sweep here reaches every process of a local run (an SSH task ends
+        with its local ssh client: the remote helper stops the task when its stdin closes)."""
+        yield []
+
+    @contextmanager
+    def stacks(self, record: RunRecord, run_dir: Path) -> Iterator[TaskStacks]:
+        """Local tasks by py-spy here, SSH tasks by the remote helper over one SSH session."""
+        section = self.section(record)
+        with ssh.Session(dict(section.hosts) if section else {}) as session:
+
+            def read(plan: dict, entry: TaskRecord, native: bool) -> Source:
+                if plan.get("transport") == TaskTransport.SSH:
+                    name = plan.get("name", "")
+                    return ssh.task_stacks(session, plan["host_name"], record.run_id, name, native)
+                return recorded_task_stacks(run_dir, entry, native)
+
+            yield read
+
+    def section(self, record: RunRecord) -> SshHosts | None:
+        """The SSH hosts ``record`` keeps (None: a run of another backend, or without SSH hosts)."""
+        if record.backend != self.name or record.section is None:
+            return None
+        return SshHosts.from_json(record.section)
+
+
+class HostConsole(Console):
+    """``console`` with each task's host in its line prefix (``worker-0@node1 | ``), for runs on
+    several hosts."""
+
+    def __init__(self, console: Console, plan: Plan) -> None:
+        super().__init__(console.out, console.err, console.color, console.quiet_tf)
+        self.hosts = {t.name: t.host_name for t in plan.tasks}
+        self.extra = max(len(h) + 1 for h in self.hosts.values())
+
+    def prefix(self, name: str, number: int, width: int) -> bytes:
+        """The base prefix of ``name@host``, widened by the longest ``@host``."""
+        return super().prefix(f"{name}@{self.hosts[name]}", number, width + self.extra)
+
+
+def network_note(plan: Plan) -> str | None:
+    """The line `up` prints about who can reach the local tasks' ports (the firewall's notes
+    speak for the SSH hosts')."""
+    if plan.isolation.private:
+        return ISOLATED_NOTE
+    listed = ", ".join(str(t.port) for t in plan.tasks if t.transport == TaskTransport.LOCAL)
+    if not listed:
+        return None
+    return EXPOSURE_NOTE.format(
+        ports=listed, reason=plan.isolation.reason, remedy=plan.isolation.remedy
+    )

@@ -1,0 +1,766 @@
+"""The Slurm backend: inside an allocation, every task is a job step on one of its nodes.
+
+Why it is built this way:
+- The allocation is whatever `salloc` or a batch script holds: its nodes come from
+  ``SLURM_JOB_NODELIST`` (`scontrol show hostnames`), its CPUs per node from
+  ``SLURM_JOB_CPUS_PER_NODE``. Nothing is asked of the user that Slurm already knows.
+- Placement is one pure decision (`place`): a task that names a node goes there; the others are
+  spread over the nodes, the least loaded first, or packed ``slurm.tasks_per_node`` at a time.
+  Every problem (an unknown node, more tasks than a node's CPUs) is one line.
+- Each task is a *local* `srun` client, a child process of the launcher like an SSH task's `ssh`:
+  ``srun --nodes=1 --ntasks=1 --nodelist=NODE --exact ... PYTHON -I -S .../worker/remote.py``.
+  The helper needs only the standard library, so it runs by the path where the node's preflight
+  found it, without site-packages: every task start waits for that interpreter, and skipping
+  the scan of site-packages saved 0.15-0.25 s per step on the test cluster.
+  srun forwards its stdin to the step, so the remote helper works exactly as over SSH: the task's
+  argv and environment arrive as one JSON line (no shell parses a spec value), the helper runs it
+  in its own process group with the run's umask and error files, `stop` ends it with TERM, grace,
+  KILL, and EOF kills it at once.
+- Measured on Slurm 22.05 (tests/slurmcluster.py): closing srun's stdin ends the step within
+  0.1 s (the helper sees EOF); SIGTERM to srun cancels the step; but SIGKILL to srun leaves the
+  step running on its own for a while (about 2.5 s in the tests; nothing promises how long). So
+  the launcher kills a task by closing its stdin, srun gets SIGTERM (not SIGKILL) when the
+  launcher dies (PR_SET_PDEATHSIG), and the helper's heartbeat timeout covers an srun killed
+  outright by someone else. `distlaunch down` cancels the run's steps by name.
+- The run's firewall (launcher/network/firewall.py) holds on each node as one more step, a guard
+  that lives as long as its srun's stdin stays open (``--overlap``: it takes no CPU from the tasks).
+  That step is the node's preflight probe: once it has answered with nothing wrong, it goes on
+  as the guard in the same process and waits for its rules (one srun and one Python per node
+  fewer on the way to the first task start).
+  Measured here too: cancelling a step (`scancel STEP`, or SIGTERM to its srun) SIGKILLs its
+  processes at once, and a SIGKILLed guard cannot remove its rules. So a guard is only ever ended
+  by EOF (the launcher closes its srun's stdin, or dies: its srun, in a session of its own and
+  with no death signal, lives on to pass the EOF), by its heartbeat timeout, or by `down` with
+  SIGTERM sent to it directly (``scancel --signal=TERM``), after the task steps are cancelled.
+- Ports are picked on each node before the plan, by the SSH preflight's probe run as a step
+  (``--overlap``: it needs no CPU of its own; its source is an argument, so stdin stays free for
+  the guard it becomes), which also checks the node's Python, TensorFlow, distlaunch and the
+  shared dir. TF_CONFIG names nodes by hostname.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from distlaunch.launcher.core.console import Console
+from distlaunch.launcher.core.errors import HostError, Interrupted, UsageError
+from distlaunch.launcher.diagnosis import stacks
+from distlaunch.launcher.network import firewall
+from distlaunch.launcher.plan import ports
+from distlaunch.launcher.plan.isolation import HOST, Isolation
+from distlaunch.launcher.plan.placement import on_nodes
+from distlaunch.launcher.plan.plan import Plan, TaskPlan, make_plan
+from distlaunch.launcher.record import rundir
+from distlaunch.launcher.record.state import RunRecord, TaskRecord
+from distlaunch.launcher.spec.model import LOCAL_HOSTS, LoadedSpec, task_json_path
+from distlaunch.launcher.transports import procs
+from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
+from distlaunch.launcher.transports.helper import (
+    HELPER_MODULE,
+    HelperCommand,
+    HelperHandle,
+    HelperTransport,
+    still_running,
+)
+from distlaunch.launcher.transports.local.routing import HostConsole
+from distlaunch.launcher.transports.ssh.preflight import (
+    HostReport,
+    picked_ports,
+    probe_all,
+    probe_source,
+)
+from distlaunch.worker import contract
+
+PROBE_TIMEOUT_S = 120.0
+# After its stdin closed, a step's helper kills the task at once and srun exits; this long at most.
+KILL_WAIT_S = 5.0
+# Job steps of a run are named after it, so `down` finds them without the launcher.
+STEP_PREFIX = "distlaunch"
+# The step of a node's firewall guard is named distlaunch.<run id>.guard.<node>.
+GUARD_STEP = "guard"
+# The step that reads a task's stacks on its node is named distlaunch.<run id>.stacks.<task>.
+STACKS_STEP = "stacks"
+# Set by the batch script `distlaunch sbatch` writes, to the job id: this job exists for this run.
+SUBMITTED_ENV = "DISTLAUNCH_SLURM_JOB"
+ISOLATION = Isolation(
+    HOST,
+    # The ports are shut by the nodes' firewall (network.protect), not by the isolation.
+    "tasks run as Slurm job steps on the allocation's nodes, on the nodes' network",
+)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The Slurm job the launcher runs in: its id, nodes (in Slurm's order) and CPUs per node."""
+
+    job_id: str
+    nodes: tuple[str, ...]
+    cpus: Mapping[str, int]
+    submitted: bool  # the job was submitted by `distlaunch sbatch` for this run: `down` cancels it
+
+    def to_json(self) -> dict:
+        """What run.json keeps (the slurm backend's section), for `down`, `stacks` and people."""
+        return {
+            "job_id": self.job_id,
+            "nodes": list(self.nodes),
+            "cpus": dict(self.cpus),
+            "submitted": self.submitted,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Allocation:
+        """Read the section `to_json` wrote."""
+        cpus = data.get("cpus") or {}
+        return cls(
+            str(data.get("job_id") or ""),
+            tuple(str(n) for n in data.get("nodes") or ()),
+            {str(n): int(c) for n, c in cpus.items()},
+            bool(data.get("submitted")),
+        )
+
+
+def allocation(env: Mapping[str, str] | None = None) -> Allocation:
+    """The allocation this launcher runs inside; UsageError when there is none."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not job or not nodelist:
+        raise UsageError(
+            "not inside a Slurm allocation (SLURM_JOB_ID is not set): run `up --backend slurm` under "
+            "`salloc -N NODES` or in a batch script, or submit it with `distlaunch sbatch SPEC`"
+        )
+    missing = [
+        tool for tool in ("scontrol", "srun", "squeue", "scancel") if shutil.which(tool) is None
+    ]
+    if missing:
+        raise UsageError(
+            f"{', '.join(missing)} not found: the Slurm client commands must be on PATH"
+        )
+    done = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0 or not done.stdout.split():
+        raise UsageError(
+            f"cannot list the allocation's nodes ({nodelist!r}): {done.stderr.strip() or 'scontrol failed'}"
+        )
+    nodes = tuple(done.stdout.split())
+    cpus = dict(
+        zip(
+            nodes,
+            cpus_per_node(env.get("SLURM_JOB_CPUS_PER_NODE", ""), len(nodes)),
+            strict=True,
+        )
+    )
+    return Allocation(job, nodes, cpus, submitted=env.get(SUBMITTED_ENV) == job)
+
+
+def cpus_per_node(value: str, count: int) -> list[int]:
+    """``SLURM_JOB_CPUS_PER_NODE`` ("2(x3),1") as one number per node; 1 each when unset."""
+    out: list[int] = []
+    for part in filter(None, value.split(",")):
+        found = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if found is None:
+            return [1] * count
+        out += [int(found.group(1))] * int(found.group(2) or 1)
+    return out if len(out) == count else [1] * count
+
+
+def place(loaded: LoadedSpec, alloc: Allocation) -> dict[ports.TaskKey, str]:
+    """Put every task on a node of ``alloc``; HostError lists every problem (nothing started).
+
+    A task whose `host` names a node goes there. The others are spread over the nodes (each to
+    the node with the fewest tasks so far, Slurm's order breaking ties), or with
+    ``slurm.tasks_per_node`` fill the nodes in order. A node may hold as many tasks as the
+    allocation has CPUs there: each step takes one CPU (``--exact``).
+    """
+    spec = loaded.spec
+    entries = [
+        (role, i, e) for role, group in spec.tasks.by_role().items() for i, e in enumerate(group)
+    ]
+    problems = []
+    placed: dict[ports.TaskKey, str] = {}
+    load = dict.fromkeys(alloc.nodes, 0)
+    for role, i, entry in entries:
+        if entry.host in LOCAL_HOSTS:
+            continue
+        if entry.host not in load:
+            where = task_json_path(loaded.raw, role, i, "host")
+            problems.append(
+                f"{where}: node {entry.host!r} is not in the allocation; expected one of: {', '.join(alloc.nodes)}"
+            )
+            continue
+        placed[(role, i)] = entry.host
+        load[entry.host] += 1
+    per_node = spec.slurm.tasks_per_node
+    for role, i, entry in entries:
+        if (role, i) in placed or entry.host not in LOCAL_HOSTS:
+            continue
+        if per_node is not None:
+            node = next((n for n in alloc.nodes if load[n] < per_node), alloc.nodes[-1])
+        else:
+            node = min(alloc.nodes, key=lambda n: (load[n], alloc.nodes.index(n)))
+        placed[(role, i)] = node
+        load[node] += 1
+    total, cpus = len(entries), sum(alloc.cpus.values())
+    if total > cpus:
+        problems.append(
+            f"{total} tasks need {total} CPUs, but job {alloc.job_id} has {cpus} on {len(alloc.nodes)} nodes; "
+            "ask for more (salloc/sbatch --ntasks-per-node or -N) or run fewer tasks"
+        )
+    else:
+        for node in alloc.nodes:
+            if load[node] > alloc.cpus[node]:
+                problems.append(
+                    f"node {node}: {load[node]} tasks placed there but job {alloc.job_id} has {alloc.cpus[node]} "
+                    "CPUs on it; place fewer tasks there"
+                )
+    if problems:
+        raise HostError(
+            "cannot place the tasks on the Slurm allocation; nothing was started:",
+            problems,
+        )
+    return placed
+
+
+def slurm_plan(
+    loaded: LoadedSpec,
+    nodes: Mapping[ports.TaskKey, str],
+    picked: Mapping[ports.TaskKey, int],
+    run_id: str,
+    run_dir: Path,
+    attempt: int = 0,
+) -> Plan:
+    """The plan of one attempt on the nodes (``nodes``: `place`'s decision): TF_CONFIG names
+    ``node:port`` with the nodes' own ports (``picked``).
+
+    A task with GPUs asks Slurm for them (``--gpus-per-task``) and gets Slurm's CUDA_VISIBLE_DEVICES;
+    a task without any gets "" (CPU only), as elsewhere. Steps get no warm standbys: those are
+    local processes.
+    """
+    placed = on_nodes(loaded, nodes).with_ports(picked)
+    return make_plan(loaded, placed, run_id, run_dir, attempt, isolation=ISOLATION)
+
+
+def python_of(loaded: LoadedSpec) -> str:
+    """The interpreter on the nodes: the program's, or the launcher's (the same path on a cluster)."""
+    return loaded.spec.program.python or sys.executable
+
+
+def step_name(run_id: str, task: str) -> str:
+    """The job step name of a task of a run: `down` and people find the run's steps by it (`down`
+    by the whole name: ``distlaunch.ab.worker-0`` begins like run ``ab.worker-0``'s steps too)."""
+    return f"{STEP_PREFIX}.{run_id}.{task}"
+
+
+def guard_step_name(run_id: str, node: str) -> str:
+    """The job step name of the firewall guard of a run on ``node``."""
+    return step_name(run_id, f"{GUARD_STEP}.{node}")
+
+
+def helper_argv(python: str, helper: str | None) -> list[str]:
+    """The command that runs the remote helper on a node: by ``helper``, the path the node's
+    preflight found it at (isolated, no site: 0.15-0.25 s of site-packages scan saved per step),
+    or as a module when that path is not a plain source file."""
+    if helper and os.path.isabs(helper) and helper.endswith(".py"):
+        return [python, "-I", "-S", helper]
+    return [python, "-m", HELPER_MODULE]
+
+
+def srun_argv(job_id: str, node: str, name: str, gpus: int = 0, overlap: bool = False) -> list[str]:
+    """The srun command of one single-task step on ``node``; the step's command follows it.
+
+    ``--exact``: the step takes only its own CPU, so the tasks of a node run side by side;
+    ``overlap`` (preflight's probe) shares CPUs with the tasks instead.
+    """
+    argv = [
+        "srun",
+        f"--jobid={job_id}",
+        "--nodes=1",
+        "--ntasks=1",
+        "--cpus-per-task=1",
+        f"--nodelist={node}",
+        f"--job-name={name}",
+        "--quiet",
+        "--overlap" if overlap else "--exact",
+    ]
+    if gpus:
+        argv.append(f"--gpus-per-task={gpus}")
+    return argv
+
+
+def task_stacks(
+    job_id: str,
+    node: str,
+    run_id: str,
+    task: str,
+    helper: Sequence[str],
+    native: bool,
+) -> stacks.Source:
+    """Where the stacks of ``task`` on ``node`` are read: a step of job ``job_id`` on that node
+    (``--overlap``: it takes no CPU from the tasks) running the remote helper's stacks query
+    (``helper``: its command there; py-spy on the node, else the program's own faulthandler).
+    The local srun that stands for the task is never read or signalled: srun passes a signal on
+    to its step, which would end the task."""
+    name = step_name(run_id, f"{STACKS_STEP}.{task}")
+    argv = [*srun_argv(job_id, node, name, overlap=True), *helper]
+    return stacks.helper(argv, run_id, task, native, f"on node {node}")
+
+
+# ---- preflight -------------------------------------------------------------------------------
+
+
+def preflight(
+    loaded: LoadedSpec,
+    alloc: Allocation,
+    placement: Mapping[ports.TaskKey, str],
+    umask: int | None,
+    guard_run: str | None = None,
+) -> tuple[list[HostReport], dict[str, subprocess.Popen]]:
+    """Probe every node with tasks, in parallel, as a step of the allocation: its Python has
+    TensorFlow and this distlaunch, it sees the shared dir, its fixed ports are free and its `auto`
+    ports are picked there. HostError lists every problem, one line each (nothing started).
+
+    With ``guard_run`` (a run id), each probe goes on as the node's firewall guard (its step named
+    as the run's guard step): one step and one Python per node instead of two, on the run's
+    critical path. The guards, waiting for their rules, are returned by node."""
+    wanted: dict[str, ports.HostPorts] = {}
+    for node in sorted(set(placement.values())):
+        keys = [k for k, n in placement.items() if n == node]
+        fixed = {}
+        for role, i in keys:
+            port = loaded.spec.tasks.by_role()[role][i].port
+            if isinstance(port, int):
+                fixed[(role, i)] = port
+        wanted[node] = ports.HostPorts(fixed, tuple(k for k in keys if k not in fixed))
+    probe = NodeProbe(loaded, alloc, guard_run)
+    try:
+        reports = probe_all(loaded, wanted, umask, probe)
+    except HostError:
+        for guard in probe.guards.values():
+            firewall.end_guard(guard)
+        raise
+    return reports, probe.guards
+
+
+class NodeProbe:
+    """The probe of Slurm nodes (`preflight.Probe`): a job step ``PYTHON -c SOURCE REQUEST``.
+
+    With ``guard_run``, a probe that found nothing wrong goes on as the node's firewall guard;
+    ``guards`` keeps those, by node."""
+
+    machine = "node"
+    machines = "Slurm nodes"
+
+    def __init__(self, loaded: LoadedSpec, alloc: Allocation, guard_run: str | None) -> None:
+        self.loaded = loaded
+        self.alloc = alloc
+        self.guard_run = guard_run
+        self.python = python_of(loaded)
+        self.guards: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()  # the probes run in parallel threads
+
+    def label(self, name: str) -> str:
+        """``node NAME``."""
+        return f"node {name}"
+
+    def request(self, name: str) -> dict:
+        """A cluster shares its filesystem: the spec's workdir, the shared dir seen everywhere."""
+        return {
+            "shared": True,
+            "workdir": str(self.loaded.workdir),
+            "then_guard": self.guard_run is not None,
+        }
+
+    def run(self, name: str, request: dict) -> dict | str:
+        """Run the probe as a step on node ``name``: its answer, or what went wrong in words."""
+        guard_run = self.guard_run
+        step = guard_step_name(guard_run, name) if guard_run else f"{STEP_PREFIX}.preflight"
+        # The source as an argument (not on stdin, as over SSH): stdin stays free for the guard's
+        # request. The run id lets `distlaunch down` find a guard's srun client like the tasks'.
+        argv = [*srun_argv(self.alloc.job_id, name, step, overlap=True), self.python, "-c"]
+        env = {contract.RUN_ID: guard_run} if guard_run else {}
+        proc = firewall.start_guard([*argv, probe_source(), json.dumps(request)], env)
+        if guard_run is None:
+            assert proc.stdin is not None
+            proc.stdin.close()  # a probe only: it exits after its answer
+        try:
+            answer = _answer(proc, PROBE_TIMEOUT_S)
+        except TimeoutError:
+            _ended(proc)
+            return f"no answer from a job step within {PROBE_TIMEOUT_S:g} s"
+        if answer is None:
+            stderr = _ended(proc)
+            last = [line for line in stderr.splitlines() if line.strip()]
+            why = last[-1].strip() if last else f"exit code {proc.returncode}"
+            if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
+                why = f"python {self.python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
+            return f"the probe step failed: {why}"
+        if guard_run is not None and not answer["problems"]:
+            with self._lock:
+                self.guards[name] = proc
+        else:
+            _ended(proc)  # a probe only, or one that found problems (it does not go on as a guard)
+        return answer
+
+
+def _answer(proc: subprocess.Popen, timeout_s: float) -> dict | None:
+    """The probe's answer, the first JSON object line on its stdout (read no further: the guard's
+    answer follows on the same pipe); None when it exited without one, TimeoutError when it
+    stayed silent for ``timeout_s``."""
+    assert proc.stdout is not None
+    fd, buffered = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while sel.select(max(0.0, deadline - time.monotonic())):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                try:
+                    answer = json.loads(line)
+                except ValueError:
+                    continue  # something the node's environment printed first
+                if isinstance(answer, dict) and "problems" in answer:
+                    return answer
+    raise TimeoutError
+
+
+def _ended(proc: subprocess.Popen) -> str:
+    """End a probe step that is not kept (at once if it is still there) and return its stderr."""
+    assert proc.stdin is not None and proc.stderr is not None
+    if not proc.stdin.closed:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        procs.stop_groups([proc], KILL_WAIT_S)
+    stderr = proc.stderr.read().decode(errors="replace")
+    firewall.end_guard(proc)
+    return stderr
+
+
+# ---- transport -------------------------------------------------------------------------------
+
+
+class StepTransport(HelperTransport):
+    """Starts tasks as job steps of the allocation and stops them (on the node: TERM, grace, KILL).
+
+    A task's local srun client holds its stdin, as an SSH task's ssh client does."""
+
+    def __init__(
+        self,
+        alloc: Allocation,
+        run_id: str,
+        python: str,
+        grace_s: float,
+        umask: int | None,
+        helpers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(grace_s, umask, heartbeat="srun-heartbeat")
+        self.alloc = alloc
+        self.run_id = run_id
+        self.python = python
+        self.helpers = dict(helpers or {})  # node -> the helper's path there (preflight's finding)
+
+    def helper_command(self, task: TaskPlan) -> HelperCommand:
+        """The task's srun client: one step on its node running the helper."""
+        argv = [
+            *srun_argv(
+                self.alloc.job_id,
+                task.host_name,
+                step_name(self.run_id, task.name),
+                gpus=len(task.gpus),
+            ),
+            *helper_argv(self.python, self.helpers.get(task.host_name)),
+        ]
+        # SIGTERM, not SIGKILL, when the launcher dies: srun then cancels its step; a killed srun
+        # would leave it running.
+        return HelperCommand(tuple(argv), {contract.RUN_ID: self.run_id}, signal.SIGTERM)
+
+    def kill(self, handles: Sequence[HelperHandle]) -> None:
+        """End the steps now: EOF makes each helper SIGKILL its task and exit, which ends the step.
+
+        An srun still there after KILL_WAIT_S gets SIGTERM (it cancels the step), then SIGKILL.
+        """
+        for handle in handles:
+            handle.stdin.close()
+        late = still_running(handles, KILL_WAIT_S)
+        if late:
+            procs.stop_groups(late, KILL_WAIT_S)
+
+    def stacks(self, handle: HelperHandle, native: bool) -> stacks.Source:
+        """The task's program, read on its node (see `task_stacks`)."""
+        task = handle.task
+        helper = helper_argv(self.python, self.helpers.get(task.host_name))
+        return task_stacks(
+            self.alloc.job_id, task.host_name, self.run_id, task.name, helper, native
+        )
+
+
+# ---- cleanup without the launcher --------------------------------------------------------------
+
+
+def cancel_steps(
+    run_id: str,
+    info: Mapping,
+    network: Mapping | None = None,
+    python: str = sys.executable,
+    tasks: Collection[str] = (),
+) -> list[str]:
+    """Cancel every job step left of Slurm run ``run_id`` and remove any firewall rule left on its
+    nodes; with ``submitted``, cancel its whole job. ``info`` is the run's run.json ``slurm`` entry
+    (`Allocation.to_json`), ``network`` its ``network`` entry, ``tasks`` its tasks' names.
+
+    Steps are found by their exact names (`run_step_names`): run ``ab``'s are never run
+    ``ab.x``'s. The tasks' steps are cancelled first; then the firewall guards get SIGTERM (a
+    cancel would SIGKILL them, leaving their rules), remove their rules once the task ports have
+    closed and end their steps. A guard SIGKILLed earlier (its srun was killed) left its rules: a
+    step on each protected node removes them by the name run.json recorded
+    (`guard.remove_leftovers`), while the job still runs. Returns what was cancelled (``JOB.STEP``
+    ids, or the job id).
+    """
+    job = info.get("job_id")
+    if not job:
+        return []
+    nodes = [str(n) for n in info.get("nodes") or ()]
+    names = run_step_names(run_id, tasks, nodes)
+    guard_names = {guard_step_name(run_id, node) for node in nodes}
+    steps = _steps_of(str(job), names)
+    guards = [i for i, name in steps.items() if name in guard_names]
+    task_steps = [i for i in steps if i not in guards]
+    if task_steps:
+        subprocess.run(["scancel", "--quiet", *task_steps], capture_output=True, check=False)
+    if guards:
+        subprocess.run(
+            ["scancel", "--quiet", "--signal=TERM", *guards], capture_output=True, check=False
+        )
+        deadline = time.monotonic() + firewall.CLOSE_TIMEOUT_S
+        while set(guards) & set(_steps_of(str(job), names)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        late = sorted(set(guards) & set(_steps_of(str(job), names)))
+        if late:
+            subprocess.run(["scancel", "--quiet", *late], capture_output=True, check=False)
+    left = {
+        node: str(h["name"])
+        for node, h in ((network or {}).get("hosts") or {}).items()
+        if h.get("protected") and h.get("name")
+    }
+    if left:
+        with ThreadPoolExecutor(max_workers=len(left)) as pool:
+            list(
+                pool.map(
+                    lambda node: _remove_rules(str(job), node, run_id, left[node], python), left
+                )
+            )
+    cancelled = sorted(steps)
+    if info.get("submitted"):
+        subprocess.run(["scancel", "--quiet", str(job)], capture_output=True, check=False)
+        cancelled.append(str(job))
+    return cancelled
+
+
+def run_step_names(run_id: str, tasks: Collection[str], nodes: Collection[str]) -> set[str]:
+    """Every step name run ``run_id`` gives: its tasks' and its guards' on ``nodes``."""
+    return {step_name(run_id, task) for task in tasks} | {
+        guard_step_name(run_id, node) for node in nodes
+    }
+
+
+def _remove_rules(job: str, node: str, run_id: str, rules: str, python: str) -> None:
+    """Remove what a guard of ``run_id`` left on ``node`` under the name ``rules`` (nothing,
+    mostly), as a job step."""
+    name = step_name(run_id, f"{GUARD_STEP}-sweep.{node}")
+    argv = [*srun_argv(job, node, name, overlap=True), python, "-m", firewall.GUARD_MODULE]
+    try:
+        subprocess.run(
+            [*argv, "--remove", rules],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pass  # the node does not take a step now: nothing more can be done from here
+
+
+def _steps_of(job: str, names: Collection[str]) -> dict[str, str]:
+    """The live steps of ``job`` whose name is one of ``names``: ``JOB.STEP`` id -> step name."""
+    listed = subprocess.run(
+        ["squeue", "--steps", f"--jobs={job}", "--noheader", "--format=%i %j"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    pairs = (line.split() for line in listed.stdout.splitlines())
+    return {p[0]: p[1] for p in pairs if len(p) == 2 and p[1] in names}
+
+
+def requeue(alloc: Allocation) -> None:
+    """Put the job back in the queue (it was submitted with --requeue): its next start resumes the run."""
+    subprocess.run(["scontrol", "requeue", alloc.job_id], capture_output=True, check=False)
+
+
+# ---- the backend -------------------------------------------------------------------------------
+
+
+def plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+    """A dry run's plan (`plan`, `tfconfig`): placed on the current allocation, with stand-in
+    ports (`up` picks the real ones on the nodes)."""
+    nodes = place(loaded, allocation())
+    stand_ins = ports.allocate(loaded, on_nodes(loaded, nodes), private=True)
+    return slurm_plan(loaded, nodes, stand_ins, run_id, run_dir, attempt)
+
+
+class SlurmLaunch:
+    """One `up` inside a Slurm allocation: place the tasks, probe the nodes (their ports), plan,
+    then run every task as a job step."""
+
+    def __init__(self, loaded: LoadedSpec, console: Console, requeue: bool) -> None:
+        self.loaded = loaded
+        self.console = console
+        self.requeue = requeue
+        self.alloc = allocation()
+        self.placement = place(loaded, self.alloc)
+        private = loaded.spec.permissions == "private"
+        self.umask = rundir.PRIVATE_UMASK if private else None
+        self.helpers: dict[str, str] = {}
+        self.guards: dict[str, subprocess.Popen] = {}  # node -> its probe, waiting as its guard
+
+    def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """Check every node (HostError when one is not usable), then plan with their ports;
+        unless protection is off, each node's probe stays on as its firewall guard."""
+        guard_run = run_id if self.loaded.spec.network.protect != firewall.OFF else None
+        reports, self.guards = preflight(
+            self.loaded, self.alloc, self.placement, self.umask, guard_run
+        )
+        for report in reports:
+            self.console.say(f"node {report.name}: {report.summary()}")
+            if isinstance(report.facts.get("helper"), str):
+                self.helpers[report.name] = report.facts["helper"]
+        return slurm_plan(
+            self.loaded, self.placement, picked_ports(reports), run_id, run_dir, attempt
+        )
+
+    @contextmanager
+    def open(self, plan: Plan) -> Iterator[Opened]:
+        """The nodes' firewall, then the job step transport: the guards hold before any task
+        starts and end after every task has stopped. With ``requeue`` (a batch job of
+        `distlaunch sbatch --requeue`), a run interrupted by the pre-timeout signal requeues the
+        job on the way out: its next start resumes this run."""
+        python = python_of(self.loaded)
+        grace_s = self.loaded.spec.timeouts.grace_s
+        nodes = ", ".join(sorted(set(self.placement.values())))
+        with (
+            self._protect(plan) as protection,
+            StepTransport(
+                self.alloc, plan.run_id, python, grace_s, self.umask, self.helpers
+            ) as steps,
+        ):
+            notes = (
+                f"tasks run as steps of Slurm job {self.alloc.job_id} on {nodes}",
+                *protection.notes(),
+            )
+            try:
+                record = {"network": protection.to_json()}
+                yield Opened(steps, record, self.alloc, notes, HostConsole(self.console, plan))
+            except Interrupted as exc:
+                if self.requeue and exc.signum == rundir.PRE_TIMEOUT_SIGNAL:
+                    self.console.say(
+                        f"the job is near its time limit: tasks stopped; requeueing job "
+                        f"{self.alloc.job_id}, which resumes run {plan.run_id} from its latest "
+                        "checkpoint"
+                    )
+                    requeue(self.alloc)
+                raise
+
+    def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
+        """The firewall of the run's nodes: each node's guard, its probe step gone on as one."""
+        return firewall.protect(
+            self.loaded.spec.network.protect, plan.run_id, firewall.run_rules(plan), self._guard
+        )
+
+    def _guard(self, node: str) -> subprocess.Popen:
+        return self.guards.pop(node)
+
+    def close(self) -> None:
+        """End the guards `protect` did not take (a plan that was never opened)."""
+        for guard in self.guards.values():
+            firewall.end_guard(guard)
+        self.guards.clear()
+
+
+class SlurmBackend:
+    """The `slurm` backend (a `transports.base.Backend`): every task a step of the allocation."""
+
+    name: ClassVar[str] = "slurm"
+    title: ClassVar[str] = "Slurm"
+
+    def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """A dry run's plan (`plan` above: stand-in ports on the current allocation)."""
+        return plan(loaded, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(
+        self, loaded: LoadedSpec, console: Console, options: UpOptions
+    ) -> Iterator[SlurmLaunch]:
+        """One `up` (UsageError outside an allocation, or when the tasks do not fit its nodes);
+        ``options.requeue``: see `SlurmLaunch.open`."""
+        launch = SlurmLaunch(loaded, console, options.requeue)
+        try:
+            yield launch
+        finally:
+            launch.close()
+
+    @contextmanager
+    def cleanup(self, record: RunRecord, run_dir: Path, grace_s: float) -> Iterator[list[str]]:
+        """Before the sweep, cancel the run's steps (they run on other nodes, out of its reach)
+        and remove its guards' rules (`cancel_steps`)."""
+        alloc = self.section(record)
+        if alloc is None:
+            yield []
+            return
+        # The python the run's steps ran (its guards' too): a task's, as planned.
+        tasks = record.plan.get("tasks") or [{}]
+        python = (tasks[0].get("argv") or [sys.executable])[0]
+        names = [t["name"] for t in tasks if "name" in t]
+        yield cancel_steps(record.run_id, alloc.to_json(), record.network, python, names)
+
+    @contextmanager
+    def stacks(self, record: RunRecord, run_dir: Path) -> Iterator[TaskStacks]:
+        """Each task by the helper in a step on its node (`task_stacks`)."""
+        alloc = self.section(record)
+        job = alloc.job_id if alloc else ""
+
+        def read(plan: dict, entry: TaskRecord, native: bool) -> stacks.Source:
+            # The nodes' interpreter is the tasks' own (a cluster shares its filesystem).
+            helper = helper_argv(plan["argv"][0], None)
+            return task_stacks(job, plan["host_name"], record.run_id, plan["name"], helper, native)
+
+        yield read
+
+    def section(self, record: RunRecord) -> Allocation | None:
+        """The job ``record`` keeps (None: a run of another backend)."""
+        if record.backend != self.name or record.section is None:
+            return None
+        return Allocation.from_json(record.section)

@@ -1,0 +1,266 @@
+"""The SSH transport: a task on another host runs there under `distlaunch.worker.remote`, held by a local ssh client.
+
+Why it is built this way:
+- The system's OpenSSH client does the connecting, so ~/.ssh/config, agents, ProxyJump and
+  known_hosts behave as the user expects. BatchMode: it fails instead of prompting. Host keys are
+  checked (``accept-new`` only where the spec opts in).
+- Connections are shared: ControlMaster=auto with its sockets in a private 0700 dir of the run.
+  Preflight's ssh opens each host's master connection and every task's session rides on it, so N
+  tasks cost one handshake. A master carries at most MUX_SESSIONS tasks (sshd's default
+  MaxSessions is 10); more tasks on one host open more masters. `Session.close` ends them
+  (`ssh -O exit`); ControlPersist is short, so a master left by a killed launcher ends on its own
+  once its sessions are gone.
+- Each task is a helper transport's task (transports/helper.py): a local ssh client runs
+  ``ssh HOST 'exec PYTHON -m distlaunch.worker.remote'`` and the task travels as one JSON line on
+  its stdin. Only the interpreter's path is in the remote command, shell-quoted. The launcher keeps
+  the client's stdin (heartbeats, ``stop``); EOF (the launcher died or killed the client, the
+  connection dropped) or the heartbeat's silence makes the helper SIGKILL the task's remote
+  process group at once: nothing is left running on the host.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+
+from distlaunch.launcher.diagnosis import stacks
+from distlaunch.launcher.plan.plan import TaskPlan
+from distlaunch.launcher.spec.model import Host
+from distlaunch.launcher.transports import procs
+from distlaunch.launcher.transports.helper import (
+    HELPER_MODULE,
+    HelperCommand,
+    HelperHandle,
+    HelperTransport,
+)
+from distlaunch.worker import contract
+
+# Tasks per master connection: sshd refuses sessions past MaxSessions (10 by default) on one
+# connection; one is kept spare for preflight and `collect`.
+MUX_SESSIONS = 8
+# How long an idle master outlives its last session when nobody ends it (`ssh -O exit`).
+CONTROL_PERSIST_S = 30
+# The local client gives up on a silent server after ALIVE_INTERVAL_S * ALIVE_COUNT seconds.
+ALIVE_INTERVAL_S = 5
+ALIVE_COUNT = 3
+# The master connection of the launcher's stacks queries, apart from the tasks': a capture asks
+# about up to 8 tasks of a host at once, which would not fit beside 8 tasks on one master.
+STACKS_SLOT = -1
+
+
+def remote_python(python: str) -> str:
+    """``python`` as a word of a remote POSIX shell command: quoted, with a leading ``~/`` expanded.
+
+    Everything else is quoted verbatim, so the spec's value is data, never shell code.
+    """
+    if python.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(python[2:])
+    return shlex.quote(python)
+
+
+def jumped_hosts(hosts: Mapping[str, Host]) -> list[str]:
+    """The SSH hosts among ``hosts`` that ssh reaches through a jump host (`Session.through_jump_host`)."""
+    session = Session({n: h for n, h in hosts.items() if h.transport == "ssh"})
+    return [name for name in sorted(session.hosts) if session.through_jump_host(name)]
+
+
+class Session:
+    """The SSH side of one run: a private control-socket dir and the master connections in it."""
+
+    def __init__(self, hosts: Mapping[str, Host]) -> None:
+        self.hosts = dict(hosts)
+        self._control_dir: str | None = None
+        self._masters: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def target(self, name: str) -> str:
+        """The host as people read it: ``name (user@address:port)``."""
+        host = self.hosts[name]
+        where = f"{host.user}@" if host.user else ""
+        where += host.address_of(name) + (f":{host.port}" if host.port else "")
+        return f"{name} ({where})"
+
+    def argv(self, name: str, remote_command: str, slot: int = 0) -> list[str]:
+        """The ssh command line that runs ``remote_command`` (POSIX shell text) on host ``name``.
+
+        ``slot`` picks the master connection: slot k carries tasks k*MUX_SESSIONS onwards.
+        """
+        return [
+            "ssh",
+            "-T",
+            *self._options(name, slot),
+            "--",
+            self.hosts[name].address_of(name),
+            remote_command,
+        ]
+
+    def run(
+        self,
+        name: str,
+        remote_command: str,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+        slot: int = 0,
+    ) -> subprocess.CompletedProcess:
+        """Run ``remote_command`` on host ``name`` and wait; output is captured as bytes.
+
+        The first call for a host (and slot) opens its master connection, which stays for the run.
+        """
+        host = self.hosts[name]
+        return subprocess.run(
+            self.argv(name, remote_command, slot),
+            input=stdin,
+            capture_output=True,
+            timeout=timeout if timeout is not None else host.connect_timeout_s + 60,
+        )
+
+    def through_jump_host(self, name: str) -> bool:
+        """Whether ssh reaches host ``name`` through a jump host (ProxyJump or ProxyCommand, from
+        the spec's options or the user's ssh config): `ssh -G` prints the options it would use and
+        connects nowhere. Its guard then sees the jump host as the SSH session's source."""
+        host = self.hosts[name]
+        argv = ["ssh", "-G", *self._options(name, 0, control=False), "--", host.address_of(name)]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        except subprocess.TimeoutExpired:
+            return False
+        for line in done.stdout.decode(errors="replace").splitlines():
+            key, _, value = line.partition(" ")
+            if key in ("proxyjump", "proxycommand") and value.strip().lower() != "none":
+                return True
+        return False
+
+    def close(self) -> None:
+        """End every master connection this session opened and remove the control dir."""
+        if self._control_dir is None:
+            return
+        for name, slot in sorted(self._masters):
+            host = self.hosts[name]
+            try:
+                # Without a master (the host was never reached) this fails at once, harmlessly.
+                subprocess.run(
+                    ["ssh", *self._options(name, slot), "-O", "exit", "--", host.address_of(name)],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=host.connect_timeout_s + 10,
+                )
+            except subprocess.TimeoutExpired:
+                pass  # a master that hangs goes away by itself ControlPersist after its last session
+        shutil.rmtree(self._control_dir, ignore_errors=True)
+        self._control_dir = None
+        self._masters.clear()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _options(self, name: str, slot: int, control: bool = True) -> list[str]:
+        host = self.hosts[name]
+        # The spec's own options first: ssh keeps the first value it is given for an option, so
+        # they override the defaults below (owned options are refused by the spec).
+        opts: list[str] = []
+        for option in host.ssh_options:
+            opts += ["-o", option]
+        if host.identity_file:
+            opts += ["-i", host.identity_file, "-o", "IdentitiesOnly=yes"]
+        if host.user:
+            opts += ["-l", host.user]
+        if host.port:
+            opts += ["-p", str(host.port)]
+        opts += [
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            f"ConnectTimeout={host.connect_timeout_s}",
+            "-o",
+            f"StrictHostKeyChecking={host.host_key_checking}",
+        ]
+        if not control:
+            return opts
+        with self._lock:
+            if self._control_dir is None:
+                # Short, private and per run: a socket path must fit in 108 bytes, and whoever can
+                # reach a control socket can run commands on the host.
+                self._control_dir = tempfile.mkdtemp(prefix="distlaunch-ssh-")
+            self._masters.add((name, slot))
+        opts += [
+            "-o",
+            "ControlMaster=auto",
+            # Per host name, not only per user@address:port (%C): two names for one machine may
+            # differ in key or options, and must not ride on each other's connection.
+            "-o",
+            f"ControlPath={self._control_dir}/{sorted(self.hosts).index(name)}-{slot}-%C",
+            "-o",
+            f"ControlPersist={CONTROL_PERSIST_S}",
+            "-o",
+            f"ServerAliveInterval={ALIVE_INTERVAL_S}",
+            "-o",
+            f"ServerAliveCountMax={ALIVE_COUNT}",
+        ]
+        return opts
+
+
+def task_stacks(
+    session: Session, host: str, run_id: str, task: str, native: bool, slot: int = 0
+) -> stacks.Source:
+    """Where the stacks of ``task`` on SSH host ``host`` are read: on that host, by the remote
+    helper (py-spy there; else the program's own faulthandler, signalled there). The local ssh
+    client that stands for the task is never read or signalled: it is not the program, and a
+    signal would end it, and with it the task."""
+    python = remote_python(session.hosts[host].python)
+    argv = session.argv(host, f"exec {python} -m {HELPER_MODULE}", slot)
+    return stacks.helper(argv, run_id, task, native, f"on {session.target(host)}")
+
+
+class SshTransport(HelperTransport):
+    """Starts tasks on SSH hosts through `session` and stops them (remotely: TERM, grace, KILL)."""
+
+    def __init__(self, session: Session, grace_s: float, umask: int | None) -> None:
+        super().__init__(grace_s, umask, heartbeat="ssh-heartbeat")
+        self.session = session
+        self._slots: dict[str, int] = {}
+        self._per_host: dict[str, int] = {}
+        self._opened: set[tuple[str, int]] = set()
+
+    def helper_command(self, task: TaskPlan) -> HelperCommand:
+        """The task's ssh client, on the master connection of its slot (opened first if new)."""
+        slot = self._slot(task)
+        if slot > 0 and (task.host_name, slot) not in self._opened:
+            # Opened before the slot's first task, so that its tasks do not race to be master.
+            self._opened.add((task.host_name, slot))
+            try:
+                self.session.run(task.host_name, "true", slot=slot)
+            except subprocess.TimeoutExpired:
+                pass  # the task's own ssh then reports what is wrong
+        command = (
+            f"exec {remote_python(self.session.hosts[task.host_name].python)} -m {HELPER_MODULE}"
+        )
+        # The client gets the launcher's environment (agent socket, ssh config) plus the run id that
+        # `distlaunch down` looks for; the task's own environment travels in the request.
+        env = {contract.RUN_ID: task.env.get(contract.RUN_ID, "")}
+        return HelperCommand(tuple(self.session.argv(task.host_name, command, slot)), env)
+
+    def kill(self, handles: Sequence[HelperHandle]) -> None:
+        """Kill the tasks' local ssh clients: the helpers see EOF and SIGKILL their tasks at once."""
+        procs.kill_groups(h.proc for h in handles)
+
+    def stacks(self, handle: HelperHandle, native: bool) -> stacks.Source:
+        """The task's program, read on its host (see `task_stacks`)."""
+        task = handle.task
+        run_id = task.env.get(contract.RUN_ID, "")
+        return task_stacks(self.session, task.host_name, run_id, task.name, native, STACKS_SLOT)
+
+    def _slot(self, task: TaskPlan) -> int:
+        """The master connection a task uses, stable across restarts of the task."""
+        key = f"{task.host_name}/{task.name}"
+        if key not in self._slots:
+            count = self._per_host.get(task.host_name, 0)
+            self._per_host[task.host_name] = count + 1
+            self._slots[key] = count // MUX_SESSIONS
+        return self._slots[key]
