@@ -87,6 +87,18 @@ def test_consecutive_calls_reuse_the_same_task_processes(here, capsys):
     assert processes_of_run(cold["worker-0"]["run"]) == []  # a one-shot run ends with its call
 
 
+def test_closing_the_pool_ends_its_run_as_a_one_shot_call_ends(here):
+    # Its tasks return at the close (no TERM for TensorFlow to swallow, no grace waited out):
+    # the run succeeds, as a one-shot call's does, and nothing of it is left.
+    values = distlaunch.run(interpreter, "once", quiet=True)
+    run_dir = here / "runs" / values["worker-0"]["run"]
+    api_pool.close()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "succeeded", record
+    assert {t["exit_code"] for t in record["tasks"].values()} == {0}
+    assert processes_of_run(record["run_id"]) == []
+
+
 def test_the_environment_variable_turns_the_pool_off(here, monkeypatch):
     monkeypatch.setenv(api_pool.POOL_ENV, "0")
     first = distlaunch.run(interpreter, "one", quiet=True)

@@ -57,10 +57,13 @@ _RUN_DIR, _ROLE, _INDEX, _ATTEMPT = (
 PAYLOAD = "call/payload.pkl"
 RESULTS = "call/results"
 WAKE = "call/wake"
-# A task of the warm pool serves calls until it is stopped (see the module docstring).
+# A task of the warm pool serves calls until the pool closes (CLOSE) or its run is stopped.
 SERVE_ARG = "--serve"
 # The line a serving task prints after each call; the caller's echo swallows it.
 DONE = "distlaunch.run: call {} done"
+# What the caller writes on a task's wake pipe instead of a call number when the pool closes: the
+# task returns, and its run ends as a one-shot call's does, with no signal to wait out.
+CLOSE = "close"
 BARRIERS = "call/barrier"
 _BARRIER_POLL_S = 0.005
 
@@ -107,7 +110,10 @@ def main() -> None:
             _call(payload_path(run_dir, number), result_path(run_dir, attempt, task, number), task)
             sys.stderr.flush()
             print(DONE.format(number), flush=True)
-            number = int(calls.readline())
+            line = calls.readline().decode().strip()
+            if line == CLOSE:
+                return
+            number = int(line)
             _Barrier.arm(run_dir / BARRIERS, number)
 
 

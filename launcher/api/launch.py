@@ -153,8 +153,9 @@ class Run:
         return self._finish()
 
     def stop(self) -> RunResult:
-        """Stop the run (every task TERM, grace, KILL, as Ctrl-C does) and return its result;
-        a run that has ended only returns its result."""
+        """Stop the run and return its result: a program that saves on a stop notice saves
+        first (timeouts.save_s; README "Preemption"), then every task TERM, grace, KILL; a run
+        that has ended only returns its result."""
         if self._proc.poll() is None:
             try:
                 self._proc.send_signal(signal.SIGTERM)

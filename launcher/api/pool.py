@@ -26,7 +26,7 @@ from pathlib import Path
 
 from distlaunch.launcher.api import launch as api
 from distlaunch.launcher.api.results import RunResult
-from distlaunch.worker.call import DONE, payload_path, wake_path
+from distlaunch.worker.call import CLOSE, DONE, payload_path, wake_path
 
 # The off switch: DISTLAUNCH_POOL=0 makes every call one-shot (the `pool=` argument wins).
 POOL_ENV = "DISTLAUNCH_POOL"
@@ -67,6 +67,8 @@ class _Entry:
         return True
 
 
+# How long a closing entry's tasks may take to return before their run is stopped.
+_CLOSE_S = 30.0
 _lock = threading.Lock()
 _entry: _Entry | None = None
 
@@ -141,9 +143,19 @@ def close() -> None:
 
 
 def _stop(entry: _Entry) -> None:
-    """Stop an entry's run without a word: its `interrupted by SIGTERM` is no news here."""
+    """End an entry's run without a word. An idle entry's tasks are told to return, so the run
+    ends as a one-shot call's does; a TensorFlow task would swallow the SIGTERM of a stop and be
+    killed only after the spec's grace, and every caller's exit would wait for that. A busy
+    entry, or one whose tasks do not end by _CLOSE_S, is stopped (TERM, grace, KILL)."""
     entry.run.console = None
-    entry.run.stop()
+    if entry.run.alive and not entry.busy:
+        for task in entry.tasks:
+            _wake(wake_path(entry.run.run_dir, task), CLOSE)
+        try:
+            entry.run.wait(_CLOSE_S)
+        except TimeoutError:
+            pass
+    entry.run.stop()  # returns the result of a run that has ended
 
 
 def _drop(entry: _Entry) -> None:
@@ -160,9 +172,9 @@ def _write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _wake(fifo: Path, number: int) -> None:
-    """Tell a serving task the number of its next call. A task that is gone has no reader on
-    its FIFO: nothing to do, its run is ending and the wait sees that."""
+def _wake(fifo: Path, number: int | str) -> None:
+    """Tell a serving task the number of its next call (or CLOSE). A task that is gone has no
+    reader on its FIFO: nothing to do, its run is ending and the wait sees that."""
     try:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     except OSError:
