@@ -137,6 +137,30 @@ def _start(spec: Path, *args: str) -> subprocess.Popen:
         )
 
 
+def _run_dir(tmp: Path) -> Path:
+    """The run dir of the one run under ``tmp``, once its run.json exists."""
+    return wait_for(
+        lambda: (
+            next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
+            if (tmp / "runs").exists()
+            else None
+        ),
+        "the run dir",
+    )
+
+
+def _both_print(run_dir: Path, text: str, what: str) -> None:
+    """Wait until both tasks of attempt 0 have printed ``text`` to their logs."""
+    logs = run_dir / "logs" / "attempt-0"
+    wait_for(
+        lambda: (
+            len(found := list(logs.glob("*.log"))) == 2
+            and all(text in p.read_text() for p in found)
+        ),
+        what,
+    )
+
+
 def _training(tmp: Path, attempt: int = 0, past_step: int = 25) -> Path:
     """The run dir once both workers have logged an epoch line past ``past_step`` in ``attempt``."""
 
@@ -248,14 +272,7 @@ def test_a_notice_during_the_strategys_build_is_kept(tmp):
     )
     launcher = _start(spec)
     try:
-        run_dir = wait_for(
-            lambda: (
-                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
-                if (tmp / "runs").exists()
-                else None
-            ),
-            "the run dir",
-        )
+        run_dir = _run_dir(tmp)
         # worker-0's server is up: TensorFlow's notifier holds SIGTERM; the cluster is not formed.
         wait_for(
             lambda: run_record(run_dir)["tasks"].get("worker-0", {}).get("state") == "running",
@@ -315,24 +332,8 @@ def test_a_save_that_misses_its_deadline_stops_the_run_and_names_the_tasks(tmp):
     spec = write_spec(tmp, timeouts={"grace_s": 1, "startup_s": 120, "save_s": 1})
     launcher = _start(spec)
     try:
-        run_dir = wait_for(
-            lambda: (
-                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
-                if (tmp / "runs").exists()
-                else None
-            ),
-            "the run dir",
-        )
-        wait_for(
-            lambda: (
-                all(
-                    "serving" in p.read_text()
-                    for p in (run_dir / "logs" / "attempt-0").glob("*.log")
-                )
-                and len(list((run_dir / "logs" / "attempt-0").glob("*.log"))) == 2
-            ),
-            "both tasks to take over SIGTERM",
-        )
+        run_dir = _run_dir(tmp)
+        _both_print(run_dir, "serving", "both tasks to take over SIGTERM")
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(timeout=120)
     finally:
@@ -368,21 +369,8 @@ def test_a_program_that_cannot_save_is_stopped_at_once_as_before(tmp):
     spec = write_spec(tmp, timeouts={"grace_s": 1, "startup_s": 120, "save_s": 600})
     launcher = _start(spec)
     try:
-        run_dir = wait_for(
-            lambda: (
-                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
-                if (tmp / "runs").exists()
-                else None
-            ),
-            "the run dir",
-        )
-        wait_for(
-            lambda: (
-                len(logs := list((run_dir / "logs" / "attempt-0").glob("*.log"))) == 2
-                and all("serving" in p.read_text() for p in logs)
-            ),
-            "both tasks to build their strategy",
-        )
+        run_dir = _run_dir(tmp)
+        _both_print(run_dir, "serving", "both tasks to build their strategy")
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(timeout=120)
     finally:
@@ -503,14 +491,7 @@ def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):
     spec = write_spec(tmp)
     launcher = _start(spec)
     try:
-        run_dir = wait_for(
-            lambda: (
-                next((p.parent for p in (tmp / "runs").glob("*/run.json")), None)
-                if (tmp / "runs").exists()
-                else None
-            ),
-            "the run dir",
-        )
+        run_dir = _run_dir(tmp)
         logs = run_dir / "logs" / "attempt-0"
         wait_for(
             lambda: len([p for p in logs.glob("*.log") if "run 50" in p.read_text()]) == 2,
