@@ -7,7 +7,11 @@ over the SSH session's stdin, one line at a time:
   "mkdirs": [...], "umask": 63 | null, "grace_s": 5, "heartbeat_s": 20}``. Arguments, environment
   and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
   starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
-- every later line is either empty (a heartbeat: the launcher is alive) or ``stop``.
+- every later line is either empty (a heartbeat: the launcher is alive), ``stop``, or ``notice``:
+  a stop notice (the launcher asks the task to save and stop: worker/preempt.py), SIGTERM to the
+  task's program alone, never to what it started (a data loader's worker), whose death could break
+  the save. The helper keeps watching: the program exits once it has saved, or the launcher sends
+  ``stop`` at its deadline.
 
 `distlaunch stacks` sends another first line instead, ``{"stacks": {"run_id": "...", "task":
 "worker-1", "native": true}}``: the helper finds that task's program on this host (its
@@ -24,7 +28,10 @@ stderr merged into this helper's stdout, which SSH streams back to the launcher'
 group is stopped the way a local task's would be:
 
 - ``stop`` arrives (the launcher tears the run down), or this helper gets SIGTERM, SIGHUP or
-  SIGINT: SIGTERM, ``grace_s``, SIGKILL, as `LocalTransport.stop` does;
+  SIGINT: SIGTERM, ``grace_s``, SIGKILL, as `LocalTransport.stop` does. With ``term_is_notice``
+  (a Slurm job step: Slurm SIGTERMs every process of a job it requeues, preempts or ends at its
+  time limit, and SIGKILLs them KillWait later) SIGTERM is a stop notice instead: the program
+  alone gets it, and Slurm's SIGKILL or the launcher's ``stop`` is the deadline;
 - stdin reaches EOF (the launcher died or killed the ssh client, or the connection closed: sshd
   then closes the channel), or no line arrives for ``heartbeat_s`` (the network vanished without
   a reset, which sshd may not notice for hours): SIGKILL at once. A local task gets exactly that
@@ -55,6 +62,7 @@ from typing import Any
 # refuses a host whose helper speaks another protocol.
 PROTOCOL = 1
 STOP = b"stop"
+NOTICE = b"notice"
 # Exit codes for a task that could not be started, as POSIX shells use them.
 EXIT_BAD_REQUEST = 125
 EXIT_NOT_EXECUTABLE = 126
@@ -85,7 +93,7 @@ def main() -> int:
         return EXIT_BAD_REQUEST
     # Signals are trapped before the task exists: a stop signal arriving in between must still
     # reach the task instead of killing this helper alone.
-    watch = _Watch(stdin, request["grace_s"], request["heartbeat_s"])
+    watch = _Watch(stdin, request["grace_s"], request["heartbeat_s"], request["term_is_notice"])
     # Orphans of the task (a child that called setsid, a double-forked daemon) become this
     # helper's children instead of init's, so that `_sweep` can find and kill them.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -129,6 +137,7 @@ def _parse(line: bytes | None) -> dict[str, Any]:
         "umask": int(request["umask"]) if request.get("umask") is not None else None,
         "grace_s": float(request.get("grace_s", 5.0)),
         "heartbeat_s": float(request["heartbeat_s"]) if request.get("heartbeat_s") else None,
+        "term_is_notice": bool(request.get("term_is_notice")),
     }
 
 
@@ -198,11 +207,19 @@ class _LineReader:
 class _Watch:
     """Waits for the task to exit, or for a reason to stop it, in one select loop."""
 
-    def __init__(self, stdin: _LineReader, grace_s: float, heartbeat_s: float | None) -> None:
+    def __init__(
+        self,
+        stdin: _LineReader,
+        grace_s: float,
+        heartbeat_s: float | None,
+        term_is_notice: bool = False,
+    ) -> None:
         self.stdin = stdin
         self.grace_s = grace_s
         self.heartbeat_s = heartbeat_s
+        self.term_is_notice = term_is_notice
         self._signal: int | None = None
+        self._notices = 0  # notices that came (a line or SIGTERM) and were not yet passed on
         self._wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         for sig in _STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
@@ -216,6 +233,7 @@ class _Watch:
         sel.register(self.stdin.fd, selectors.EVENT_READ, "stdin")
         sel.register(self._wake_r, selectors.EVENT_READ, "signal")
         reason = self._signal_reason() or self._reason(self.stdin.pending_lines())
+        self._pass_notices()
         last_heard = time.monotonic()
         lost = None
         while reason is None and lost is None:
@@ -231,7 +249,12 @@ class _Watch:
                     if self.stdin.eof:
                         lost = "the launcher's connection closed"
                 if key.data == "signal":
+                    try:
+                        os.read(self._wake_r, 512)  # a notice keeps the loop going: drain it
+                    except BlockingIOError:
+                        pass
                     reason = self._signal_reason()
+            self._pass_notices()
             if self.heartbeat_s is not None and time.monotonic() - last_heard > self.heartbeat_s:
                 lost = f"no word from the launcher for {self.heartbeat_s:g} s"
         if reason is None:  # a `stop` that came with the EOF still gets its grace
@@ -244,14 +267,27 @@ class _Watch:
         return f"this helper got {_signal_name(self._signal)}" if self._signal else None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        if self._signal is None:
+        if signum == signal.SIGTERM and self.term_is_notice:
+            self._notices += 1
+        elif self._signal is None:
             self._signal = signum
 
     def _reason(self, lines: list[bytes]) -> str | None:
-        # Any line is a heartbeat; only `stop` asks for anything.
+        # Any line is a heartbeat; `stop` and `notice` ask for something.
+        self._notices += sum(line.strip() == NOTICE for line in lines)
         if any(line.strip() == STOP for line in lines):
             return "the launcher asked it to stop"
         return None
+
+    def _pass_notices(self) -> None:
+        """Send the program alone (not its group) SIGTERM for the notices that came: it saves
+        and exits on its own."""
+        if self._notices:
+            self._notices = 0
+            try:
+                os.kill(self.child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass  # it has exited: its exit is on the way
 
     def _leftovers(self) -> int:
         """The leader exited: terminate whatever it left in its group, then return its code."""
