@@ -528,8 +528,14 @@ def test_sbatch_runs_the_job_and_a_requeue_after_the_pre_timeout_signal_resumes_
         assert "resumed from" in (run_dir / "logs" / "attempt-1" / f"{task}.log").read_text()
     assert json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"] == 60
     assert (run_dir / "checkpoints" / "checkpoint").exists()
-    out = (run_dir / f"slurm-{job}.out").read_text()
-    assert "requeueing job" in out and f"run {record['run_id']} succeeded" in out
+
+    # The launcher records the run's end just before it prints it.
+    def ended() -> str | None:
+        text = (run_dir / f"slurm-{job}.out").read_text()
+        return text if f"run {record['run_id']} succeeded" in text else None
+
+    out = wait_for(ended, "the launcher's last line")
+    assert "tasks saved on the stop notice; requeueing job" in out
     wait_for(lambda: _job_state(lab, job) == "COMPLETED", "the job to complete")
     wait_for(
         lambda: _nothing_left(lab, record["run_id"]),

@@ -20,12 +20,19 @@ from pathlib import Path
 import pytest
 
 from conftest import events, processes_of_run, run_record, wait_for
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports.slurm import sbatch as batch
+from distlaunch.launcher.transports.slurm.transport import (
+    SAVE_MARGIN_S,
+    SIGNAL_BEFORE_ENV,
+    SaveLimit,
+    save_limits,
+)
 from distlaunch.worker import contract
-from slurmcluster import PREEMPTIBLE, URGENT, SlurmLab
+from slurmcluster import GRACE_TIME_S, PREEMPTIBLE, URGENT, SlurmLab
 from test_preemption import ARGS, _resumed_steps, _saved_steps, _training
 from test_slurm import _allocation, _job_state, _launcher, _nothing_left, _spec, _submit
 
-pytestmark = pytest.mark.integration
 MODULE = "distlaunch.worker.examples.mnist_mlp"
 
 # A program with a data-loader child, as in test_preemption, whose child notes a SIGTERM that
@@ -71,6 +78,7 @@ def _up(lab: SlurmLab, tmp: Path, env: dict, spec: Path, *args: str) -> subproce
         )
 
 
+@pytest.mark.integration
 def test_sigterm_to_up_and_down_save_one_step_on_slurm_and_resume_loses_none(
     lab: SlurmLab, tmp: Path
 ) -> None:
@@ -130,9 +138,10 @@ def test_sigterm_to_up_and_down_save_one_step_on_slurm_and_resume_loses_none(
 TIMEOUTS = {"grace_s": 2, "startup_s": 120, "save_s": 30}
 
 
-def _submitted(lab: SlurmLab, tmp: Path, *args: str) -> tuple[str, Path]:
+def _submitted(lab: SlurmLab, tmp: Path, *args: str, save_s: float = 30) -> tuple[str, Path]:
     """A `distlaunch sbatch --requeue` job of the 2-worker dw.fit run, once both train."""
-    spec = _spec(tmp, {"module": MODULE, "args": ARGS}, {"worker": {"count": 2}}, timeouts=TIMEOUTS)
+    timeouts = {**TIMEOUTS, "save_s": save_s}
+    spec = _spec(tmp, {"module": MODULE, "args": ARGS}, {"worker": {"count": 2}}, timeouts=timeouts)
     job, run_dir = _submit(lab, tmp, spec, "--nodes", "2", "--requeue", *args)
     try:
         _training(tmp)
@@ -189,6 +198,7 @@ def _requeued_and_resumed(lab: SlurmLab, job: str, run_dir: Path, signal_name: s
     return saved[0]
 
 
+@pytest.mark.integration
 def test_sbatch_requeue_saves_and_resumes_at_the_time_limit_signal(
     lab: SlurmLab, tmp: Path
 ) -> None:
@@ -200,6 +210,7 @@ def test_sbatch_requeue_saves_and_resumes_at_the_time_limit_signal(
     assert _requeued_and_resumed(lab, job, run_dir, "SIGUSR2") > 25
 
 
+@pytest.mark.integration
 def test_sbatch_requeue_saves_and_resumes_after_scontrol_requeue(lab: SlurmLab, tmp: Path) -> None:
     # Slurm SIGTERMs every process of the job (the launcher, each step's helper and program)
     # and SIGKILLs them KillWait later: the save must end by then.
@@ -209,8 +220,16 @@ def test_sbatch_requeue_saves_and_resumes_after_scontrol_requeue(lab: SlurmLab, 
     assert _requeued_and_resumed(lab, job, run_dir, "SIGTERM") > 25
 
 
+@pytest.mark.integration
 def test_sbatch_requeue_saves_and_resumes_when_preempted(lab: SlurmLab, tmp: Path) -> None:
-    job, run_dir = _submitted(lab, tmp, "--partition", PREEMPTIBLE)
+    # save_s 60 is more than the partition's GraceTime leaves: the launcher keeps to the smaller.
+    job, run_dir = _submitted(lab, tmp, "--partition", PREEMPTIBLE, save_s=60)
+    out = (run_dir / f"slurm-{job}.out").read_text()
+    bound = GRACE_TIME_S - TIMEOUTS["grace_s"] - SAVE_MARGIN_S
+    assert (
+        f"a stop notice's save must end within {bound:g} s, not timeouts.save_s 60 s: partition "
+        f"{PREEMPTIBLE}'s preemption GraceTime {GRACE_TIME_S} s bounds it"
+    ) in out
     # A job of the higher-tier partition that needs every CPU of both nodes: it preempts ours,
     # whose launcher gets its --signal (preempt_send_user_signal) GraceTime before the end.
     urgent = lab.run(
@@ -226,3 +245,17 @@ def test_sbatch_requeue_saves_and_resumes_when_preempted(lab: SlurmLab, tmp: Pat
     )
     assert urgent.returncode == 0, urgent.stderr
     assert _requeued_and_resumed(lab, job, run_dir, "SIGUSR2") > 25
+
+
+def test_the_signal_lead_follows_the_save_deadline_and_bounds_it(tmp: Path) -> None:
+    spec = _spec(tmp, {"module": MODULE}, {"worker": {"count": 2}}, timeouts=TIMEOUTS)
+    loaded = load_spec(spec)
+    derived = batch.script(loaded, "r", tmp / "r", batch.BatchRequest(requeue=True))
+    # save_s 30 + grace_s 2 + 15, told to the launcher too
+    assert "#SBATCH --signal=B:USR2@47\n" in derived
+    assert f"export {SIGNAL_BEFORE_ENV}=47\n" in derived
+    assert SIGNAL_BEFORE_ENV not in batch.script(loaded, "r", tmp / "r", batch.BatchRequest())
+    # A lead the user set shorter than the save needs bounds the launcher's deadline.
+    assert save_limits(2, {SIGNAL_BEFORE_ENV: "47"}) == [SaveLimit(40, "--signal lead time 47 s")]
+    assert save_limits(2, {SIGNAL_BEFORE_ENV: "20"})[0].save_s == 13
+    assert save_limits(2, {}) == []
