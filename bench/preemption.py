@@ -9,24 +9,28 @@ sends SIGTERM to `up` and waits for it to exit. The next round's resume says whe
 latest step line of the round's logs, or the step they saved) minus R (0 when the notice's save
 carried every completed step over). Notice-to-stopped: SIGTERM to `up` exiting (every task gone).
 
-    python bench/preemption.py [--notices 20]
+    python bench/preemption.py [--notices 20] [--backend slurm]
 
-prints ``steps lost: N of 20 notices`` and the median notice-to-stopped time.
+prints ``steps lost: N of 20 notices`` and the median notice-to-stopped time. With ``--backend
+slurm`` the same rounds run on a real Slurm cluster made on this machine (tests/slurmcluster.py:
+needs root), each worker a job step on its own node, inside one 2-node allocation (`slurm_arm`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import DISTLAUNCH, median
+from _common import DISTLAUNCH, REPO, median
 
 EPOCHS = 100000  # never reached: every round ends with a notice
 STEP_LINE = re.compile(r"^epoch \d+/\d+ step (\d+)", re.M)
@@ -63,11 +67,14 @@ def _logs(run_dir: Path, attempt: int) -> list[str]:
     return [p.read_text(errors="replace") for p in sorted(folder.glob("worker-*.log"))]
 
 
-def _round(spec: Path, attempt: int) -> tuple[Path, float, int]:
-    """One start and notice: the run dir, notice-to-stopped seconds, `up`'s exit code."""
-    args = [*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)]
+def _round(
+    spec: Path, attempt: int, args: list[str] | None = None, env: dict | None = None
+) -> tuple[Path, float, int]:
+    """One start and notice: the run dir, notice-to-stopped seconds, `up`'s exit code
+    (``args``, ``env``: `up`'s command and environment elsewhere, e.g. in a Slurm allocation)."""
+    args = args or [*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)]
     with open(spec.parent / "up.log", "a") as log:
-        up = subprocess.Popen(args, cwd=spec.parent, stdout=log, stderr=subprocess.STDOUT)
+        up = subprocess.Popen(args, cwd=spec.parent, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             run_dir = None
             while (
@@ -96,10 +103,61 @@ def _last_completed(run_dir: Path, attempt: int) -> int:
     return max(steps)
 
 
+def slurm_arm(notices: int) -> None:
+    """The rounds of `main` with ``backend: slurm``, on a 2-node Slurm lab; the same lines."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from slurm_overhead import _allocation
+
+    from slurmcluster import SlurmLab, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        sys.exit(f"cannot run: {reason}")
+    with tempfile.TemporaryDirectory(prefix="bench-preempt-") as tmp, SlurmLab(2) as lab:
+        work = Path(tmp)
+        spec = _spec(work)
+        data = json.loads(spec.read_text())
+        data["backend"] = "slurm"
+        data["program"]["python"] = sys.executable
+        spec.write_text(json.dumps(data))
+        holder, env = _allocation(lab, work)
+        lost_rounds, lost_steps, times, codes = 0, 0, [], []
+        try:
+            for attempt in range(notices + 1):
+                args = lab.command(
+                    [*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)]
+                )
+                run_dir, stopped_s, code = _round(spec, attempt, args, env)
+                if attempt:
+                    resumed = [int(s) for t in _logs(run_dir, attempt) for s in RESUMED.findall(t)]
+                    lost = _last_completed(run_dir, attempt - 1) - min(resumed, default=0)
+                    lost_rounds += lost > 0
+                    lost_steps += max(lost, 0)
+                if attempt < notices:
+                    times.append(stopped_s)
+                    codes.append(code)
+                print(
+                    f"notice {attempt + 1}: up exited {code} {stopped_s:.2f} s after it", flush=True
+                )
+        finally:
+            lab.run(["scancel", env["SLURM_JOB_ID"]])
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+            os.kill(int((work / "alloc.env.pid").read_text()), signal.SIGKILL)
+    print(f"slurm: exit codes: {sorted(set(codes))} (75: preempted)")
+    print(f"slurm: steps lost: {lost_steps} of {notices} notices")
+    print(f"slurm: notices that lost any step: {lost_rounds}")
+    print(f"slurm: median notice-to-stopped: {median(times):.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--notices", type=int, default=20)
+    parser.add_argument("--backend", choices=("local", "slurm"), default="local")
     options = parser.parse_args()
+    if options.backend == "slurm":
+        slurm_arm(options.notices)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-preempt-") as tmp:
         spec = _spec(Path(tmp))
         lost_rounds, lost_steps, times, codes = 0, 0, [], []
