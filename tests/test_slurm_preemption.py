@@ -12,8 +12,10 @@ Real 2-worker MWMS runs of `dw.fit` (mnist_mlp), each worker a job step on its o
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -259,3 +261,62 @@ def test_the_signal_lead_follows_the_save_deadline_and_bounds_it(tmp: Path) -> N
     assert save_limits(2, {SIGNAL_BEFORE_ENV: "47"}) == [SaveLimit(40, "--signal lead time 47 s")]
     assert save_limits(2, {SIGNAL_BEFORE_ENV: "20"})[0].save_s == 13
     assert save_limits(2, {}) == []
+
+
+# What a step's helper runs in the next test: a program that, on SIGTERM, "saves" for longer
+# than the helper's grace_s and exits 75, and a child of it that notes any SIGTERM it gets.
+SAVER = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", '''
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], "w").write("SIGTERM"))
+print("child up", flush=True)
+time.sleep(600)
+''', sys.argv[1]], stdout=sys.stdout)
+def save(signum, frame):
+    print("noticed", flush=True)
+    time.sleep(3)
+    child.kill()
+    sys.exit(75)
+signal.signal(signal.SIGTERM, save)
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["notice line", "sigterm to a step's helper"])
+def test_the_helper_gives_the_notice_to_the_program_alone_and_lets_it_save(
+    tmp: Path, how: str
+) -> None:
+    marker = tmp / "child-noticed"
+    request = {
+        "argv": [sys.executable, "-c", SAVER, str(marker)],
+        "grace_s": 1,
+        "term_is_notice": how != "notice line",
+    }
+    helper = subprocess.Popen(
+        [sys.executable, "-m", "distlaunch.worker.remote"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert helper.stdin is not None and helper.stdout is not None
+    helper.stdin.write(json.dumps(request).encode() + b"\n")
+    helper.stdin.flush()
+    lines = {helper.stdout.readline().strip(), helper.stdout.readline().strip()}
+    assert lines == {b"up", b"child up"}
+    if how == "notice line":
+        helper.stdin.write(b"notice\n")
+        helper.stdin.flush()
+    else:
+        helper.send_signal(signal.SIGTERM)  # what Slurm sends every process of a requeued job
+    try:
+        helper.wait(timeout=60)  # stdin stays open: EOF would kill the task
+    finally:
+        helper.kill()
+        helper.stdin.close()
+    out = helper.stdout.read()
+    # The program saved past grace_s and exited 75; its child never had the notice.
+    assert helper.returncode == contract.EXIT_PREEMPTED, helper.stderr.read()
+    assert out.strip() == b"noticed"
+    assert not marker.exists()
