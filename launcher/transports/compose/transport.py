@@ -44,6 +44,7 @@ from distlaunch.launcher.record.state import RunRecord, TaskRecord
 from distlaunch.launcher.spec.model import LoadedSpec
 from distlaunch.launcher.transports import procs
 from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
+from distlaunch.launcher.transports.compose import DEFAULT_BASE, DEFAULT_TAG
 from distlaunch.launcher.transports.compose import file as compose
 from distlaunch.launcher.transports.compose.docker import (
     compose_command,
@@ -52,8 +53,6 @@ from distlaunch.launcher.transports.compose.docker import (
     run,
 )
 from distlaunch.launcher.transports.compose.image import (
-    DEFAULT_BASE,
-    DEFAULT_TAG,
     ImageRequest,
     ensure_image,
     pip_ca_bundle,
