@@ -5,12 +5,22 @@ real 2-worker MWMS `dw.fit` runs on the SSH lab's two hosts (tests/sshhosts.py):
 and `distlaunch down` each end the run preempted (75) with one saved step, read from the status
 files the tasks wrote to the shared run dir, and `up --resume` goes on from exactly that step.
 
-SSH-lab tests: run under `flock /tmp/dl-ssh.lock`.
+In containers (a real Docker engine, tests/test_compose.py's image): `up --backend compose` of the
+same program, SIGTERM to `up`, then `--resume`; and a `distlaunch compose` file run by hand with
+`docker compose up`, one dw.fit container stopped with `docker stop -t N`: every worker saves, each
+container exits 75; a plain MWMS script's container, which never stops on SIGTERM (TensorFlow
+swallows it), is killed at the end of N: 137, a failure, by the exit-code table.
+
+SSH-lab tests: run under `flock /tmp/dl-ssh.lock`. Docker tests hold conftest's docker_lock (the
+same file as `flock /tmp/dl-docker.lock`: run them without that flock, which would make the
+fixture wait for its own process).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,9 +29,11 @@ from pathlib import Path
 import pytest
 
 import sshhosts
-from conftest import distlaunch, events, run_record, wait_for
+from conftest import distlaunch, events, run_record, wait_for, write_spec
+from distlaunch.launcher.transports.compose.docker import compose_command, docker
 from distlaunch.worker import contract
-from test_preemption import ARGS, _resumed_steps, _saved_steps, _training
+from test_compose import BASE_IMAGE, TEST_IMAGE, _leftovers, engine, image  # noqa: F401 (fixtures)
+from test_preemption import ARGS, PLAIN, _resumed_steps, _saved_steps, _training
 from test_ssh import _nothing_left
 
 HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]
@@ -163,3 +175,162 @@ def test_ssh_notice_saves_one_step_and_resume_and_down_continue_from_it(
     assert f"its tasks saved step {again[0]}" in down.stdout
     assert run_record(run_dir)["preempted"]["step"] == again[0]
     wait_for(lambda: _nothing_left(lab, record["run_id"]), "nothing of the run left on the hosts")
+
+
+# ---- containers: a real Docker engine ---------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1500)
+def test_compose_notice_saves_one_step_and_resume_continues_from_it(
+    docker_lock,
+    image,  # noqa: F811
+    tmp: Path,
+    launch,
+    monkeypatch,
+) -> None:
+    monkeypatch.setenv("DISTLAUNCH_IMAGE", TEST_IMAGE)
+    monkeypatch.setenv("DISTLAUNCH_BASE_IMAGE", BASE_IMAGE)
+    (tmp / "task.py").write_text(FIT_WITH_CHILD)
+    spec = write_spec(tmp, program={"script": "task.py", "args": ARGS})
+    launcher = launch(spec, "--backend", "compose", "--fresh")
+    run_dir = _training(tmp)
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=300)
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = _saved_steps(run_dir, 0)
+    assert len(saved) == 2 and saved[0] == saved[1] > 25
+    step = saved[0]
+    record = run_record(run_dir)
+    assert record["state"] == "preempted" and record["preempted"]["step"] == step
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.EXIT_PREEMPTED}
+    assert [e["saved_step"] for e in events(run_dir) if e["event"] == "exited"] == [step, step]
+    # docker-init passed the notice to the program alone: the child in its container never got it.
+    for task in ("worker-0", "worker-1"):
+        assert (run_dir / f"child-{task}.started").is_file()
+        assert not (run_dir / f"child-{task}").exists()
+    assert _leftovers(record["compose"]["project"]) == ([], [])
+
+    resumed = launch(spec, "--backend", "compose", "--resume")
+    wait_for(lambda: len(_resumed_steps(_logs(run_dir, 1))) == 2, "both workers to resume")
+    resumed.send_signal(signal.SIGINT)
+    resumed.wait(timeout=300)
+    assert _resumed_steps(_logs(run_dir, 1)) == [step, step]
+
+
+def _logs(run_dir: Path, attempt: int) -> str:
+    folder = run_dir / "logs" / f"attempt-{attempt}"
+    return "".join(p.read_text() for p in sorted(folder.glob("worker-*.log")))
+
+
+class _ByHand:
+    """A `distlaunch compose` file of a 2-worker spec under `docker compose up`, run as a user
+    would, in the background; `close` removes the project."""
+
+    def __init__(self, tmp: Path, program: dict) -> None:
+        spec = write_spec(tmp, program=program, timeouts={"grace_s": 2, "startup_s": 120})
+        self.project = f"dlpre-{secrets.token_hex(3)}"
+        self.run_dir = tmp / "runs" / self.project
+        file = tmp / "compose.yml"
+        made = distlaunch(
+            "compose", str(spec), "-o", str(file), "--image", TEST_IMAGE,
+            "--run-id", self.project, cwd=tmp,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        self.command = [*compose_command(), "-p", self.project, "-f", str(file)]
+        self.output = tmp / "compose-up.txt"
+        with open(self.output, "w") as out:
+            self.up = subprocess.Popen(
+                [*self.command, "up"], cwd=tmp, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+
+    def container(self, service: str) -> str:
+        """The id of the service's container, once it exists."""
+        return wait_for(
+            lambda: docker(
+                "ps", "--all", "--quiet",
+                "--filter", f"label=com.docker.compose.project={self.project}",
+                "--filter", f"label=com.docker.compose.service={service}",
+            ).strip(),
+            f"the container of {service}",
+        )  # fmt: skip
+
+    def exit_code(self, service: str) -> int:
+        """The exit code of the service's stopped container."""
+        code = docker("inspect", "--format", "{{.State.ExitCode}}", self.container(service))
+        return int(code.strip())
+
+    def status(self, task: str) -> dict:
+        """The status file the task wrote into the run dir ({} before it wrote one)."""
+        path = contract.status_path(self.run_dir, "worker", int(task[-1]))
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def close(self) -> None:
+        """Remove the project's containers and network; reap `compose up`."""
+        subprocess.run([*self.command, "down", "--volumes", "--timeout", "1"], capture_output=True)
+        if self.up.poll() is None:
+            self.up.kill()
+        self.up.wait()
+
+
+@pytest.fixture
+def by_hand(docker_lock, image, tmp: Path):  # noqa: F811
+    """Start `_ByHand` runs; each is removed when the test ends."""
+    made: list[_ByHand] = []
+
+    def start(program: dict) -> _ByHand:
+        made.append(_ByHand(tmp, program))
+        return made[-1]
+
+    yield start
+    for run in made:
+        run.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1500)
+def test_docker_stop_of_a_fit_container_saves_and_it_exits_75(by_hand) -> None:
+    run = by_hand({"module": "distlaunch.worker.examples.mnist_mlp", "args": ARGS})
+    wait_for(
+        lambda: all(run.status(t).get("step", 0) > 25 for t in ("worker-0", "worker-1")),
+        "both workers to train past step 25",
+    )
+    # SIGTERM, then up to 120 s to save (Docker's grace), as `docker compose stop` or a drained
+    # machine sends it; the other worker learns of it in the step's all-reduce.
+    stop = docker("stop", "--time", "120", run.container("worker-0"))
+    assert stop.strip()
+    run.up.wait(timeout=300)
+    output = run.output.read_text()
+    assert run.exit_code("worker-0") == contract.EXIT_PREEMPTED, output[-3000:]
+    assert run.exit_code("worker-1") == contract.EXIT_PREEMPTED, output[-3000:]
+    statuses = [run.status(t) for t in ("worker-0", "worker-1")]
+    assert {s["state"] for s in statuses} == {contract.STATE_PREEMPTED}
+    steps = {s[contract.SAVED_STEP] for s in statuses}
+    assert len(steps) == 1 and steps.pop() > 25
+    saved = [int(s) for s in re.findall(r"stop notice: saved step (\d+)", output)]
+    assert len(saved) == 2 and saved[0] == saved[1]
+    index = (run.run_dir / "checkpoints" / "checkpoint").read_text()
+    assert f'model_checkpoint_path: "ckpt-{saved[0]}"' in index
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_docker_stop_of_a_plain_mwms_container_kills_it_a_failure(by_hand, tmp: Path) -> None:
+    (tmp / "task.py").write_text(PLAIN)
+    run = by_hand({"script": "task.py"})
+    wait_for(
+        lambda: (
+            "serving" in run.output.read_text() and run.output.read_text().count("serving") == 2
+        ),
+        "both tasks to build their strategy",
+    )
+    # TensorFlow's own notifier swallows the SIGTERM: Docker kills the container after the grace.
+    docker("stop", "--time", "3", run.container("worker-0"))
+    code = run.exit_code("worker-0")
+    assert code == 128 + signal.SIGKILL
+    assert contract.exit_meaning(code, noticed=True) is contract.ExitMeaning.RESTARTABLE
