@@ -30,6 +30,8 @@ import pytest
 
 import sshhosts
 from conftest import distlaunch, events, run_record, wait_for, write_spec
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports.compose import file as compose
 from distlaunch.launcher.transports.compose.docker import compose_command, docker
 from distlaunch.worker import contract
 from test_compose import BASE_IMAGE, TEST_IMAGE, _leftovers, engine, image  # noqa: F401 (fixtures)
@@ -175,6 +177,21 @@ def test_ssh_notice_saves_one_step_and_resume_and_down_continue_from_it(
     assert f"its tasks saved step {again[0]}" in down.stdout
     assert run_record(run_dir)["preempted"]["step"] == again[0]
     wait_for(lambda: _nothing_left(lab, record["run_id"]), "nothing of the run left on the hosts")
+
+
+def test_a_compose_file_gives_a_program_that_saves_the_save_deadline_to_stop(tmp: Path) -> None:
+    # `docker compose stop`/`down` of a file run by hand: Docker's SIGTERM is a notice to dw.fit,
+    # which must have timeouts.save_s to save; a program that cannot save keeps grace_s.
+    timeouts = {"grace_s": 2, "startup_s": 120, "save_s": 45}
+    (tmp / "task.py").write_text(PLAIN)
+    for program, grace in (
+        ({"module": "distlaunch.worker.examples.mnist_mlp", "args": ARGS}, "45s"),
+        ({"script": "task.py"}, "2s"),
+    ):
+        loaded = load_spec(write_spec(tmp, program=program, timeouts=timeouts))
+        plan = compose.compose_plan(loaded, "t-1", tmp / "runs" / "t-1")
+        data = compose.compose_file(loaded, plan, "img:tag", "1000:1000")
+        assert {s["stop_grace_period"] for s in data["services"].values()} == {grace}
 
 
 # ---- containers: a real Docker engine ---------------------------------------------------------
