@@ -179,6 +179,32 @@ def test_ssh_notice_saves_one_step_and_resume_and_down_continue_from_it(
     wait_for(lambda: _nothing_left(lab, record["run_id"]), "nothing of the run left on the hosts")
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_ssh_hosts_that_share_nothing_save_and_the_run_is_preempted_without_a_step(
+    lab: sshhosts.HostLab, tmp: Path, launch
+) -> None:
+    # The tasks write their status files on their hosts' own disks: the launcher cannot read the
+    # saved step, but the exit codes still say that every task saved.
+    spec = _ssh_spec(tmp, lab)
+    home = lab.private_dir / tmp.name  # each host has its own disk at this path
+    data = json.loads(spec.read_text())
+    data.update(shared_dir=str(home / "runs"), shared_dir_is_shared=False)
+    spec.write_text(json.dumps(data))
+    launcher = launch(spec)
+    run_dir = _training(home)
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=240)
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = _saved_steps(run_dir, 0)  # the logs come back over SSH
+    assert len(saved) == 2 and saved[0] == saved[1] > 25
+    record = run_record(run_dir)
+    assert record["state"] == "preempted" and record["preempted"]["step"] is None
+    assert f"run {record['run_id']} preempted on the notice; " in err
+    wait_for(lambda: _nothing_left(lab, record["run_id"]), "nothing of the run left on the hosts")
+
+
 def test_a_compose_file_gives_a_program_that_saves_the_save_deadline_to_stop(tmp: Path) -> None:
     # `docker compose stop`/`down` of a file run by hand: Docker's SIGTERM is a notice to dw.fit,
     # which must have timeouts.save_s to save; a program that cannot save keeps grace_s.
