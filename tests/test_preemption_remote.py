@@ -120,14 +120,16 @@ def lab(ssh_lab):
     return ssh_lab
 
 
-def _ssh_spec(folder: Path, lab: sshhosts.HostLab) -> Path:
+def _ssh_spec(folder: Path, lab: sshhosts.HostLab, hosts: dict | None = None) -> Path:
+    """dw.fit with a data-loader child, one worker on each of ``hosts`` (default: the lab's)."""
     (folder / "task.py").write_text(FIT_WITH_CHILD)
+    hosts = hosts or {h.name: lab.host_entry(h) for h in lab.hosts}
     spec = {
         "name": "sshpre",
         "strategy": contract.MWMS,
         "program": {"script": "task.py", "args": ARGS},
-        "hosts": {h.name: lab.host_entry(h) for h in lab.hosts},
-        "tasks": {"worker": [{"host": h.name} for h in lab.hosts]},
+        "hosts": hosts,
+        "tasks": {"worker": [{"host": name} for name in hosts]},
         "shared_dir": "runs",
         "timeouts": {"grace_s": 2, "startup_s": 120},
     }
@@ -177,6 +179,30 @@ def test_ssh_notice_saves_one_step_and_resume_and_down_continue_from_it(
     assert f"its tasks saved step {again[0]}" in down.stdout
     assert run_record(run_dir)["preempted"]["step"] == again[0]
     wait_for(lambda: _nothing_left(lab, record["run_id"]), "nothing of the run left on the hosts")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_run_on_this_machine_and_an_ssh_host_saves_one_step_on_both(
+    lab: sshhosts.HostLab, tmp: Path, launch
+) -> None:
+    # One notice, each task through its own transport: taskinit's NOTICE here, the helper there.
+    hosts = {
+        "here": {"transport": "local", "address": lab.launcher_address},
+        "node1": lab.host_entry(lab.hosts[0]),
+    }
+    launcher = launch(_ssh_spec(tmp, lab, hosts))
+    run_dir = _training(tmp)
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=240)
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = _saved_steps(run_dir, 0)
+    assert len(saved) == 2 and saved[0] == saved[1] > 25
+    assert run_record(run_dir)["preempted"]["step"] == saved[0]
+    for task in ("worker-0", "worker-1"):
+        assert (run_dir / f"child-{task}.started").is_file()
+        assert not (run_dir / f"child-{task}").exists()
 
 
 @pytest.mark.integration
