@@ -10,9 +10,10 @@ task's stacks are read (`stacks`):
   (`HelperTransport.request`): no spec value is ever parsed by a shell.
 - The launcher keeps the client's stdin: a heartbeat line every HEARTBEAT_S
   (launcher/network/heartbeat.py), ``stop`` to end the task (SIGTERM, grace, SIGKILL where it
-  runs), and ``notice`` for a stop notice (SIGTERM to the task's program alone, where it runs). EOF or HEARTBEAT_TIMEOUT_S of silence makes the helper SIGKILL the task's process group
-  there at once, as the kernel does to a local task whose launcher dies: nothing is left running on
-  the machine.
+  runs), and ``notice`` for a stop notice (SIGTERM to the task's program alone, where it runs).
+  EOF or HEARTBEAT_TIMEOUT_S of silence makes the helper SIGKILL the task's process group there
+  at once, as the kernel does to a local task whose launcher dies: nothing is left running on the
+  machine.
 """
 
 from __future__ import annotations
