@@ -3,7 +3,9 @@
 The remote helper on its own first: ``notice`` sends SIGTERM to the task's program alone. Then
 real 2-worker MWMS `dw.fit` runs on the SSH lab's two hosts (tests/sshhosts.py): SIGTERM to `up`
 and `distlaunch down` each end the run preempted (75) with one saved step, read from the status
-files the tasks wrote to the shared run dir, and `up --resume` goes on from exactly that step.
+files the tasks wrote to the shared run dir, and `up --resume` goes on from exactly that step;
+the same with one worker here and one on a host, a PSS chief on one host and its servers on the
+other, and hosts that share no run dir (preempted, no step known).
 
 In containers (a real Docker engine, tests/test_compose.py's image): `up --backend compose` of the
 same program, SIGTERM to `up`, then `--resume`; and a `distlaunch compose` file run by hand with
@@ -35,7 +37,7 @@ from distlaunch.launcher.transports.compose import file as compose
 from distlaunch.launcher.transports.compose.docker import compose_command, docker
 from distlaunch.worker import contract
 from test_compose import BASE_IMAGE, TEST_IMAGE, _leftovers, engine, image  # noqa: F401 (fixtures)
-from test_preemption import ARGS, PLAIN, _resumed_steps, _saved_steps, _training
+from test_preemption import ARGS, PLAIN, _chief_log, _resumed_steps, _saved_steps, _training
 from test_ssh import _nothing_left
 
 HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]
@@ -203,6 +205,37 @@ def test_a_run_on_this_machine_and_an_ssh_host_saves_one_step_on_both(
     for task in ("worker-0", "worker-1"):
         assert (run_dir / f"child-{task}.started").is_file()
         assert not (run_dir / f"child-{task}").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_ssh_pss_chief_alone_gets_the_notice_and_saves(
+    lab: sshhosts.HostLab, tmp: Path, launch
+) -> None:
+    node1, node2 = (h.name for h in lab.hosts)
+    spec = json.loads(_ssh_spec(tmp, lab).read_text())
+    spec.update(
+        strategy=contract.PSS,
+        program={"module": "distlaunch.worker.examples.mnist_mlp", "args": ARGS},
+        tasks={"chief": [{"host": node1}], "worker": [{"host": node2}], "ps": [{"host": node2}]},
+    )
+    path = tmp / "spec.json"
+    path.write_text(json.dumps(spec))
+    launcher = launch(path)
+    wait_for(lambda: "step 50 " in _chief_log(tmp, 0), "the chief to train 50 steps")
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=240)
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = [int(s) for s in re.findall(r"stop notice: saved step (\d+)", _chief_log(tmp, 0))]
+    assert len(saved) == 1 and saved[0] >= 50
+    run_dir = next((tmp / "runs").glob("*/run.json")).parent
+    record = run_record(run_dir)
+    assert record["state"] == "preempted" and record["preempted"]["step"] == saved[0]
+    # Only the chief got the notice; its servers on node2 were stopped once it had saved.
+    assert [e["task"] for e in events(run_dir) if e["event"] == "exited"] == ["chief-0"]
+    assert all(record["tasks"][n]["state"] == "stopped" for n in ("ps-0", "worker-0"))
+    wait_for(lambda: _nothing_left(lab, record["run_id"]), "nothing of the run left on the hosts")
 
 
 @pytest.mark.integration
