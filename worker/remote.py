@@ -7,7 +7,10 @@ over the SSH session's stdin, one line at a time:
   "mkdirs": [...], "umask": 63 | null, "grace_s": 5, "heartbeat_s": 20}``. Arguments, environment
   and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
   starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
-- every later line is either empty (a heartbeat: the launcher is alive) or ``stop``.
+- every later line is either empty (a heartbeat: the launcher is alive), ``stop``, or
+  ``notice``: a stop notice (worker/preempt.py), SIGTERM to the task's program process alone,
+  never to what it forked (a data loader's workers), as taskinit's NOTICE does for a local task;
+  the helper then goes on watching, and the task saves and exits on its own.
 
 `distlaunch stacks` sends another first line instead, ``{"stacks": {"run_id": "...", "task":
 "worker-1", "native": true}}``: the helper finds that task's program on this host (its
@@ -53,8 +56,9 @@ from typing import Any
 
 # Bumped whenever the request format or the worker contract changes; the launcher's preflight
 # refuses a host whose helper speaks another protocol.
-PROTOCOL = 1
+PROTOCOL = 2
 STOP = b"stop"
+NOTICE = b"notice"
 # Exit codes for a task that could not be started, as POSIX shells use them.
 EXIT_BAD_REQUEST = 125
 EXIT_NOT_EXECUTABLE = 126
@@ -248,10 +252,20 @@ class _Watch:
             self._signal = signum
 
     def _reason(self, lines: list[bytes]) -> str | None:
-        # Any line is a heartbeat; only `stop` asks for anything.
+        # Any line is a heartbeat; only `stop` and `notice` ask for anything.
+        if any(line.strip() == NOTICE for line in lines):
+            self._notice()
         if any(line.strip() == STOP for line in lines):
             return "the launcher asked it to stop"
         return None
+
+    def _notice(self) -> None:
+        """A stop notice: SIGTERM to the task's program alone (the group's leader, which this
+        helper started), not to its group."""
+        try:
+            os.kill(self.child.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # it has exited; its exit is about to be seen
 
     def _leftovers(self) -> int:
         """The leader exited: terminate whatever it left in its group, then return its code."""

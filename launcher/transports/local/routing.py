@@ -70,28 +70,28 @@ class HostRouter:
     def stop(self, handles: Sequence[TaskHandle], grace_s: float) -> None:
         """Stop every handle with its own transport, the transports side by side, so that the
         grace periods overlap instead of adding up."""
-        groups: dict[int, tuple[Transport, list[TaskHandle]]] = {}
-        for handle in handles:
-            transport = self._for(handle.task)
-            groups.setdefault(id(transport), (transport, []))[1].append(handle)
+        groups = self._grouped(handles)
         threads = [
             threading.Thread(target=transport.stop, args=(group, grace_s), name="stop")
-            for transport, group in list(groups.values())[1:]
+            for transport, group in groups[1:]
         ]
         for thread in threads:
             thread.start()
         if groups:
-            transport, group = next(iter(groups.values()))
+            transport, group = groups[0]
             transport.stop(group, grace_s)
         for thread in threads:
             thread.join()
 
     def notify(self, handles: Sequence[TaskHandle]) -> bool:
-        """Send the tasks a stop notice; False, and nothing sent, when one runs on an SSH host
-        (not wired there yet: the supervisor then stops the run as it always did)."""
-        if any(self._for(handle.task) is not self.local for handle in handles):
+        """Send the tasks a stop notice, each through its own transport (local: taskinit's
+        NOTICE; SSH: the helper's ``notice``); False, and nothing sent, where a transport has no
+        notice."""
+        groups = self._grouped(handles)
+        sends = [getattr(transport, "notify", None) for transport, _ in groups]
+        if any(send is None for send in sends):
             return False
-        return self.local.notify(handles)
+        return all([send(group) for send, (_, group) in zip(sends, groups, strict=True)])
 
     def kill(self, handles: Sequence[TaskHandle]) -> None:
         """Kill every handle with its own transport."""
@@ -101,6 +101,14 @@ class HostRouter:
     def stacks(self, handle: TaskHandle, native: bool) -> Source:
         """Where the task's stacks are read, as its own transport says."""
         return self._for(handle.task).stacks(handle, native)
+
+    def _grouped(self, handles: Sequence[TaskHandle]) -> list[tuple[Transport, list[TaskHandle]]]:
+        """The handles by the transport of their hosts."""
+        groups: dict[int, tuple[Transport, list[TaskHandle]]] = {}
+        for handle in handles:
+            transport = self._for(handle.task)
+            groups.setdefault(id(transport), (transport, []))[1].append(handle)
+        return list(groups.values())
 
     def _for(self, task: TaskPlan) -> Transport:
         if task.transport != TaskTransport.SSH:
