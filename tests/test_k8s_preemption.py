@@ -28,7 +28,7 @@ import pytest
 from conftest import wait_for
 from distlaunch.launcher.transports.compose.docker import docker
 from distlaunch.worker import contract
-from test_compose import image  # noqa: F401  (fixture: the image)
+from test_compose import engine, image  # noqa: F401  (fixtures: the engine, the image)
 from test_k8s import _manifests, job_templates, pod_failure_action, pods_on_docker  # noqa: F401
 
 # Writes the status file as distlaunch.worker's runtime.report does.
