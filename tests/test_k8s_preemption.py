@@ -284,3 +284,54 @@ def test_a_program_that_cannot_save_in_a_pod_is_stopped_at_once_and_exits_per_th
     # by contract.EXIT_CODES, which the Job counts.
     assert code == 128 + signal.SIGTERM, pods_on_docker.logs(container)
     assert pod_failure_action(job, code) == "Count"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1200)
+def test_a_drain_of_pss_pods_saves_on_the_chief_while_its_servers_wait(
+    pods_on_docker,  # noqa: F811  (the fixture)
+    tmp,
+    capsys,
+):
+    fields = {
+        "program": {"module": "distlaunch.worker.examples.mnist_mlp", "args": ARGS},
+        "strategy": "parameter_server",
+        "tasks": {"chief": {"count": 1}, "worker": {"count": 1}, "ps": {"count": 1}},
+        "timeouts": {"save_s": 120, "grace_s": 5},
+    }
+    objects, run_id = _manifests(tmp, **fields)
+    jobs = {name: job for obj in objects for name, job in job_templates(obj)}
+    grace = jobs[f"{run_id}-chief"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    pods = pods_on_docker.start(objects, "dl-test")
+    chief = f"{run_id}-chief-0"
+    wait_for(
+        lambda: _steps(pods_on_docker.logs(pods[chief]))[-1:] > [25],
+        "the chief to train past step 25",
+        limit_s=600,
+    )
+    stops = [
+        subprocess.Popen(["docker", "stop", "-t", str(grace), c], stdout=subprocess.DEVNULL)
+        for c in pods.values()
+    ]
+    for stop in stops:
+        stop.wait()
+    codes = {host: pods_on_docker.wait(c) for host, c in pods.items()}
+    logs = {host: pods_on_docker.logs(c) for host, c in pods.items()}
+    # The chief saved; its ps and worker served its last steps until then, and stopped after.
+    assert codes == dict.fromkeys(pods, contract.EXIT_PREEMPTED), logs
+    (step,) = [int(s) for s in re.findall(r"saved step (\d+)", logs[chief])]
+    for host in pods:
+        if host != chief:
+            assert "the chief saved: this server stops" in logs[host], logs[host][-2000:]
+
+    docker("rm", *pods.values())
+    again = pods_on_docker.start(objects, "dl-test")
+    wait_for(
+        lambda: _steps(pods_on_docker.logs(again[chief])),
+        "the new chief to train a step",
+        limit_s=600,
+    )
+    resumed = re.findall(r"resumed from \S+ at step (\d+)", pods_on_docker.logs(again[chief]))
+    assert resumed == [str(step)]
+    with capsys.disabled():
+        print(f"\nk8s PSS pods on docker, drained: the chief saved step {step}; resumed there")
