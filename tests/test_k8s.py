@@ -509,7 +509,7 @@ def test_the_entrypoint_builds_tf_config_from_the_pod_index():
             k8s_entry.task_env(broken)
 
 
-def test_the_entrypoint_execs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp):
+def test_the_entrypoint_runs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp):
     environ = {
         contract.ROLE: "worker",
         contract.JOB_COMPLETION_INDEX: "0",

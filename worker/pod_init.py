@@ -86,13 +86,14 @@ def run(
     noticed_at: float | None = None  # time.monotonic() of the notice
     again = False  # a notice to send again once the program's strategy is built
     chief_before: dict = {}  # the chief's status when the notice came (CHIEF)
-    holding = False  # a server kept serving until its chief saved (CHIEF)
+    hold_until: float | None = None  # a server serves until its chief saved, or then (CHIEF)
     chief_saved = False
     while True:
         ended = _reap(pid)
         if ended is not None:
             return exit_code(ended, noticed_at is not None, chief_saved)
-        got = signal.sigtimedwait(_HANDLED, POLL_S if again or holding else 3600)
+        polling = again or hold_until is not None
+        got = signal.sigtimedwait(_HANDLED, POLL_S if polling else 3600)
         if got is not None and got.si_signo == signal.SIGTERM and noticed_at is None:
             noticed_at = time.monotonic()
             print(f"distlaunch: SIGTERM: a stop notice ({notice})", flush=True)
@@ -100,7 +101,7 @@ def run(
                 _kill(pid, signal.SIGTERM)
                 again = not _built(status, started)
             elif notice == Notice.CHIEF:
-                chief_before, holding = _read(chief), True
+                chief_before, hold_until = _read(chief), noticed_at + save_s
             else:
                 _kill(-pid, signal.SIGTERM)
         elif got is not None and got.si_signo != signal.SIGCHLD:
@@ -108,12 +109,11 @@ def run(
         if again and _built(status, started):
             again = False
             _kill(pid, signal.SIGTERM)
-        if holding:
+        if hold_until is not None:
             now = _read(chief)
             chief_saved = now.get("state") == contract.STATE_PREEMPTED and now != chief_before
-            assert noticed_at is not None
-            if chief_saved or time.monotonic() - noticed_at >= save_s:
-                holding = False
+            if chief_saved or time.monotonic() >= hold_until:
+                hold_until = None
                 how = "saved" if chief_saved else f"did not save within {save_s:g} s"
                 print(f"distlaunch: the chief {how}: this server stops", flush=True)
                 _kill(-pid, signal.SIGTERM)
