@@ -188,7 +188,8 @@ def test_a_pss_server_serves_until_its_chief_has_saved(tmp, chief_saves):
             # The server runs the chief's last steps: nothing stops it before the chief saved.
             assert entry.poll() is None and child.is_running()
             new = {"state": "preempted", "time": time.time(), "saved_step": 9}
-            chief_status.write_text(json.dumps(new))
+            (tmp / "new.json").write_text(json.dumps(new))
+            (tmp / "new.json").replace(chief_status)  # whole, as runtime.report writes it
         code = entry.wait(timeout=120)
     finally:
         _stop(entry, child)

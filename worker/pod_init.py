@@ -96,7 +96,6 @@ def run(
         got = signal.sigtimedwait(_HANDLED, POLL_S if polling else 3600)
         if got is not None and got.si_signo == signal.SIGTERM and noticed_at is None:
             noticed_at = time.monotonic()
-            print(f"distlaunch: SIGTERM: a stop notice ({notice})", flush=True)
             if notice == Notice.PROGRAM:
                 _kill(pid, signal.SIGTERM)
                 again = not _built(status, started)
@@ -104,6 +103,8 @@ def run(
                 chief_before, hold_until = _read(chief), noticed_at + save_s
             else:
                 _kill(-pid, signal.SIGTERM)
+            # Once it is acted on: what the chief's status was is known by then.
+            print(f"distlaunch: SIGTERM: a stop notice ({notice})", flush=True)
         elif got is not None and got.si_signo != signal.SIGCHLD:
             _kill(-pid, got.si_signo)  # a second SIGTERM, SIGINT, SIGHUP: a stop
         if again and _built(status, started):
