@@ -97,8 +97,10 @@ def run(
         if got is not None and got.si_signo == signal.SIGTERM and noticed_at is None:
             noticed_at = time.monotonic()
             if notice == Notice.PROGRAM:
-                _kill(pid, signal.SIGTERM)
+                # Read before sending: a strategy built in between gets the notice twice, which
+                # changes nothing (worker/preempt.py), rather than not at all.
                 again = not _built(status, started)
+                _kill(pid, signal.SIGTERM)
             elif notice == Notice.CHIEF:
                 chief_before, hold_until = _read(chief), noticed_at + save_s
             else:
