@@ -279,7 +279,9 @@ def test_a_program_that_cannot_save_in_a_pod_is_stopped_at_once_and_exits_per_th
     grace = job["template"]["spec"]["terminationGracePeriodSeconds"]
     (container,) = pods_on_docker.start(objects, "dl-test").values()
     wait_for(lambda: "Serving HTTP" in pods_on_docker.logs(container), "the program to serve")
-    subprocess.run(["docker", "stop", "-t", str(grace), container], check=True)
+    subprocess.run(
+        ["docker", "stop", "-t", str(grace), container], check=True, stdout=subprocess.DEVNULL
+    )
     code = pods_on_docker.wait(container)
     # Died of the SIGTERM (a script as PID 1 would ignore it and be SIGKILLed: 137): a failure
     # by contract.EXIT_CODES, which the Job counts.
