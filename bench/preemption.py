@@ -1,19 +1,36 @@
 """Preemption: steps lost over stop notices at random times, and how fast a notice ends a run.
 
-One run of 2 MWMS workers training `dw.fit` (distlaunch.worker.examples.mnist_mlp, one step per
-epoch, so that every completed step prints its ``epoch E/EPOCHS step S`` line, and no periodic
-checkpoint: only a notice's save can carry the steps over) on the local backend. Each round
-starts it (`up`, then `up --resume`), waits until both workers train, then a random 0-3 s more,
-sends SIGTERM to `up` and waits for it to exit. The next round's resume says where it starts
-(``resumed from ... at step R``). Steps lost in a round: the last step the workers completed (the
-latest step line of the round's logs, or the step they saved) minus R (0 when the notice's save
-carried every completed step over). Notice-to-stopped: SIGTERM to `up` exiting (every task gone).
+Four kinds of program, each a case (no periodic checkpoint in any: only a notice's save can
+carry the steps over to the resume):
 
-    python bench/preemption.py [--notices 20] [--backend slurm]
+- ``mwms``: 2 MultiWorkerMirroredStrategy workers training `dw.fit`
+  (distlaunch.worker.examples.mnist_mlp, one step per epoch, so that every completed step prints
+  its ``epoch E/EPOCHS step S`` line);
+- ``tf_keras``: 2 MWMS workers running a tf_keras ``model.fit`` script of the user's own, with its
+  own ``BackupAndRestore(save_before_preemption=True)`` under ``dw.strategy()``; a callback of
+  the script prints ``step S`` (the optimizer's iterations) after every batch, and the step
+  ``fit`` starts from;
+- ``handler``: 2 MWMS workers running a user's own loop around TensorFlow's
+  ``PreemptionCheckpointHandler``; it prints ``step S`` (the handler's run counter, which its
+  checkpoint holds) after every step, and the step it starts from;
+- ``pss``: ParameterServerStrategy `dw.fit` (chief, 2 workers, 1 ps; 10 steps per epoch, so that
+  steps are in flight on the workers when the notice comes); the chief prints the epoch lines
+  and, on the notice, the step it saved once the steps in flight were done.
 
-prints ``steps lost: N of 20 notices`` and the median notice-to-stopped time. With ``--backend
-slurm`` the same rounds run on a real Slurm cluster made on this machine (tests/slurmcluster.py:
-needs root), each worker a job step on its own node, inside one 2-node allocation (`slurm_arm`).
+Each round starts the run (`up`, then `up --resume`), waits until every training task has
+printed a step, then a random 0-3 s more, sends the stop notice and waits for the run to end.
+Steps lost in a round: the last step any training task completed in that round (the latest step
+line of its logs, or the step it saved) minus the step the next round's resume starts from
+(``resumed from ... at step R`` on every training task; 0 when a task printed none: it started
+over). Notice-to-stopped: from the notice to `up` exiting (every task gone).
+
+    python bench/preemption.py [--case mwms|tf_keras|handler|pss|all] [--backend local|slurm]
+        [--notices 20]
+
+prints one line per case and backend:
+``local <case>: steps lost: N of 20 notices; median notice-to-stopped X s``. With ``--backend
+slurm`` the rounds run on a real Slurm cluster made on this machine (tests/slurmcluster.py:
+needs root), inside one 2-node allocation, each task a job step on a node (`run_slurm`).
 """
 
 from __future__ import annotations
@@ -28,59 +45,218 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import DISTLAUNCH, REPO, median
 
 EPOCHS = 100000  # never reached: every round ends with a notice
-STEP_LINE = re.compile(r"^epoch \d+/\d+ step (\d+)", re.M)
+NEVER = "1000000"  # a checkpoint interval no round reaches
+STEP_LINE = re.compile(r"^(?:epoch \d+/\d+ )?step (\d+)", re.M)
 SAVED = re.compile(r"stop notice: saved step (\d+)")
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 
+# A tf_keras model.fit script as a user writes it: its own BackupAndRestore, saving on a notice.
+TF_KERAS_SCRIPT = """
+import os
+import tensorflow as tf
+import tf_keras
+import distlaunch.worker as dw
+from distlaunch.worker.examples import mnist_mlp
 
-def _spec(folder: Path) -> Path:
-    spec = {
-        "name": "preempt",
-        "strategy": "multi_worker_mirrored",
-        "program": {
-            "module": "distlaunch.worker.examples.mnist_mlp",
-            "args": [
-                "--epochs",
-                str(EPOCHS),
-                "--steps-per-epoch",
-                "1",
-                "--checkpoint-every",
-                "1000000",
-            ],
-        },
-        "tasks": {"worker": {"count": 2}},
-        "shared_dir": "runs",
-        "timeouts": {"grace_s": 5, "startup_s": 300, "save_s": 60},
+strategy = dw.strategy()
+images, labels = mnist_mlp.load_data()
+with strategy.scope():
+    model = mnist_mlp.build_model(tf_keras)
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+dataset = mnist_mlp.make_dataset(images, labels, 64).with_options(options)
+backup = os.path.join(os.environ["DISTLAUNCH_CHECKPOINT_DIR"], "backup")
+
+
+# Before BackupAndRestore in the callbacks: a batch's step is printed before a notice's save
+# ends the process, and the first batch starts after BackupAndRestore's restore.
+class Steps(tf_keras.callbacks.Callback):
+    started = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        start = int(self.model.optimizer.iterations.numpy())
+        if start and not self.started:
+            print(f"resumed from {backup} at step {start}", flush=True)
+        self.started = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+
+
+model.fit(
+    dataset,
+    epochs=100000,
+    steps_per_epoch=10,
+    verbose=0,
+    callbacks=[
+        Steps(),
+        tf_keras.callbacks.BackupAndRestore(
+            backup, save_freq=1000000, delete_checkpoint=False, save_before_preemption=True
+        ),
+    ],
+)
+"""
+
+# A user's own loop with TensorFlow's PreemptionCheckpointHandler: it saves at a step the workers
+# agree on and exits 42; its run counter (in its checkpoint) is the step.
+HANDLER_SCRIPT = """
+import os
+import tensorflow as tf
+import distlaunch.worker as dw
+
+strategy = dw.strategy()
+with strategy.scope():
+    weights = tf.Variable(tf.zeros([64, 64]))
+checkpoint = tf.train.Checkpoint(weights=weights)
+directory = os.environ["DISTLAUNCH_CHECKPOINT_DIR"]
+handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+    strategy.cluster_resolver, checkpoint, directory
+)
+if handler.total_run_calls:
+    print(f"resumed from {directory} at step {handler.total_run_calls}", flush=True)
+
+
+@tf.function
+def train_step():
+    def replica_fn():
+        x = tf.random.normal([32, 64])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, weights) - x))
+        grad = tape.gradient(loss, weights)
+        grad = tf.distribute.get_replica_context().all_reduce("mean", grad)
+        weights.assign_sub(0.01 * grad)
+
+    strategy.run(replica_fn)
+
+
+while True:
+    handler.run(train_step)
+    print(f"step {handler.total_run_calls}", flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kind of program: its spec and which tasks' logs show its steps."""
+
+    name: str
+    strategy: str
+    program: dict
+    tasks: dict
+    trainer_logs: str  # the log files (glob) of the tasks that train and print steps
+    trainers: int  # how many tasks that is
+    scripts: dict[str, str] = field(default_factory=dict)  # file name -> source
+
+    def write(self, folder: Path) -> Path:
+        """Write the spec (and the case's scripts) into ``folder``; return the spec's path."""
+        for name, source in self.scripts.items():
+            (folder / name).write_text(source)
+        spec = {
+            "name": f"preempt-{self.name.replace('_', '-')}",
+            "strategy": self.strategy,
+            "program": self.program,
+            "tasks": self.tasks,
+            "shared_dir": "runs",
+            "timeouts": {"grace_s": 5, "startup_s": 300, "save_s": 60},
+        }
+        path = folder / "spec.json"
+        path.write_text(json.dumps(spec))
+        return path
+
+
+def _mnist_mlp(steps_per_epoch: int) -> dict:
+    args = ["--epochs", str(EPOCHS), "--steps-per-epoch", str(steps_per_epoch)]
+    return {
+        "module": "distlaunch.worker.examples.mnist_mlp",
+        "args": [*args, "--checkpoint-every", NEVER],
     }
-    path = folder / "spec.json"
-    path.write_text(json.dumps(spec))
-    return path
 
 
-def _logs(run_dir: Path, attempt: int) -> list[str]:
+TWO_WORKERS = {"worker": {"count": 2}}
+CASES = {
+    case.name: case
+    for case in (
+        Case("mwms", "multi_worker_mirrored", _mnist_mlp(1), TWO_WORKERS, "worker-*.log", 2),
+        Case(
+            "tf_keras",
+            "multi_worker_mirrored",
+            {"script": "task.py"},
+            TWO_WORKERS,
+            "worker-*.log",
+            2,
+            {"task.py": TF_KERAS_SCRIPT},
+        ),
+        Case(
+            "handler",
+            "multi_worker_mirrored",
+            {"script": "task.py"},
+            TWO_WORKERS,
+            "worker-*.log",
+            2,
+            {"task.py": HANDLER_SCRIPT},
+        ),
+        Case(
+            "pss",
+            "parameter_server",
+            _mnist_mlp(10),
+            {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}},
+            "chief-*.log",
+            1,
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the notices of one case did on one backend."""
+
+    lost_steps: int
+    lost_rounds: int
+    stopped_s: list[float]
+    exit_codes: list[int]
+
+
+def _logs(case: Case, run_dir: Path, attempt: int) -> list[str]:
     folder = run_dir / "logs" / f"attempt-{attempt}"
-    return [p.read_text(errors="replace") for p in sorted(folder.glob("worker-*.log"))]
+    return [p.read_text(errors="replace") for p in sorted(folder.glob(case.trainer_logs))]
 
 
-def _round(
-    spec: Path, attempt: int, args: list[str] | None = None, env: dict | None = None
+def _last_completed(logs: list[str]) -> int:
+    """The last step any training task completed (or saved) in one round's logs."""
+    steps = [0]
+    for text in logs:
+        steps += [int(s) for s in STEP_LINE.findall(text)] + [int(s) for s in SAVED.findall(text)]
+    return max(steps)
+
+
+def _resumed_at(logs: list[str]) -> int:
+    """The step a round starts from: the lowest any training task resumed at (0: started over)."""
+    starts = [int(m.group(1)) if (m := RESUMED.search(text)) else 0 for text in logs]
+    return min(starts, default=0)
+
+
+def _local_round(
+    case: Case, spec: Path, attempt: int, wrap: Callable[[list[str]], list[str]] = list, env=None
 ) -> tuple[Path, float, int]:
-    """One start and notice: the run dir, notice-to-stopped seconds, `up`'s exit code
-    (``args``, ``env``: `up`'s command and environment elsewhere, e.g. in a Slurm allocation)."""
-    args = args or [*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)]
+    """One `up` (a resume after the first) and a SIGTERM to it: the run dir, notice-to-stopped
+    seconds, `up`'s exit code. (``wrap``, ``env``: how `up` runs elsewhere, e.g. in a Slurm
+    allocation.)"""
+    args = wrap([*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)])
     with open(spec.parent / "up.log", "a") as log:
         up = subprocess.Popen(args, cwd=spec.parent, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             run_dir = None
-            while (
-                run_dir is None
-                or not all(STEP_LINE.search(text) for text in _logs(run_dir, attempt))
-                or len(_logs(run_dir, attempt)) < 2
+            while run_dir is None or not (
+                len(logs := _logs(case, run_dir, attempt)) == case.trainers
+                and all(STEP_LINE.search(text) for text in logs)
             ):
                 if up.poll() is not None:
                     raise SystemExit(f"up ended early ({up.returncode}); see {spec.parent}/up.log")
@@ -96,15 +272,27 @@ def _round(
             up.kill()
 
 
-def _last_completed(run_dir: Path, attempt: int) -> int:
-    steps = [0]
-    for text in _logs(run_dir, attempt):
-        steps += [int(s) for s in STEP_LINE.findall(text)] + [int(s) for s in SAVED.findall(text)]
-    return max(steps)
+def run_local(case: Case, notices: int) -> Outcome:
+    """``notices`` stop notices (SIGTERM to `up`) to one run of ``case``, each round resumed."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-preempt-{case.name}-") as tmp:
+        spec = case.write(Path(tmp))
+        lost_rounds, lost_steps, times, codes = 0, 0, [], []
+        for attempt in range(notices + 1):
+            run_dir, stopped_s, code = _local_round(case, spec, attempt)
+            if attempt:
+                before = _last_completed(_logs(case, run_dir, attempt - 1))
+                lost = before - _resumed_at(_logs(case, run_dir, attempt))
+                lost_rounds += lost > 0
+                lost_steps += max(lost, 0)
+                print(f"  {case.name} notice {attempt}: {before} done, {lost} lost", flush=True)
+            if attempt < notices:
+                times.append(stopped_s)
+                codes.append(code)
+        return Outcome(lost_steps, lost_rounds, times, codes)
 
 
-def slurm_arm(notices: int) -> None:
-    """The rounds of `main` with ``backend: slurm``, on a 2-node Slurm lab; the same lines."""
+def run_slurm(case: Case, notices: int) -> Outcome:
+    """`run_local`'s rounds with ``backend: slurm``, inside a 2-node allocation of a Slurm lab."""
     sys.path.insert(0, str(REPO / "tests"))
     from slurm_overhead import _allocation
 
@@ -113,70 +301,60 @@ def slurm_arm(notices: int) -> None:
     reason = unavailable_reason()
     if reason is not None:
         sys.exit(f"cannot run: {reason}")
-    with tempfile.TemporaryDirectory(prefix="bench-preempt-") as tmp, SlurmLab(2) as lab:
-        work = Path(tmp)
-        spec = _spec(work)
+    with (
+        tempfile.TemporaryDirectory(prefix=f"bench-preempt-{case.name}-") as tmp,
+        SlurmLab(2) as lab,
+    ):
+        spec = case.write(Path(tmp))
         data = json.loads(spec.read_text())
         data["backend"] = "slurm"
         data["program"]["python"] = sys.executable
         spec.write_text(json.dumps(data))
-        holder, env = _allocation(lab, work)
+        holder, env = _allocation(lab, Path(tmp))
         lost_rounds, lost_steps, times, codes = 0, 0, [], []
         try:
             for attempt in range(notices + 1):
-                args = lab.command(
-                    [*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)]
-                )
-                run_dir, stopped_s, code = _round(spec, attempt, args, env)
+                run_dir, stopped_s, code = _local_round(case, spec, attempt, lab.command, env)
                 if attempt:
-                    resumed = [int(s) for t in _logs(run_dir, attempt) for s in RESUMED.findall(t)]
-                    lost = _last_completed(run_dir, attempt - 1) - min(resumed, default=0)
+                    before = _last_completed(_logs(case, run_dir, attempt - 1))
+                    lost = before - _resumed_at(_logs(case, run_dir, attempt))
                     lost_rounds += lost > 0
                     lost_steps += max(lost, 0)
+                    print(f"  {case.name} notice {attempt}: {before} done, {lost} lost", flush=True)
                 if attempt < notices:
                     times.append(stopped_s)
                     codes.append(code)
-                print(
-                    f"notice {attempt + 1}: up exited {code} {stopped_s:.2f} s after it", flush=True
-                )
         finally:
             lab.run(["scancel", env["SLURM_JOB_ID"]])
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait()
-            os.kill(int((work / "alloc.env.pid").read_text()), signal.SIGKILL)
-    print(f"slurm: exit codes: {sorted(set(codes))} (75: preempted)")
-    print(f"slurm: steps lost: {lost_steps} of {notices} notices")
-    print(f"slurm: notices that lost any step: {lost_rounds}")
-    print(f"slurm: median notice-to-stopped: {median(times):.2f} s")
+            os.kill(int((Path(tmp) / "alloc.env.pid").read_text()), signal.SIGKILL)
+        return Outcome(lost_steps, lost_rounds, times, codes)
+
+
+# Backend name -> how it runs the notices of one case.
+BACKENDS: dict[str, Callable[[Case, int], Outcome]] = {"local": run_local, "slurm": run_slurm}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
+    parser.add_argument("--backend", choices=[*BACKENDS], default="local")
     parser.add_argument("--notices", type=int, default=20)
-    parser.add_argument("--backend", choices=("local", "slurm"), default="local")
     options = parser.parse_args()
-    if options.backend == "slurm":
-        slurm_arm(options.notices)
-        return
-    with tempfile.TemporaryDirectory(prefix="bench-preempt-") as tmp:
-        spec = _spec(Path(tmp))
-        lost_rounds, lost_steps, times, codes = 0, 0, [], []
-        for attempt in range(options.notices + 1):
-            run_dir, stopped_s, code = _round(spec, attempt)
-            if attempt:
-                resumed = [int(s) for t in _logs(run_dir, attempt) for s in RESUMED.findall(t)]
-                start = min(resumed, default=0)
-                lost = _last_completed(run_dir, attempt - 1) - start
-                lost_rounds += lost > 0
-                lost_steps += max(lost, 0)
-            if attempt < options.notices:
-                times.append(stopped_s)
-                codes.append(code)
-            print(f"notice {attempt + 1}: up exited {code} {stopped_s:.2f} s after it", flush=True)
-    print(f"exit codes: {sorted(set(codes))} (75: preempted)")
-    print(f"steps lost: {lost_steps} of {options.notices} notices")
-    print(f"notices that lost any step: {lost_rounds}")
-    print(f"median notice-to-stopped: {median(times):.2f} s")
+    cases = list(CASES.values()) if options.case == "all" else [CASES[options.case]]
+    for case in cases:
+        outcome = BACKENDS[options.backend](case, options.notices)
+        print(
+            f"{options.backend} {case.name}: exit codes {sorted(set(outcome.exit_codes))} "
+            f"(75: preempted); notices that lost any step: {outcome.lost_rounds}",
+            flush=True,
+        )
+        print(
+            f"{options.backend} {case.name}: steps lost: {outcome.lost_steps} of "
+            f"{options.notices} notices; median notice-to-stopped {median(outcome.stopped_s):.2f} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from distlaunch.launcher.core.errors import (
     SpecError,
     UsageError,
 )
-from distlaunch.launcher.transports.compose.image import DEFAULT_BASE, DEFAULT_TAG
+from distlaunch.launcher.transports.compose import DEFAULT_BASE, DEFAULT_TAG
 from distlaunch.worker import contract
 
 # Every command imports what it needs in its body: `--help`, and a command's start, pay only

@@ -82,9 +82,20 @@ def test_the_start_imports_only_what_it_uses() -> None:
     assert _loaded_after(up_path) == set()
 
 
+# What a run with every task on this machine never needs: the SSH hosts' preflight, transport
+# and firewall, and the compose image builder (the CLI's option defaults name its image).
+NOT_FOR_LOCAL = (
+    "distlaunch.launcher.transports.ssh.preflight",
+    "distlaunch.launcher.transports.ssh.transport",
+    "distlaunch.launcher.network.firewall",
+    "distlaunch.launcher.transports.compose.image",
+)
+
+
 def test_up_imports_its_own_backend_alone_and_scans_no_entry_points(tmp: Path) -> None:
     # Backends are named in launcher/core/backends.py; a built-in one is found without reading the
-    # installed packages' entry points (importlib.metadata), and the others are not imported.
+    # installed packages' entry points (importlib.metadata), and the others are not imported; nor
+    # is what only SSH hosts need.
     (tmp / "noop.py").write_text("")
     spec = write_spec(tmp, program={"script": "noop.py"}, tasks={"worker": {"count": 1}})
     up_run = (
@@ -92,6 +103,7 @@ def test_up_imports_its_own_backend_alone_and_scans_no_entry_points(tmp: Path) -
         f"cli.main(['up', {str(spec)!r}], standalone_mode=False)\n"
         "from distlaunch.launcher.core.backends import BUILTIN\n"
         "others = {BUILTIN[b].target.split(':')[0] for b in ('compose', 'slurm')}\n"
+        f"others |= set({NOT_FOR_LOCAL!r})\n"
         "print(*sorted(m for m in sys.modules if m == 'importlib.metadata' or m in others))"
     )
     result = subprocess.run(

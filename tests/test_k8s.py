@@ -198,6 +198,15 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
         # (distlaunch.worker.chief_result) and they end with it (tests/test_servers_end.py).
         ends = strategy == "parameter_server" and not jobset
         tells = ["python", "-m", "distlaunch.worker.chief_result", "--"]
+        # The pod's SIGTERM: a notice to the program (it imports distlaunch.worker: it saves);
+        # PSS servers wait for the chief's save; the evaluator is stopped.
+        notice = (
+            ["group"]
+            if role == "evaluator"
+            else ["chief", "--save-s", "30"]
+            if strategy == "parameter_server" and role != "chief"
+            else ["program"]
+        )
         assert (contract.END_WITH_CHIEF in env) == (ends and role in ("ps", "worker"))
         # The entrypoint, then the program exactly as the spec says it (payloads and all).
         assert command == [
@@ -206,6 +215,8 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
             "distlaunch.worker.k8s_entry",
             "--umask",
             "077",
+            "--notice",
+            *notice,
             "--",
             *(tells if ends and role == "chief" else []),
             "python",
@@ -225,7 +236,8 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
         assert pod["volumes"] == [
             {"name": "shared", "persistentVolumeClaim": {"claimName": "shared.runs"}}
         ]
-        assert job["activeDeadlineSeconds"] == 100 and pod["terminationGracePeriodSeconds"] == 3
+        # The grace: timeouts.save_s (30 by default) for the save, then grace_s.
+        assert job["activeDeadlineSeconds"] == 100 and pod["terminationGracePeriodSeconds"] == 33
         # The role's cluster names every training pod at its stable DNS name.
         cluster = json.loads(env[contract.CLUSTER])
         sep = "-0-" if jobset else "-"
@@ -239,17 +251,23 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
             assert cluster == {"evaluator": [f"{made.name}-evaluator{sep}0.{made.name}:2222"]}
         assert job_name + "-0" == f"{made.name}-{role}{sep}0"
         assert len(job_name + "-9999") <= 63
-        # Exit codes Kubernetes can match (1-255): never retried; evictions not counted.
+        # Saved on a notice: replaced, not counted; exit codes Kubernetes can match (1-255):
+        # never retried; evictions not counted.
         rules = job["podFailurePolicy"]["rules"]
-        assert rules[0] == {
-            "action": "FailJob",
-            "onExitCodes": {
-                "containerName": "task",
-                "operator": "In",
-                "values": [2, 3],
+        assert rules == [
+            {
+                "action": "Ignore",
+                "onExitCodes": {"containerName": "task", "operator": "In", "values": [75]},
             },
-        }
-        assert rules[1]["action"] == "Ignore"
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": "task", "operator": "In", "values": [2, 3]},
+            },
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+        ]
         alone = role == "evaluator" or (strategy == "parameter_server" and role == "worker")
         assert job["backoffLimit"] == (budget if alone or not jobset else 0)
         gpus = container["resources"]["limits"].get("nvidia.com/gpu")
@@ -280,6 +298,51 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
                 "fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}
             },
         } in env
+
+
+def pod_failure_action(job: dict, code: int, disrupted: bool = False) -> str:
+    """What a Job's podFailurePolicy does with a pod whose container exited ``code`` (with the
+    DisruptionTarget condition when ``disrupted``): the first matching rule's action, else
+    "Count" (the pod counts against backoffLimit), as the Job controller decides."""
+    for rule in job["podFailurePolicy"]["rules"]:
+        codes = rule.get("onExitCodes")
+        if codes is not None and code in codes["values"]:
+            return rule["action"]
+        if disrupted and {"type": "DisruptionTarget", "status": "True"} in rule.get(
+            "onPodConditions", []
+        ):
+            return rule["action"]
+    return "Count"
+
+
+@pytest.mark.parametrize("jobset", [False, True], ids=["jobs", "jobset"])
+def test_the_pod_failure_rules_come_from_the_exit_code_table(tmp, monkeypatch, jobset):
+    """Every Job (a JobSet's too) replaces a pod that exited with a "preempted" code of
+    contract.EXIT_CODES without counting it, fails on a fatal one, counts any other; change the
+    table and the manifests change with it."""
+    loaded = load_spec(write_spec(tmp, program=MNIST, restart={"policy": "on-failure"}))
+
+    def jobs() -> list[dict]:
+        made = k8s.manifests(loaded, "t-1", "img", None, jobset)
+        found = [job for obj in made.objects for _, job in job_templates(obj)]
+        for obj in made.objects:
+            validate(obj)
+        return found
+
+    for job in jobs():
+        assert pod_failure_action(job, contract.EXIT_PREEMPTED) == "Ignore"
+        assert pod_failure_action(job, contract.EXIT_FATAL) == "FailJob"
+        # 42 and 143 mean "preempted" only after a notice: the pod's entrypoint then exits 75.
+        for code in (1, contract.TF_HANDLER_EXIT, contract.SIGTERM_EXIT, 137):
+            assert pod_failure_action(job, code) == "Count", code
+        assert pod_failure_action(job, 137, disrupted=True) == "Ignore"
+    table = tuple(
+        ("76", meaning, why) if code == str(contract.EXIT_PREEMPTED) else (code, meaning, why)
+        for code, meaning, why in contract.EXIT_CODES
+    ) + (("99", contract.ExitMeaning.PREEMPTED, "a test's"),)
+    monkeypatch.setattr(contract, "EXIT_CODES", table)
+    for job in jobs():
+        assert [pod_failure_action(job, c) for c in (75, 76, 99)] == ["Count", "Ignore", "Ignore"]
 
 
 def test_the_network_policy_admits_the_task_port_from_the_runs_own_pods_only(tmp):
@@ -446,7 +509,7 @@ def test_the_entrypoint_builds_tf_config_from_the_pod_index():
             k8s_entry.task_env(broken)
 
 
-def test_the_entrypoint_execs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp):
+def test_the_entrypoint_runs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp):
     environ = {
         contract.ROLE: "worker",
         contract.JOB_COMPLETION_INDEX: "0",
@@ -527,9 +590,9 @@ class PodRunner:
                 command = [expand(c, env) for c in container["command"]]
                 name = f"{self.tag}-{host}"
                 args = [
+                    # No --init: the kubelet runs the pod's command as its PID 1.
                     "run",
                     "--detach",
-                    "--init",
                     "--name",
                     name,
                     "--hostname",
@@ -569,7 +632,7 @@ class PodRunner:
 def _manifests(tmp: Path, **fields: Any) -> tuple[list[dict], str]:
     """The objects `distlaunch k8s` writes for a spec with ``fields``, and the run id."""
     run_id = f"k8s-{secrets.token_hex(3)}"
-    spec = write_spec(tmp, program=MNIST, kubernetes={"pvc": "runs"}, **fields)
+    spec = write_spec(tmp, **{"program": MNIST, "kubernetes": {"pvc": "runs"}, **fields})
     out = tmp / "k8s.yaml"
     done = distlaunch(
         "k8s",

@@ -486,6 +486,68 @@ def test_tf_keras_fit_with_keras_callbacks_saves_on_the_notice(tmp):
     assert len(steps) == 2 and steps[0] == steps[1] > 25
 
 
+# A tf_keras model.fit script of the user's own: its own BackupAndRestore(save_before_preemption=True),
+# tf_keras imported after dw.strategy(), and no "keras" in the spec (the scan sees no tf.keras: the
+# task runs with the Keras 3 setting). It prints the step fit starts from and an epoch line.
+OWN_BACKUP = """
+import os, sys
+import distlaunch.worker as dw
+strategy = dw.strategy()
+import tensorflow as tf
+import tf_keras
+from distlaunch.worker.examples import mnist_mlp
+images, labels = mnist_mlp.load_data()
+with strategy.scope():
+    model = mnist_mlp.build_model(tf_keras)
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+dataset = mnist_mlp.make_dataset(images, labels, 64).with_options(options)
+backup = os.path.join(os.environ["DISTLAUNCH_CHECKPOINT_DIR"], "backup")
+
+class Steps(tf_keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        print(f"resumed from {backup} at step {self.model.optimizer.iterations.numpy()}", flush=True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        step = self.model.optimizer.iterations.numpy()
+        print(f"epoch {epoch + 1}/400 step {step}", flush=True)
+
+backup_and_restore = tf_keras.callbacks.BackupAndRestore(
+    backup, save_freq=100000, delete_checkpoint=False, save_before_preemption=True
+)
+model.fit(dataset, epochs=400, steps_per_epoch=25, verbose=0, callbacks=[backup_and_restore, Steps()])
+"""
+
+
+def test_a_tf_keras_script_with_its_own_backup_and_restore_saves_on_the_notice(tmp):
+    (tmp / "task.py").write_text(OWN_BACKUP)
+    spec = write_spec(tmp)
+    launcher = _start(spec)
+    try:
+        run_dir = _training(tmp)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    record = run_record(run_dir)
+    assert record["plan"]["program"]["keras"] == "keras3"  # what the spec's auto chose
+    assert record["state"] == "preempted"
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.TF_HANDLER_EXIT}
+    done = max(int(s) for s in re.findall(r"^epoch \d+/\d+ step (\d+)", _logs_of(run_dir, 0), re.M))
+    resumed = _start(spec, "--resume")
+    try:
+        wait_for(lambda: len(_resumed_steps(_logs_of(run_dir, 1))) == 2, "both workers to resume")
+        resumed.send_signal(signal.SIGINT)
+        resumed.wait(timeout=120)
+    finally:
+        resumed.kill()
+    # The notice's backup (the only one: save_freq is never reached) holds every step trained.
+    steps = _resumed_steps(_logs_of(run_dir, 1))
+    assert len(steps) == 2 and steps[0] == steps[1] >= done > 25
+
+
 def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):
     (tmp / "task.py").write_text(TF_HANDLER)
     spec = write_spec(tmp)

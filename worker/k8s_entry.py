@@ -5,10 +5,12 @@ only Kubernetes knows which index a pod is: it says so in JOB_COMPLETION_INDEX w
 starts. This module turns that index, the role (DISTLAUNCH_ROLE) and the role's training cluster
 (DISTLAUNCH_CLUSTER, written into the manifest) into the task's TF_CONFIG and the per-task part
 of the distlaunch environment contract (index, error, status and metrics files), creates the
-run-dir folders those files go in, and then execs the program: no process stays in between, so
-signals and the exit code are the program's own.
+run-dir folders those files go in, and then runs the program under `pod_init`, which stays as
+the pod's PID 1: it turns the pod's SIGTERM into a stop notice where the program can save
+(``--notice``: see pod_init), reaps orphans, and exits with the program's code.
 
-    python -m distlaunch.worker.k8s_entry [--umask 077] -- python -m my.trainer --epochs 3
+    python -m distlaunch.worker.k8s_entry [--umask 077] [--notice program] [--save-s 30] \
+        -- python -m my.trainer --epochs 3
 
 A pod whose environment is wrong (a manifest edited by hand) exits 2, which `distlaunch k8s`
 marks as non-retryable by default: retrying cannot fix it. It never imports launcher code.
@@ -20,15 +22,29 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import contract
+from . import contract, pod_init
 
-USAGE = "usage: python -m distlaunch.worker.k8s_entry [--umask OCTAL] -- PROGRAM [ARGS...]"
+USAGE = (
+    "usage: python -m distlaunch.worker.k8s_entry [--umask OCTAL] [--notice program|chief|group] "
+    "[--save-s S] -- PROGRAM [ARGS...]"
+)
 
 
 class EntryError(Exception):
     """The pod's environment or command line cannot make a task (one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """This module's command line."""
+
+    program: list[str]
+    umask: int | None = None
+    notice: pod_init.Notice = pod_init.Notice.GROUP
+    save_s: float = 30.0
 
 
 def task_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -60,30 +76,37 @@ def task_env(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _parse(argv: list[str]) -> tuple[int | None, list[str]]:
-    """(umask, program argv) from this module's command line."""
-    umask = None
-    if argv[:1] == ["--umask"] and len(argv) >= 2:
-        try:
-            umask = int(argv[1], 8)
-        except ValueError:
-            raise EntryError(f"--umask: expected an octal number, got {argv[1]!r}") from None
-        argv = argv[2:]
-    if argv[:1] != ["--"] or len(argv) < 2:
+def _parse(argv: list[str]) -> Options:
+    """The options and program argv of this module's command line."""
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
         raise EntryError(USAGE)
-    return umask, argv[1:]
+    split = argv.index("--")
+    flags = argv[:split]
+    if len(flags) % 2:
+        raise EntryError(USAGE)
+    given = dict(zip(flags[::2], flags[1::2], strict=True))
+    readers = {"--umask": lambda v: int(v, 8), "--notice": pod_init.Notice, "--save-s": float}
+    values: dict[str, object] = {}
+    for flag, value in given.items():
+        if flag not in readers:
+            raise EntryError(USAGE)
+        try:
+            values[flag.removeprefix("--").replace("-", "_")] = readers[flag](value)
+        except ValueError:
+            raise EntryError(f"{flag}: unexpected value {value!r}; {USAGE}") from None
+    return Options(argv[split + 1 :], **values)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Build this pod's task environment and exec the program (see the module docstring)."""
+    """Build this pod's task environment and run the program (see the module docstring)."""
     try:
-        umask, program = _parse(sys.argv[1:] if argv is None else argv)
+        options = _parse(sys.argv[1:] if argv is None else argv)
         env = task_env(os.environ)
     except EntryError as exc:
         print(f"distlaunch: error: {exc}", file=sys.stderr)
         sys.exit(2)
-    if umask is not None:
-        os.umask(umask)
+    if options.umask is not None:
+        os.umask(options.umask)
     os.environ.update(env)
     # The files' folders, which nobody else creates on a fresh volume.
     for name in (contract.ERROR_FILE, contract.STATUS_FILE, contract.METRICS_FILE):
@@ -98,7 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         file=sys.stderr,
         flush=True,
     )
-    os.execvp(program[0], program)
+    run_dir = contract.env_path(contract.RUN_DIR)
+    chief = contract.status_path(run_dir, contract.CHIEF, 0) if run_dir else None
+    status = contract.env_path(contract.STATUS_FILE)
+    sys.exit(pod_init.run(options.program, options.notice, status, chief, options.save_s))
 
 
 if __name__ == "__main__":

@@ -38,11 +38,15 @@ handle SIGTERM does, instead of spending the grace period on a save nobody waits
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from types import ModuleType
 from typing import NoReturn
 
 from . import contract, runtime
@@ -77,6 +81,10 @@ def watch() -> None:
         signal.signal(signal.SIGTERM, _on_notice)
 
 
+# The tf_keras module whose check decides whether BackupAndRestore saves before preemption.
+_TF_KERAS_STATE = "tf_keras.src.distribute.worker_training_state"
+
+
 def allow_tf_keras_save_before_preemption() -> None:
     """Let tf_keras's ``BackupAndRestore(save_before_preemption=True)`` save on a notice off GCP.
 
@@ -85,14 +93,51 @@ def allow_tf_keras_save_before_preemption() -> None:
     PreemptionCheckpointHandler, which works wherever the coordination service runs. Under
     distlaunch the launcher is the one that sends the notice, so the check becomes "under MWMS".
     The handler saves at a step the workers agree on and exits 42 (contract.EXIT_CODES).
+
+    Call it under MWMS, whatever the spec's ``keras`` says: a script that imports ``tf_keras``
+    itself runs with the Keras 3 setting, and may import it only after ``dw.strategy()``. If
+    tf_keras is not loaded yet, the check is replaced when it is (a Keras 3 program never pays
+    for importing tf_keras).
     """
+    module = sys.modules.get(_TF_KERAS_STATE)
+    if module is not None:
+        _allow_under_mwms(module)
+    elif _ON_TF_KERAS_IMPORT not in sys.meta_path:
+        sys.meta_path.insert(0, _ON_TF_KERAS_IMPORT)
+
+
+def _allow_under_mwms(worker_training_state: ModuleType) -> None:
     import tensorflow as tf
-    from tf_keras.src.distribute import worker_training_state
 
     def mwms(strategy: tf.distribute.Strategy) -> bool:
         return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
     worker_training_state.support_on_demand_checkpoint_callback = mwms
+
+
+class _OnTfKerasImport(importlib.abc.MetaPathFinder):
+    """Finds tf_keras's worker_training_state as usual, and replaces its check once it ran."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name != _TF_KERAS_STATE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def run_then_allow(module: ModuleType) -> None:
+            run(module)
+            _allow_under_mwms(module)
+
+        spec.loader.exec_module = run_then_allow  # type: ignore[method-assign]
+        return spec
+
+
+_ON_TF_KERAS_IMPORT = _OnTfKerasImport()
 
 
 def noticed() -> bool:

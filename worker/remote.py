@@ -7,11 +7,10 @@ over the SSH session's stdin, one line at a time:
   "mkdirs": [...], "umask": 63 | null, "grace_s": 5, "heartbeat_s": 20}``. Arguments, environment
   and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
   starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
-- every later line is either empty (a heartbeat: the launcher is alive), ``stop``, or ``notice``:
-  a stop notice (the launcher asks the task to save and stop: worker/preempt.py), SIGTERM to the
-  task's program alone, never to what it started (a data loader's worker), whose death could break
-  the save. The helper keeps watching: the program exits once it has saved, or the launcher sends
-  ``stop`` at its deadline.
+- every later line is either empty (a heartbeat: the launcher is alive), ``stop``, or
+  ``notice``: a stop notice (worker/preempt.py), SIGTERM to the task's program process alone,
+  never to what it forked (a data loader's workers), as taskinit's NOTICE does for a local task;
+  the helper then goes on watching, and the task saves and exits on its own.
 
 `distlaunch stacks` sends another first line instead, ``{"stacks": {"run_id": "...", "task":
 "worker-1", "native": true}}``: the helper finds that task's program on this host (its
@@ -60,7 +59,7 @@ from typing import Any
 
 # Bumped whenever the request format or the worker contract changes; the launcher's preflight
 # refuses a host whose helper speaks another protocol.
-PROTOCOL = 1
+PROTOCOL = 3
 STOP = b"stop"
 NOTICE = b"notice"
 # Exit codes for a task that could not be started, as POSIX shells use them.
@@ -219,7 +218,7 @@ class _Watch:
         self.heartbeat_s = heartbeat_s
         self.term_is_notice = term_is_notice
         self._signal: int | None = None
-        self._notices = 0  # notices that came (a line or SIGTERM) and were not yet passed on
+        self._term_notice = False  # a SIGTERM that is a notice came, not yet passed on
         self._wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         for sig in _STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
@@ -233,7 +232,7 @@ class _Watch:
         sel.register(self.stdin.fd, selectors.EVENT_READ, "stdin")
         sel.register(self._wake_r, selectors.EVENT_READ, "signal")
         reason = self._signal_reason() or self._reason(self.stdin.pending_lines())
-        self._pass_notices()
+        self._pass_term_notice()
         last_heard = time.monotonic()
         lost = None
         while reason is None and lost is None:
@@ -254,7 +253,7 @@ class _Watch:
                     except BlockingIOError:
                         pass
                     reason = self._signal_reason()
-            self._pass_notices()
+            self._pass_term_notice()
             if self.heartbeat_s is not None and time.monotonic() - last_heard > self.heartbeat_s:
                 lost = f"no word from the launcher for {self.heartbeat_s:g} s"
         if reason is None:  # a `stop` that came with the EOF still gets its grace
@@ -268,26 +267,30 @@ class _Watch:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum == signal.SIGTERM and self.term_is_notice:
-            self._notices += 1
+            self._term_notice = True
         elif self._signal is None:
             self._signal = signum
 
+    def _pass_term_notice(self) -> None:
+        if self._term_notice:
+            self._term_notice = False
+            self._notice()
+
     def _reason(self, lines: list[bytes]) -> str | None:
-        # Any line is a heartbeat; `stop` and `notice` ask for something.
-        self._notices += sum(line.strip() == NOTICE for line in lines)
+        # Any line is a heartbeat; only `stop` and `notice` ask for anything.
+        if any(line.strip() == NOTICE for line in lines):
+            self._notice()
         if any(line.strip() == STOP for line in lines):
             return "the launcher asked it to stop"
         return None
 
-    def _pass_notices(self) -> None:
-        """Send the program alone (not its group) SIGTERM for the notices that came: it saves
-        and exits on its own."""
-        if self._notices:
-            self._notices = 0
-            try:
-                os.kill(self.child.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass  # it has exited: its exit is on the way
+    def _notice(self) -> None:
+        """A stop notice: SIGTERM to the task's program alone (the group's leader, which this
+        helper started), not to its group."""
+        try:
+            os.kill(self.child.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # it has exited; its exit is about to be seen
 
     def _leftovers(self) -> int:
         """The leader exited: terminate whatever it left in its group, then return its code."""

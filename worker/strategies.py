@@ -42,7 +42,7 @@ def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Stra
 
     From here on SIGTERM is a stop notice (`preempt.watch`: it replaces the SIGTERM handler
     TensorFlow installed while the strategy was built), unless the program handles SIGTERM
-    itself; under MWMS with tf_keras, BackupAndRestore may save before preemption off GCP too.
+    itself; under MWMS, tf_keras's BackupAndRestore may save before preemption off GCP too.
     """
     ctx = runtime.context()
     if ctx.role == contract.EVALUATOR:
@@ -60,7 +60,7 @@ def strategy(variable_partitioner: Any = AUTO_PARTITIONER) -> tf.distribute.Stra
         # was built, and would swallow a notice that came before `fit` (see `preempt`). (A PSS
         # ps or worker never gets here: it serves until it is stopped.)
         preempt.watch()
-        if ctx.keras == contract.TF_KERAS and ctx.strategy == contract.MWMS:
+        if ctx.strategy == contract.MWMS:
             preempt.allow_tf_keras_save_before_preemption()
     runtime.report(contract.STATE_READY)
     return built

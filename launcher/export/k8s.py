@@ -9,7 +9,11 @@ What it decides, per run:
 - a NetworkPolicy that admits the task port only from the run's own pods (TensorFlow's gRPC has
   no authentication: the equivalent of the compose backend's internal network);
 - restart rules mapped onto what a Job can express: backoffLimit for the budget, a
-  podFailurePolicy that fails the Job on non-retryable exit codes and does not count evictions.
+  podFailurePolicy that replaces a pod that saved on a stop notice without counting it (the
+  "preempted" codes of contract.EXIT_CODES), fails the Job on non-retryable exit codes and does
+  not count evictions;
+- the pod's SIGTERM is a stop notice (`notice_of`, worker/pod_init.py), and
+  terminationGracePeriodSeconds leaves timeouts.save_s for the save, then grace_s.
   A Job retries its own pods only: MWMS needs the whole gang restarted, which only a JobSet can
   do (``jobset=True``: ``failurePolicy.maxRestarts`` recreates every Job of the set);
 - with plain Jobs, a PSS run's servers end with the chief (nothing else stops them): the chief
@@ -43,6 +47,7 @@ from distlaunch.launcher.plan.plan import TaskPlan, make_plan
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.spec.model import IMAGE_REF, K8S_LABEL, LoadedSpec, task_json_path
 from distlaunch.worker import chief_result, contract, k8s_entry
+from distlaunch.worker.pod_init import Notice
 
 # Every task's TensorFlow server port: each pod has its own IP, so one port serves all.
 PORT = 2222
@@ -155,7 +160,8 @@ def manifests(
         # One template per role, from its first task: the entrypoint sets what differs by index.
         first = plan.task(contract.task_name(role, 0))
         cluster = first.tf_config["cluster"]
-        pod = _pod_template(loaded, first, name, image, cluster, jobset, end)
+        saves = plan.program.saves_on_notice
+        pod = _pod_template(loaded, first, name, image, cluster, jobset, end, saves)
         jobs[role] = _job_spec(loaded, role, len(rows), pod, jobset)
     labels = {RUN_LABEL: name}
     policy = _network_policy(name, meta)
@@ -231,6 +237,7 @@ def _pod_template(
     cluster: dict,
     jobset: bool,
     end: chief_result.EndRule | None,
+    saves_on_notice: bool,
 ) -> dict[str, Any]:
     """The pod of every task of ``task``'s role: the entrypoint, the program, the role's env;
     with ``end``, the chief tells the servers its result and they end with it."""
@@ -257,6 +264,8 @@ def _pod_template(
     if end is not None and task.role in (contract.PS, contract.WORKER):
         env.append({"name": contract.END_WITH_CHIEF, "value": _literal(end.to_env())})
     umask = ["--umask", f"{rundir.PRIVATE_UMASK:03o}"] if spec.permissions == "private" else []
+    notice = notice_of(saves_on_notice, spec.strategy, task.role)
+    save = ["--save-s", f"{spec.timeouts.save_s:g}"] if notice == Notice.CHIEF else []
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
@@ -265,6 +274,9 @@ def _pod_template(
             "-m",
             k8s_entry.__name__,
             *umask,
+            "--notice",
+            notice.value,
+            *save,
             "--",
             *([IMAGE_PYTHON, "-m", chief_result.__name__, "--"] if tells else []),
             *(_literal(a) for a in task.argv),
@@ -288,11 +300,26 @@ def _pod_template(
             "restartPolicy": "Never",
             # The tasks never talk to the API server: no token in them.
             "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": math.ceil(spec.timeouts.grace_s),
+            # The pod's SIGTERM is a stop notice: the save's deadline, then the teardown's grace.
+            "terminationGracePeriodSeconds": math.ceil(
+                spec.timeouts.save_s + spec.timeouts.grace_s
+            ),
             "containers": [container],
             "volumes": [{"name": "shared", **volume}],
         },
     }
+
+
+def notice_of(saves_on_notice: bool, strategy: str, role: str) -> Notice:
+    """Where a pod of ``role`` sends its SIGTERM (worker/pod_init.py), as `up` sends its stop
+    notice: to the program of every training task when the program can save (program_scan's
+    ``saves_on_notice``; PSS: the chief's, whose servers wait for its save), else to the whole
+    process group (a stop, as before)."""
+    if not saves_on_notice or role == contract.EVALUATOR:
+        return Notice.GROUP
+    if strategy == contract.PSS and role != contract.CHIEF:
+        return Notice.CHIEF
+    return Notice.PROGRAM
 
 
 def _resources(loaded: LoadedSpec, gpus: int) -> dict[str, Any]:
@@ -305,6 +332,19 @@ def _resources(loaded: LoadedSpec, gpus: int) -> dict[str, Any]:
     }
 
 
+def preempted_exit_codes() -> tuple[int, ...]:
+    """The exit codes that contract.EXIT_CODES reads as "preempted" whatever came before (a row
+    whose code is a number). Those it reads so only after a notice (42, 143) the pod's
+    entrypoint turns into EXIT_PREEMPTED: it knows whether the pod had one, Kubernetes does not."""
+    return tuple(
+        sorted(
+            int(code)
+            for code, meaning, _ in contract.EXIT_CODES
+            if meaning == contract.ExitMeaning.PREEMPTED and code.isdigit()
+        )
+    )
+
+
 def _job_spec(loaded: LoadedSpec, role: str, count: int, pod: dict, jobset: bool) -> dict[str, Any]:
     """An Indexed Job of ``count`` pods with the spec's restart rules as a Job can hold them."""
     spec = loaded.spec
@@ -315,7 +355,18 @@ def _job_spec(loaded: LoadedSpec, role: str, count: int, pod: dict, jobset: bool
     alone = role == contract.EVALUATOR or (
         spec.strategy == contract.PSS and role == contract.WORKER
     )
-    rules: list[dict[str, Any]] = []
+    # A pod that saved on its stop notice is replaced without counting a failure (the codes of
+    # contract.EXIT_CODES; the entrypoint exits with one of them after a notice, see pod_init).
+    rules: list[dict[str, Any]] = [
+        {
+            "action": "Ignore",
+            "onExitCodes": {
+                "containerName": CONTAINER,
+                "operator": "In",
+                "values": list(preempted_exit_codes()),
+            },
+        }
+    ]
     codes = list(loaded.spec.restart.final_exit_codes())
     if codes:
         rules.append(

@@ -9,10 +9,11 @@ task's stacks are read (`stacks`):
   environment and working dir reach the helper as one JSON line on its stdin
   (`HelperTransport.request`): no spec value is ever parsed by a shell.
 - The launcher keeps the client's stdin: a heartbeat line every HEARTBEAT_S
-  (launcher/network/heartbeat.py), and ``stop`` to end the task (SIGTERM, grace, SIGKILL where it
-  runs). EOF or HEARTBEAT_TIMEOUT_S of silence makes the helper SIGKILL the task's process group
-  there at once, as the kernel does to a local task whose launcher dies: nothing is left running on
-  the machine.
+  (launcher/network/heartbeat.py), ``stop`` to end the task (SIGTERM, grace, SIGKILL where it
+  runs), and ``notice`` for a stop notice (SIGTERM to the task's program alone, where it runs).
+  EOF or HEARTBEAT_TIMEOUT_S of silence makes the helper SIGKILL the task's process group there
+  at once, as the kernel does to a local task whose launcher dies: nothing is left running on the
+  machine.
 """
 
 from __future__ import annotations
@@ -163,6 +164,12 @@ class HelperTransport(ABC):
             handle.stdin.send(b"stop\n")
         still_running(handles, grace_s + STOP_MARGIN_S)
         self.kill(handles)
+
+    def notice(self, handles: Sequence[HelperHandle]) -> None:
+        """Send every task's helper a stop notice: it sends SIGTERM to the task's program alone
+        (never to what the program forked) and goes on watching it."""
+        for handle in handles:
+            handle.stdin.send(b"notice\n")
 
     def close(self) -> None:
         """Stop the heartbeat (the tasks must be stopped already)."""

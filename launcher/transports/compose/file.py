@@ -106,11 +106,23 @@ def compose_file(
             "volumes": volumes,
             "networks": [NETWORK],
             "restart": restart_policy(loaded, task.role),
-            "stop_grace_period": f"{loaded.spec.timeouts.grace_s:g}s",
+            "stop_grace_period": f"{stop_grace_s(loaded, plan):g}s",
         }
         for task in plan.tasks
     }
     return {"services": services, "networks": {NETWORK: {"internal": True}}}
+
+
+def stop_grace_s(loaded: LoadedSpec, plan: Plan) -> float:
+    """How long `docker compose stop` or `down` of the file waits between SIGTERM and SIGKILL.
+
+    Docker's SIGTERM reaches the program (docker-init passes it on), and to a program that saves
+    on a stop notice it is one: it gets the save's deadline, timeouts.save_s, where that is the
+    longer; any other gets timeouts.grace_s, as at the launcher's teardown."""
+    timeouts = loaded.spec.timeouts
+    if plan.program.saves_on_notice:
+        return max(timeouts.grace_s, timeouts.save_s)
+    return timeouts.grace_s
 
 
 def end_with_chief(loaded: LoadedSpec) -> chief_result.EndRule | None:

@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from distlaunch.launcher.transports.compose import DEFAULT_BASE, DEFAULT_TAG
 from distlaunch.launcher.transports.compose.docker import DockerError, docker
 
-DEFAULT_TAG = "distlaunch:local"
-DEFAULT_BASE = "python:3.11-slim"
 INPUTS_LABEL = "org.distlaunch.inputs"
 # What docker/Dockerfile copies, relative to the source root: the image depends on these alone,
 # and the build context holds nothing else (no run dirs, no .git).

@@ -16,7 +16,11 @@ flags but was not available to check):
 - a container killed with `docker kill` exits 137 (128 + SIGKILL), and `run` exits with that;
 - killing the `run` process does NOT stop its container: the launcher stops containers by name
   (`stop`), removes a leftover before starting a task again (`start`), and `down` at the end
-  removes everything the project has, one-off containers included.
+  removes everything the project has, one-off containers included;
+- a stop notice (`notify`) is `docker kill --signal SIGTERM`: it reaches the container's PID 1,
+  docker-init (the file's ``init: true``), which passes a signal on to its child, the task's
+  program, alone (not to its process group: tini without ``-g``), as taskinit's NOTICE does for
+  a local task.
 
 The compose backend needs a local engine: bind mounts name host paths, and `joined` reads the
 container's sockets through /proc of its pid, the way the local transport does.
@@ -44,6 +48,7 @@ from distlaunch.launcher.record.state import RunRecord, TaskRecord
 from distlaunch.launcher.spec.model import LoadedSpec
 from distlaunch.launcher.transports import procs
 from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
+from distlaunch.launcher.transports.compose import DEFAULT_BASE, DEFAULT_TAG
 from distlaunch.launcher.transports.compose import file as compose
 from distlaunch.launcher.transports.compose.docker import (
     compose_command,
@@ -52,8 +57,6 @@ from distlaunch.launcher.transports.compose.docker import (
     run,
 )
 from distlaunch.launcher.transports.compose.image import (
-    DEFAULT_BASE,
-    DEFAULT_TAG,
     ImageRequest,
     ensure_image,
     pip_ca_bundle,
@@ -146,6 +149,16 @@ class ComposeTransport:
             except subprocess.TimeoutExpired:
                 pass
         procs.stop_groups([h.proc for h in handles], 0)
+
+    def notify(self, handles: Sequence[ComposeHandle]) -> bool:
+        """Send each task a stop notice: SIGTERM to its container's init, which passes it on to
+        the program alone (see the module docstring); all containers in one command."""
+        if handles:
+            docker(
+                "kill", "--signal", "SIGTERM", *(h.container for h in handles),
+                check=False, log=self.log,
+            )  # fmt: skip
+        return True
 
     def kill(self, handles: Sequence[ComposeHandle]) -> None:
         """Kill the tasks' containers now and reap their `run` processes."""

@@ -4,6 +4,9 @@
 `LocalBackend.open` is the backend's `up`: the SSH session and preflight first (which picks the
 remote tasks' `auto` ports, so it comes before the plan), then the plan, then the network
 sandbox and both transports. Its run.json section (`SshHosts`) keeps the SSH hosts as resolved.
+
+A run with every task on this machine (`LocalLaunch`) imports nothing of SSH, preflight or the
+firewall: the launcher's start is part of every local run's time (bench/log_fanin.py).
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.console import Console
 from distlaunch.launcher.diagnosis.stacks import Source
-from distlaunch.launcher.network import firewall, netns
+from distlaunch.launcher.network import netns
 from distlaunch.launcher.plan import placement, ports
 from distlaunch.launcher.plan.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.record import rundir
@@ -34,9 +37,12 @@ from distlaunch.launcher.transports.base import (
     UpOptions,
 )
 from distlaunch.launcher.transports.local.transport import LocalTransport, recorded_task_stacks
-from distlaunch.launcher.transports.ssh import preflight
-from distlaunch.launcher.transports.ssh import transport as ssh
 from distlaunch.worker import contract
+
+if TYPE_CHECKING:  # imported where a run has SSH hosts (see the module docstring)
+    from distlaunch.launcher.network.firewall import Protection
+    from distlaunch.launcher.transports.ssh.preflight import HostReport
+    from distlaunch.launcher.transports.ssh.transport import Session
 
 ISOLATED_NOTE = (
     "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
@@ -64,28 +70,28 @@ class HostRouter:
     def stop(self, handles: Sequence[TaskHandle], grace_s: float) -> None:
         """Stop every handle with its own transport, the transports side by side, so that the
         grace periods overlap instead of adding up."""
-        groups: dict[int, tuple[Transport, list[TaskHandle]]] = {}
-        for handle in handles:
-            transport = self._for(handle.task)
-            groups.setdefault(id(transport), (transport, []))[1].append(handle)
+        groups = self._grouped(handles)
         threads = [
             threading.Thread(target=transport.stop, args=(group, grace_s), name="stop")
-            for transport, group in list(groups.values())[1:]
+            for transport, group in groups[1:]
         ]
         for thread in threads:
             thread.start()
         if groups:
-            transport, group = next(iter(groups.values()))
+            transport, group = groups[0]
             transport.stop(group, grace_s)
         for thread in threads:
             thread.join()
 
     def notify(self, handles: Sequence[TaskHandle]) -> bool:
-        """Send the tasks a stop notice; False, and nothing sent, when one runs on an SSH host
-        (not wired there yet: the supervisor then stops the run as it always did)."""
-        if any(self._for(handle.task) is not self.local for handle in handles):
+        """Send the tasks a stop notice, each through its own transport (local: taskinit's
+        NOTICE; SSH: the helper's ``notice``); False, and nothing sent, where a transport has no
+        notice."""
+        groups = self._grouped(handles)
+        sends = [getattr(transport, "notify", None) for transport, _ in groups]
+        if any(send is None for send in sends):
             return False
-        return self.local.notify(handles)
+        return all([send(group) for send, (_, group) in zip(sends, groups, strict=True)])
 
     def kill(self, handles: Sequence[TaskHandle]) -> None:
         """Kill every handle with its own transport."""
@@ -95,6 +101,14 @@ class HostRouter:
     def stacks(self, handle: TaskHandle, native: bool) -> Source:
         """Where the task's stacks are read, as its own transport says."""
         return self._for(handle.task).stacks(handle, native)
+
+    def _grouped(self, handles: Sequence[TaskHandle]) -> list[tuple[Transport, list[TaskHandle]]]:
+        """The handles by the transport of their hosts."""
+        groups: dict[int, tuple[Transport, list[TaskHandle]]] = {}
+        for handle in handles:
+            transport = self._for(handle.task)
+            groups.setdefault(id(transport), (transport, []))[1].append(handle)
+        return list(groups.values())
 
     def _for(self, task: TaskPlan) -> Transport:
         if task.transport != TaskTransport.SSH:
@@ -132,19 +146,53 @@ def plan(
     )
 
 
-class HostsLaunch:
-    """One `up` of the local backend (see the module docstring)."""
+class LocalLaunch:
+    """One `up` of the local backend with every task on this machine (see the module docstring)."""
 
-    def __init__(self, loaded: LoadedSpec, session: ssh.Session, console: Console) -> None:
+    def __init__(self, loaded: LoadedSpec) -> None:
+        self.loaded = loaded
+
+    def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
+        """The plan (`plan` above): no host to check first."""
+        return plan(self.loaded, run_id, run_dir, attempt)
+
+    @contextmanager
+    def open(self, plan: Plan) -> Iterator[Opened]:
+        """The sandbox (when isolated) and the local transport; the sandbox closes only after
+        the supervisor has stopped every task in it."""
+        with netns.sandbox(plan.isolation, plan.run_id) as sandbox:
+            local = LocalTransport(sandbox, standby=plan.standby)
+            note = network_note(plan)
+            yield Opened(
+                HostRouter(local, None),
+                _sandbox_record(sandbox),
+                None,
+                (note,) if note else (),
+                None,
+                standbys=local.standbys,
+            )
+
+
+def _sandbox_record(sandbox: netns.Sandbox | None) -> dict:
+    """What run.json keeps of the run's sandbox (its holder, for `down` after a dead launcher)."""
+    return {} if sandbox is None else {"netns_holder_pid": sandbox.pid}
+
+
+class HostsLaunch:
+    """One `up` of the local backend with tasks on SSH hosts (see the module docstring)."""
+
+    def __init__(self, loaded: LoadedSpec, session: Session, console: Console) -> None:
         self.loaded = loaded
         self.session = session
         self.console = console
         private = loaded.spec.permissions == "private"
         self.umask = rundir.PRIVATE_UMASK if private else None
-        self.reports: list[preflight.HostReport] = []
+        self.reports: list[HostReport] = []
 
     def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
         """Check the SSH hosts (HostError when one is not usable), then plan with their ports."""
+        from distlaunch.launcher.transports.ssh import preflight
+
         self.reports = preflight.check(self.loaded, self.session, self.umask)
         for report in self.reports:
             self.console.say(f"host {self.session.target(report.name)}: {report.summary()}")
@@ -156,15 +204,15 @@ class HostsLaunch:
         """The SSH hosts' firewall, the sandbox (when isolated) and both transports. The
         firewall is up before any task starts and goes after every task has stopped; the sandbox
         closes only after the supervisor has stopped every task in it."""
+        from distlaunch.launcher.transports.ssh import transport as ssh
+
         grace_s = self.loaded.spec.timeouts.grace_s
         with (
             self._protect(plan) as protection,
             netns.sandbox(plan.isolation, plan.run_id) as sandbox,
             ssh.SshTransport(self.session, grace_s, self.umask) as remote,
         ):
-            record: dict = {}
-            if sandbox is not None:
-                record["netns_holder_pid"] = sandbox.pid
+            record = _sandbox_record(sandbox)
             notes = [note for note in (network_note(plan), *protection.notes()) if note]
             section = None
             if self.reports:
@@ -186,8 +234,11 @@ class HostsLaunch:
                 standbys=local.standbys,
             )
 
-    def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
+    def _protect(self, plan: Plan) -> AbstractContextManager[Protection]:
         """The firewall of the run's SSH hosts: one guard per host, over ssh."""
+        from distlaunch.launcher.network import firewall
+        from distlaunch.launcher.transports.ssh import transport as ssh
+
         session = self.session
 
         def start(name: str) -> subprocess.Popen:
@@ -243,9 +294,14 @@ class LocalBackend:
     @contextmanager
     def open(
         self, loaded: LoadedSpec, console: Console, options: UpOptions
-    ) -> Iterator[HostsLaunch]:
+    ) -> Iterator[LocalLaunch | HostsLaunch]:
         """One `up` (``options`` do not apply here); the SSH master connections close last."""
         remote = {n: h for n, h in loaded.hosts.items() if h.transport == TaskTransport.SSH}
+        if not remote:
+            yield LocalLaunch(loaded)
+            return
+        from distlaunch.launcher.transports.ssh import transport as ssh
+
         with ssh.Session(remote) as session:
             yield HostsLaunch(loaded, session, console)
 
@@ -258,6 +314,8 @@ class LocalBackend:
     @contextmanager
     def stacks(self, record: RunRecord, run_dir: Path) -> Iterator[TaskStacks]:
         """Local tasks by py-spy here, SSH tasks by the remote helper over one SSH session."""
+        from distlaunch.launcher.transports.ssh import transport as ssh
+
         section = self.section(record)
         with ssh.Session(dict(section.hosts) if section else {}) as session:
 

@@ -548,9 +548,9 @@ class StepTransport(HelperTransport):
         return {**super().request(task), "term_is_notice": True}
 
     def notify(self, handles: Sequence[HelperHandle]) -> bool:
-        """A stop notice to each task: its helper sends SIGTERM to the program alone."""
-        for handle in handles:
-            handle.stdin.send(b"notice\n")
+        """A stop notice to each task: its helper sends SIGTERM to the program alone, on its
+        node (`HelperTransport.notice`)."""
+        self.notice(handles)
         return True
 
     def kill(self, handles: Sequence[HelperHandle]) -> None:
