@@ -143,7 +143,11 @@ TIMEOUTS = {"grace_s": 2, "startup_s": 120, "save_s": 30}
 def _submitted(lab: SlurmLab, tmp: Path, *args: str, save_s: float = 30) -> tuple[str, Path]:
     """A `distlaunch sbatch --requeue` job of the 2-worker dw.fit run, once both train."""
     timeouts = {**TIMEOUTS, "save_s": save_s}
-    spec = _spec(tmp, {"module": MODULE, "args": ARGS}, {"worker": {"count": 2}}, timeouts=timeouts)
+    # Never done before Slurm's notice: no time limit of the tests comes before its last step.
+    train = ["--epochs", "100000", "--steps-per-epoch", "25", "--checkpoint-every", "1000000"]
+    spec = _spec(
+        tmp, {"module": MODULE, "args": train}, {"worker": {"count": 2}}, timeouts=timeouts
+    )
     job, run_dir = _submit(lab, tmp, spec, "--nodes", "2", "--requeue", *args)
     try:
         _training(tmp)
