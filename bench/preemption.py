@@ -24,28 +24,32 @@ line of its logs, or the step it saved) minus the step the next round's resume s
 (``resumed from ... at step R`` on every training task; 0 when a task printed none: it started
 over). Notice-to-stopped: from the notice to `up` exiting (every task gone).
 
-    python bench/preemption.py [--case mwms|tf_keras|handler|pss|all] [--backend local]
+    python bench/preemption.py [--case mwms|tf_keras|handler|pss|all] [--backend local|slurm]
         [--notices 20]
 
 prints one line per case and backend:
-``local <case>: steps lost: N of 20 notices; median notice-to-stopped X s``.
+``local <case>: steps lost: N of 20 notices; median notice-to-stopped X s``. With ``--backend
+slurm`` the rounds run on a real Slurm cluster made on this machine (tests/slurmcluster.py:
+needs root), inside one 2-node allocation, each task a job step on a node (`run_slurm`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import DISTLAUNCH, median
+from _common import DISTLAUNCH, REPO, median
 
 EPOCHS = 100000  # never reached: every round ends with a notice
 NEVER = "1000000"  # a checkpoint interval no round reaches
@@ -239,12 +243,15 @@ def _resumed_at(logs: list[str]) -> int:
     return min(starts, default=0)
 
 
-def _local_round(case: Case, spec: Path, attempt: int) -> tuple[Path, float, int]:
+def _local_round(
+    case: Case, spec: Path, attempt: int, wrap: Callable[[list[str]], list[str]] = list, env=None
+) -> tuple[Path, float, int]:
     """One `up` (a resume after the first) and a SIGTERM to it: the run dir, notice-to-stopped
-    seconds, `up`'s exit code."""
-    args = [*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)]
+    seconds, `up`'s exit code. (``wrap``, ``env``: how `up` runs elsewhere, e.g. in a Slurm
+    allocation.)"""
+    args = wrap([*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)])
     with open(spec.parent / "up.log", "a") as log:
-        up = subprocess.Popen(args, cwd=spec.parent, stdout=log, stderr=subprocess.STDOUT)
+        up = subprocess.Popen(args, cwd=spec.parent, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             run_dir = None
             while run_dir is None or not (
@@ -284,8 +291,49 @@ def run_local(case: Case, notices: int) -> Outcome:
         return Outcome(lost_steps, lost_rounds, times, codes)
 
 
-# Backend name -> how it runs the notices of one case. Another backend (Slurm) adds its own.
-BACKENDS: dict[str, Callable[[Case, int], Outcome]] = {"local": run_local}
+def run_slurm(case: Case, notices: int) -> Outcome:
+    """`run_local`'s rounds with ``backend: slurm``, inside a 2-node allocation of a Slurm lab."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from slurm_overhead import _allocation
+
+    from slurmcluster import SlurmLab, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        sys.exit(f"cannot run: {reason}")
+    with (
+        tempfile.TemporaryDirectory(prefix=f"bench-preempt-{case.name}-") as tmp,
+        SlurmLab(2) as lab,
+    ):
+        spec = case.write(Path(tmp))
+        data = json.loads(spec.read_text())
+        data["backend"] = "slurm"
+        data["program"]["python"] = sys.executable
+        spec.write_text(json.dumps(data))
+        holder, env = _allocation(lab, Path(tmp))
+        lost_rounds, lost_steps, times, codes = 0, 0, [], []
+        try:
+            for attempt in range(notices + 1):
+                run_dir, stopped_s, code = _local_round(case, spec, attempt, lab.command, env)
+                if attempt:
+                    before = _last_completed(_logs(case, run_dir, attempt - 1))
+                    lost = before - _resumed_at(_logs(case, run_dir, attempt))
+                    lost_rounds += lost > 0
+                    lost_steps += max(lost, 0)
+                    print(f"  {case.name} notice {attempt}: {before} done, {lost} lost", flush=True)
+                if attempt < notices:
+                    times.append(stopped_s)
+                    codes.append(code)
+        finally:
+            lab.run(["scancel", env["SLURM_JOB_ID"]])
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+            os.kill(int((Path(tmp) / "alloc.env.pid").read_text()), signal.SIGKILL)
+        return Outcome(lost_steps, lost_rounds, times, codes)
+
+
+# Backend name -> how it runs the notices of one case.
+BACKENDS: dict[str, Callable[[Case, int], Outcome]] = {"local": run_local, "slurm": run_slurm}
 
 
 def main() -> None:

@@ -506,14 +506,14 @@ def _offer_resume(loaded, console: Console) -> bool:
 @click.option(
     "--requeue",
     is_flag=True,
-    help="Near the time limit stop the tasks and requeue the job; it resumes the run.",
+    help="Near the time limit, or when preempted, the tasks save and stop and the job is requeued; "
+    "it resumes the run at the saved step.",
 )
 @click.option(
     "--signal-before",
     type=click.IntRange(min=1),
-    default=120,
-    show_default=True,
-    help="With --requeue: seconds before the time limit that the launcher is signalled.",
+    help="With --requeue: seconds before the time limit that the launcher is signalled "
+    "(default: timeouts.save_s + grace_s + 15).",
 )
 @click.argument("sbatch_args", nargs=-1, type=click.UNPROCESSED)
 def sbatch(
@@ -523,7 +523,7 @@ def sbatch(
     partition: str | None,
     account: str | None,
     requeue: bool,
-    signal_before: int,
+    signal_before: int | None,
     sbatch_args: tuple[str, ...],
 ) -> None:
     """Submit SPEC as a Slurm batch job running `up --backend slurm`; more sbatch options after `--`.

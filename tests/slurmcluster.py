@@ -60,6 +60,11 @@ TOOLS = (
 )
 READY_WAIT_S = 60.0
 CPUS_PER_NODE = 2
+# Partitions for preemption: a job of URGENT preempts (requeues) one of PREEMPTIBLE, which has
+# GRACE_TIME_S from its warning to the end.
+PREEMPTIBLE = "preemptible"
+URGENT = "urgent"
+GRACE_TIME_S = 60
 # Mount a private copy of /etc/hosts over the real one for this process and what it starts.
 _WITH_HOSTS = 'mount --bind "$0" /etc/hosts && exec "$@"'
 
@@ -278,7 +283,17 @@ class SlurmLab:
                 f"NodeName={n.name} NodeAddr={n.address} CPUs={CPUS_PER_NODE} State=UNKNOWN"
                 for n in self.nodes
             ),
-            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            # Preemption (tests/test_slurm_preemption.py): a job of `urgent` (the higher
+            # PriorityTier) requeues a job of `preemptible` after GraceTime; the job's user signal
+            # (`--signal=B:USR2@N`) is what warns it, not a SIGTERM to its tasks. The default
+            # partition's jobs are never preempted.
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            "SlurmctldParameters=preempt_send_user_signal",
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF",
+            f"PartitionName={PREEMPTIBLE} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 "
+            f"PreemptMode=REQUEUE GraceTime={GRACE_TIME_S}",
+            f"PartitionName={URGENT} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
         ]
         self.conf.write_text("\n".join(conf) + "\n")
         # slurmd refuses to start without it here: this kernel mounts cgroup v1 controllers under a

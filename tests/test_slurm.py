@@ -483,7 +483,8 @@ def test_sbatch_runs_the_job_and_a_requeue_after_the_pre_timeout_signal_resumes_
         "--nodes=2",
         "--time=30",
         "--requeue",
-        "--signal=B:USR2@120",
+        # timeouts.save_s (default 30) + grace_s (2) + 15
+        "--signal=B:USR2@47",
         "--comment=distlaunch-test",
     ):
         assert f"#SBATCH {line}\n" in script
@@ -521,13 +522,20 @@ def test_sbatch_runs_the_job_and_a_requeue_after_the_pre_timeout_signal_resumes_
     print(f"resumed run done after {time.monotonic() - started:.0f} s")
     record = run_record(run_dir)
     assert record["slurm"]["job_id"] == job and record["slurm"]["submitted"]
-    assert record["history"][0]["state"] == "interrupted"
+    # The signal was a stop notice: the tasks saved on it (tests/test_slurm_preemption.py).
+    assert record["history"][0]["state"] == "preempted"
     for task in ("worker-0", "worker-1"):
         assert "resumed from" in (run_dir / "logs" / "attempt-1" / f"{task}.log").read_text()
     assert json.loads((run_dir / "metrics" / "worker-0.json").read_text())[-1]["step"] == 60
     assert (run_dir / "checkpoints" / "checkpoint").exists()
-    out = (run_dir / f"slurm-{job}.out").read_text()
-    assert "requeueing job" in out and f"run {record['run_id']} succeeded" in out
+
+    # The launcher records the run's end just before it prints it.
+    def ended() -> str | None:
+        text = (run_dir / f"slurm-{job}.out").read_text()
+        return text if f"run {record['run_id']} succeeded" in text else None
+
+    out = wait_for(ended, "the launcher's last line")
+    assert "tasks saved on the stop notice; requeueing job" in out
     wait_for(lambda: _job_state(lab, job) == "COMPLETED", "the job to complete")
     wait_for(
         lambda: _nothing_left(lab, record["run_id"]),

@@ -27,7 +27,10 @@ stderr merged into this helper's stdout, which SSH streams back to the launcher'
 group is stopped the way a local task's would be:
 
 - ``stop`` arrives (the launcher tears the run down), or this helper gets SIGTERM, SIGHUP or
-  SIGINT: SIGTERM, ``grace_s``, SIGKILL, as `LocalTransport.stop` does;
+  SIGINT: SIGTERM, ``grace_s``, SIGKILL, as `LocalTransport.stop` does. With ``term_is_notice``
+  (a Slurm job step: Slurm SIGTERMs every process of a job it requeues, preempts or ends at its
+  time limit, and SIGKILLs them KillWait later) SIGTERM is a stop notice instead: the program
+  alone gets it, and Slurm's SIGKILL or the launcher's ``stop`` is the deadline;
 - stdin reaches EOF (the launcher died or killed the ssh client, or the connection closed: sshd
   then closes the channel), or no line arrives for ``heartbeat_s`` (the network vanished without
   a reset, which sshd may not notice for hours): SIGKILL at once. A local task gets exactly that
@@ -56,7 +59,7 @@ from typing import Any
 
 # Bumped whenever the request format or the worker contract changes; the launcher's preflight
 # refuses a host whose helper speaks another protocol.
-PROTOCOL = 2
+PROTOCOL = 3
 STOP = b"stop"
 NOTICE = b"notice"
 # Exit codes for a task that could not be started, as POSIX shells use them.
@@ -89,7 +92,7 @@ def main() -> int:
         return EXIT_BAD_REQUEST
     # Signals are trapped before the task exists: a stop signal arriving in between must still
     # reach the task instead of killing this helper alone.
-    watch = _Watch(stdin, request["grace_s"], request["heartbeat_s"])
+    watch = _Watch(stdin, request["grace_s"], request["heartbeat_s"], request["term_is_notice"])
     # Orphans of the task (a child that called setsid, a double-forked daemon) become this
     # helper's children instead of init's, so that `_sweep` can find and kill them.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -133,6 +136,7 @@ def _parse(line: bytes | None) -> dict[str, Any]:
         "umask": int(request["umask"]) if request.get("umask") is not None else None,
         "grace_s": float(request.get("grace_s", 5.0)),
         "heartbeat_s": float(request["heartbeat_s"]) if request.get("heartbeat_s") else None,
+        "term_is_notice": bool(request.get("term_is_notice")),
     }
 
 
@@ -202,11 +206,19 @@ class _LineReader:
 class _Watch:
     """Waits for the task to exit, or for a reason to stop it, in one select loop."""
 
-    def __init__(self, stdin: _LineReader, grace_s: float, heartbeat_s: float | None) -> None:
+    def __init__(
+        self,
+        stdin: _LineReader,
+        grace_s: float,
+        heartbeat_s: float | None,
+        term_is_notice: bool = False,
+    ) -> None:
         self.stdin = stdin
         self.grace_s = grace_s
         self.heartbeat_s = heartbeat_s
+        self.term_is_notice = term_is_notice
         self._signal: int | None = None
+        self._term_notice = False  # a SIGTERM that is a notice came, not yet passed on
         self._wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         for sig in _STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
@@ -220,6 +232,7 @@ class _Watch:
         sel.register(self.stdin.fd, selectors.EVENT_READ, "stdin")
         sel.register(self._wake_r, selectors.EVENT_READ, "signal")
         reason = self._signal_reason() or self._reason(self.stdin.pending_lines())
+        self._pass_term_notice()
         last_heard = time.monotonic()
         lost = None
         while reason is None and lost is None:
@@ -235,7 +248,12 @@ class _Watch:
                     if self.stdin.eof:
                         lost = "the launcher's connection closed"
                 if key.data == "signal":
+                    try:
+                        os.read(self._wake_r, 512)  # a notice keeps the loop going: drain it
+                    except BlockingIOError:
+                        pass
                     reason = self._signal_reason()
+            self._pass_term_notice()
             if self.heartbeat_s is not None and time.monotonic() - last_heard > self.heartbeat_s:
                 lost = f"no word from the launcher for {self.heartbeat_s:g} s"
         if reason is None:  # a `stop` that came with the EOF still gets its grace
@@ -248,8 +266,15 @@ class _Watch:
         return f"this helper got {_signal_name(self._signal)}" if self._signal else None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        if self._signal is None:
+        if signum == signal.SIGTERM and self.term_is_notice:
+            self._term_notice = True
+        elif self._signal is None:
             self._signal = signum
+
+    def _pass_term_notice(self) -> None:
+        if self._term_notice:
+            self._term_notice = False
+            self._notice()
 
     def _reason(self, lines: list[bytes]) -> str | None:
         # Any line is a heartbeat; only `stop` and `notice` ask for anything.

@@ -10,7 +10,7 @@ container stop) is not a stop: every training task's program is asked to save an
 transport's `notify`), and the policy hears each exit as a PREEMPTED event; when all have saved,
 the run ends PREEMPTED, else, at the first task that exits unsaved or at timeouts.save_s, it is
 stopped as a signal stops it (Interrupted), naming the tasks that did not save. A second stop
-signal, Ctrl-C, or a transport that cannot notify (Slurm, for now) stops at once.
+signal, Ctrl-C, or a transport that cannot notify stops at once.
 
 What an event means is not decided here: every ending of a task or of the run (an exit, a hang,
 a restart request, a deadline, a cluster that never formed, the evaluator's drain) becomes a

@@ -131,11 +131,14 @@ def up(
                 for note in opened.notes:
                     console.say(note)
                 shown = opened.console or console
+                timeouts = loaded.spec.timeouts
+                if opened.save_s is not None and opened.save_s < timeouts.save_s:
+                    timeouts = timeouts.model_copy(update={"save_s": opened.save_s})
                 supervisor = Supervisor(
                     plan,
                     record,
                     shown,
-                    loaded.spec.timeouts,
+                    timeouts,
                     opened.transport,
                     loaded.spec.restart,
                     opened.standbys,

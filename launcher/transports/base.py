@@ -119,6 +119,9 @@ class Opened:
     notes: tuple[str, ...] = ()  # lines `up` prints before the tasks start
     console: Console | None = None  # a console that prefixes lines differently (task@host)
     standbys: StandbyPool | None = None  # the local tasks' warm standbys: the supervisor tends them
+    # The most the source of a stop notice leaves to save (Slurm's --signal lead, GraceTime):
+    # the run's save deadline is the smaller of this and timeouts.save_s.
+    save_s: float | None = None
 
 
 class Launch(Protocol):

@@ -5,10 +5,15 @@ The batch script is written into the run dir first (``job.sbatch``): a plain, re
 run id, extra sbatch arguments) is shell-quoted: the script is data for bash, never code.
 
 With ``requeue``, Slurm sends the launcher SIGUSR2 ``signal_before_s`` before the time limit
-(``--signal=B:USR2@N``: the batch shell is the launcher itself, it `exec`s it). The launcher stops
-the tasks, records the run as interrupted and requeues the job; the next start runs the same
-``up --run-id RUN``, which resumes the run (next attempt, same run dir, training from its latest
-checkpoint).
+(``--signal=B:USR2@N``: the batch shell is the launcher itself, it `exec`s it), and on a
+preemption where the cluster sends the job's own signal (``SlurmctldParameters=
+preempt_send_user_signal``). That is a stop notice: the tasks save at one step and stop, the run
+is recorded as preempted and the launcher requeues the job; the next start runs the same
+``up --run-id RUN``, which resumes the run at that step (next attempt, same run dir). A job
+Slurm requeues itself (``scontrol requeue``, a preemption that SIGTERMs the tasks) saves the
+same way, within Slurm's KillWait. N is by default the spec's timeouts.save_s plus grace_s plus
+SIGNAL_MARGIN_S; the batch script tells the launcher N (SIGNAL_BEFORE_ENV), which keeps its
+save deadline within it.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from pathlib import Path
 from distlaunch.launcher.core.errors import UsageError
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.spec.model import LoadedSpec
-from distlaunch.launcher.transports.slurm.transport import SUBMITTED_ENV
+from distlaunch.launcher.transports.slurm.transport import SIGNAL_BEFORE_ENV, SUBMITTED_ENV
 
 SCRIPT = rundir.BATCH_SCRIPT
 # The launcher's own output (task logs are in logs/); %j is the job id.
 OUTPUT = "slurm-%j.out"
-DEFAULT_SIGNAL_BEFORE_S = 120
+# After the pre-timeout signal the launcher needs, besides the save, the tasks' stop (grace_s)
+# and its own teardown and requeue (Slurm may send the signal early, never late).
+SIGNAL_MARGIN_S = 15
 
 
 @dataclass(frozen=True)
@@ -41,13 +48,20 @@ class BatchRequest:
     partition: str | None = None
     account: str | None = None
     requeue: bool = False
-    signal_before_s: int = DEFAULT_SIGNAL_BEFORE_S
+    signal_before_s: int | None = None  # None: `signal_lead_s` of the spec
     extra: tuple[str, ...] = ()
 
 
 def task_count(loaded: LoadedSpec) -> int:
     """How many tasks (so CPUs, one each) the job must hold."""
     return sum(len(entries) for entries in loaded.spec.tasks.by_role().values())
+
+
+def signal_lead_s(loaded: LoadedSpec) -> int:
+    """How long before the time limit a --requeue job is signalled by default: time to save
+    (timeouts.save_s), to stop the tasks (grace_s) and for the launcher itself."""
+    timeouts = loaded.spec.timeouts
+    return math.ceil(timeouts.save_s + timeouts.grace_s + SIGNAL_MARGIN_S)
 
 
 def default_nodes(loaded: LoadedSpec) -> int:
@@ -79,8 +93,9 @@ def script(
         options.append(f"--partition={request.partition}")
     if request.account:
         options.append(f"--account={request.account}")
+    lead_s = request.signal_before_s or signal_lead_s(loaded)
     if request.requeue:
-        options += ["--requeue", f"--signal=B:USR2@{request.signal_before_s}"]
+        options += ["--requeue", f"--signal=B:USR2@{lead_s}"]
     up = [
         python or sys.executable,
         "-m",
@@ -103,6 +118,7 @@ def script(
         "set -eu",
         f"cd {q(str(Path.cwd()))}",
         f'export {SUBMITTED_ENV}="$SLURM_JOB_ID"',
+        *([f"export {SIGNAL_BEFORE_ENV}={lead_s}"] if request.requeue else []),
         "# The launcher replaces this shell, so that Slurm's signals (--signal=B:...) reach it.",
         # Started again (a requeue), the same run id resumes the run.
         "exec " + shlex.join(up),

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from distlaunch.launcher.core.console import Console
-from distlaunch.launcher.core.errors import HostError, Interrupted, UsageError
+from distlaunch.launcher.core.errors import HostError, Interrupted, Preempted, UsageError
 from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.network import firewall
 from distlaunch.launcher.plan import ports
@@ -97,6 +97,11 @@ GUARD_STEP = "guard"
 STACKS_STEP = "stacks"
 # Set by the batch script `distlaunch sbatch` writes, to the job id: this job exists for this run.
 SUBMITTED_ENV = "DISTLAUNCH_SLURM_JOB"
+# Set by the batch script of `distlaunch sbatch --requeue` to its --signal lead time (seconds).
+SIGNAL_BEFORE_ENV = "DISTLAUNCH_SLURM_SIGNAL_BEFORE"
+# After the save deadline of a notice from Slurm, the launcher still stops the rest (grace_s) and
+# tears down before Slurm's SIGKILL; this much is kept for its teardown.
+SAVE_MARGIN_S = 5.0
 ISOLATION = Isolation(
     HOST,
     # The ports are shut by the nodes' firewall (network.protect), not by the isolation.
@@ -170,6 +175,44 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation:
         )
     )
     return Allocation(job, nodes, cpus, submitted=env.get(SUBMITTED_ENV) == job)
+
+
+@dataclass(frozen=True)
+class SaveLimit:
+    """The most a stop notice from Slurm leaves the tasks to save, and which source says so."""
+
+    save_s: float
+    why: str
+
+
+def save_limits(grace_s: float, env: Mapping[str, str] | None = None) -> list[SaveLimit]:
+    """What bounds the save after Slurm's notices to this job: the --signal lead time of a
+    `distlaunch sbatch --requeue` job, and the GraceTime of a partition whose jobs are preempted
+    (Slurm SIGKILLs the job that long after its warning). Each leaves grace_s and SAVE_MARGIN_S
+    for stopping the rest."""
+    env = os.environ if env is None else env
+    found = []
+    lead = env.get(SIGNAL_BEFORE_ENV, "")
+    if lead.isdigit():
+        found.append(SaveLimit(int(lead) - grace_s - SAVE_MARGIN_S, f"--signal lead time {lead} s"))
+    partition = env.get("SLURM_JOB_PARTITION", "")
+    if partition:
+        shown = subprocess.run(
+            ["scontrol", "--oneliner", "show", "partition", partition],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        grace = re.search(r"\bGraceTime=(\d+)", shown)
+        mode = re.search(r"\bPreemptMode=(\S+)", shown)
+        if grace and int(grace.group(1)) > 0 and mode and mode.group(1) != "OFF":
+            found.append(
+                SaveLimit(
+                    int(grace.group(1)) - grace_s - SAVE_MARGIN_S,
+                    f"partition {partition}'s preemption GraceTime {grace.group(1)} s",
+                )
+            )
+    return found
 
 
 def cpus_per_node(value: str, count: int) -> list[int]:
@@ -498,6 +541,18 @@ class StepTransport(HelperTransport):
         # would leave it running.
         return HelperCommand(tuple(argv), {contract.RUN_ID: self.run_id}, signal.SIGTERM)
 
+    def request(self, task: TaskPlan) -> dict:
+        """The helper's request, with SIGTERM taken as a stop notice: Slurm SIGTERMs every
+        process of a job it requeues or preempts (KillWait before its SIGKILL), the helper too,
+        which then passes it to the program alone instead of ending the task after grace_s."""
+        return {**super().request(task), "term_is_notice": True}
+
+    def notify(self, handles: Sequence[HelperHandle]) -> bool:
+        """A stop notice to each task: its helper sends SIGTERM to the program alone, on its
+        node (`HelperTransport.notice`)."""
+        self.notice(handles)
+        return True
+
     def kill(self, handles: Sequence[HelperHandle]) -> None:
         """End the steps now: EOF makes each helper SIGKILL its task and exit, which ends the step.
 
@@ -646,6 +701,10 @@ class SlurmLaunch:
         self.umask = rundir.PRIVATE_UMASK if private else None
         self.helpers: dict[str, str] = {}
         self.guards: dict[str, subprocess.Popen] = {}  # node -> its probe, waiting as its guard
+        # timeouts.save_s, or less where Slurm's notices leave less (`save_limits`)
+        save_s = loaded.spec.timeouts.save_s
+        limits = [x for x in save_limits(loaded.spec.timeouts.grace_s) if x.save_s < save_s]
+        self.save_limit = min(limits, key=lambda x: x.save_s) if limits else None
 
     def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
         """Check every node (HostError when one is not usable), then plan with their ports;
@@ -681,9 +740,27 @@ class SlurmLaunch:
                 f"tasks run as steps of Slurm job {self.alloc.job_id} on {nodes}",
                 *protection.notes(),
             )
+            limit = self.save_limit
+            save_s = None if limit is None else max(limit.save_s, 1.0)
+            if limit is not None:
+                notes += (
+                    f"a stop notice's save must end within {save_s:g} s, not timeouts.save_s "
+                    f"{self.loaded.spec.timeouts.save_s:g} s: {limit.why} bounds it",
+                )
             try:
                 record = {"network": protection.to_json()}
-                yield Opened(steps, record, self.alloc, notes, HostConsole(self.console, plan))
+                console = HostConsole(self.console, plan)
+                yield Opened(steps, record, self.alloc, notes, console, save_s=save_s)
+            except Preempted:
+                # Saved on a notice: Slurm's time-limit or preemption signal (SIGUSR2), or its
+                # SIGTERM of a job it requeues itself (requeueing it again changes nothing).
+                if self.requeue:
+                    self.console.say(
+                        f"tasks saved on the stop notice; requeueing job {self.alloc.job_id}, "
+                        f"which resumes run {plan.run_id} from that checkpoint"
+                    )
+                    requeue(self.alloc)
+                raise
             except Interrupted as exc:
                 if self.requeue and exc.signum == rundir.PRE_TIMEOUT_SIGNAL:
                     self.console.say(
