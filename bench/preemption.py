@@ -310,7 +310,10 @@ def run_slurm(case: Case, notices: int) -> Outcome:
         data["backend"] = "slurm"
         data["program"]["python"] = sys.executable
         spec.write_text(json.dumps(data))
-        holder, env = _allocation(lab, Path(tmp))
+        # As many tasks on each node as the case has tasks over the 2 nodes (PSS: chief, 2
+        # workers and a ps, 2 on each).
+        tasks = sum(role["count"] for role in case.tasks.values())
+        holder, env = _allocation(lab, Path(tmp), f"--ntasks-per-node={-(-tasks // 2)}")
         lost_rounds, lost_steps, times, codes = 0, 0, [], []
         try:
             for attempt in range(notices + 1):

@@ -115,8 +115,11 @@ def _own_time(runs: Path, start: float, end: float) -> tuple[float, float]:
     return started - start, end - exited
 
 
-def _allocation(lab: SlurmLab, work: Path) -> tuple[subprocess.Popen, dict[str, str]]:
-    """Hold a 2-node allocation (salloc running a sleep); return it and a shell's environment in it."""
+def _allocation(
+    lab: SlurmLab, work: Path, *salloc_args: str
+) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Hold a 2-node allocation (salloc running a sleep, ``salloc_args`` added); return it and a
+    shell's environment in it."""
     env_file = work / "alloc.env"
     holder = subprocess.Popen(
         lab.command(
@@ -124,6 +127,7 @@ def _allocation(lab: SlurmLab, work: Path) -> tuple[subprocess.Popen, dict[str, 
                 "salloc",
                 "--quiet",
                 "--nodes=2",
+                *salloc_args,
                 "sh",
                 "-c",
                 (
