@@ -165,11 +165,13 @@ class HelperTransport(ABC):
         still_running(handles, grace_s + STOP_MARGIN_S)
         self.kill(handles)
 
-    def notice(self, handles: Sequence[HelperHandle]) -> None:
-        """Send every task's helper a stop notice: it sends SIGTERM to the task's program alone
-        (never to what the program forked) and goes on watching it."""
+    def notify(self, handles: Sequence[HelperHandle]) -> bool:
+        """Send every task's helper a stop notice (a `NoticeTransport`'s notify, for SSH hosts and
+        Slurm nodes alike): it sends SIGTERM to the task's program alone, where it runs (never to
+        what the program forked), and goes on watching it."""
         for handle in handles:
             handle.stdin.send(b"notice\n")
+        return True
 
     def close(self) -> None:
         """Stop the heartbeat (the tasks must be stopped already)."""

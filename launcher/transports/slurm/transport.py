@@ -547,12 +547,6 @@ class StepTransport(HelperTransport):
         which then passes it to the program alone instead of ending the task after grace_s."""
         return {**super().request(task), "term_is_notice": True}
 
-    def notify(self, handles: Sequence[HelperHandle]) -> bool:
-        """A stop notice to each task: its helper sends SIGTERM to the program alone, on its
-        node (`HelperTransport.notice`)."""
-        self.notice(handles)
-        return True
-
     def kill(self, handles: Sequence[HelperHandle]) -> None:
         """End the steps now: EOF makes each helper SIGKILL its task and exit, which ends the step.
 

@@ -246,12 +246,6 @@ class SshTransport(HelperTransport):
         env = {contract.RUN_ID: task.env.get(contract.RUN_ID, "")}
         return HelperCommand(tuple(self.session.argv(task.host_name, command, slot)), env)
 
-    def notify(self, handles: Sequence[HelperHandle]) -> bool:
-        """Send each task a stop notice over its session: its helper sends SIGTERM to the
-        task's program alone, on its host (`HelperTransport.notice`)."""
-        self.notice(handles)
-        return True
-
     def kill(self, handles: Sequence[HelperHandle]) -> None:
         """Kill the tasks' local ssh clients: the helpers see EOF and SIGKILL their tasks at once."""
         procs.kill_groups(h.proc for h in handles)
