@@ -275,20 +275,31 @@ def _local_round(
 def run_local(case: Case, notices: int) -> Outcome:
     """``notices`` stop notices (SIGTERM to `up`) to one run of ``case``, each round resumed."""
     with tempfile.TemporaryDirectory(prefix=f"bench-preempt-{case.name}-") as tmp:
-        spec = case.write(Path(tmp))
-        lost_rounds, lost_steps, times, codes = 0, 0, [], []
-        for attempt in range(notices + 1):
-            run_dir, stopped_s, code = _local_round(case, spec, attempt)
-            if attempt:
-                before = _last_completed(_logs(case, run_dir, attempt - 1))
-                lost = before - _resumed_at(_logs(case, run_dir, attempt))
-                lost_rounds += lost > 0
-                lost_steps += max(lost, 0)
-                print(f"  {case.name} notice {attempt}: {before} done, {lost} lost", flush=True)
-            if attempt < notices:
-                times.append(stopped_s)
-                codes.append(code)
-        return Outcome(lost_steps, lost_rounds, times, codes)
+        return _rounds(case, case.write(Path(tmp)), notices)
+
+
+def _rounds(
+    case: Case,
+    spec: Path,
+    notices: int,
+    wrap: Callable[[list[str]], list[str]] = list,
+    env: dict[str, str] | None = None,
+) -> Outcome:
+    """The rounds of one case (`_local_round`, with ``wrap`` and ``env``): a start and
+    ``notices`` resumes, each ended by a notice but the last; what each resume lost."""
+    lost_rounds, lost_steps, times, codes = 0, 0, [], []
+    for attempt in range(notices + 1):
+        run_dir, stopped_s, code = _local_round(case, spec, attempt, wrap, env)
+        if attempt:
+            before = _last_completed(_logs(case, run_dir, attempt - 1))
+            lost = before - _resumed_at(_logs(case, run_dir, attempt))
+            lost_rounds += lost > 0
+            lost_steps += max(lost, 0)
+            print(f"  {case.name} notice {attempt}: {before} done, {lost} lost", flush=True)
+        if attempt < notices:
+            times.append(stopped_s)
+            codes.append(code)
+    return Outcome(lost_steps, lost_rounds, times, codes)
 
 
 def run_slurm(case: Case, notices: int) -> Outcome:
@@ -314,25 +325,13 @@ def run_slurm(case: Case, notices: int) -> Outcome:
         # workers and a ps, 2 on each).
         tasks = sum(role["count"] for role in case.tasks.values())
         holder, env = _allocation(lab, Path(tmp), f"--ntasks-per-node={-(-tasks // 2)}")
-        lost_rounds, lost_steps, times, codes = 0, 0, [], []
         try:
-            for attempt in range(notices + 1):
-                run_dir, stopped_s, code = _local_round(case, spec, attempt, lab.command, env)
-                if attempt:
-                    before = _last_completed(_logs(case, run_dir, attempt - 1))
-                    lost = before - _resumed_at(_logs(case, run_dir, attempt))
-                    lost_rounds += lost > 0
-                    lost_steps += max(lost, 0)
-                    print(f"  {case.name} notice {attempt}: {before} done, {lost} lost", flush=True)
-                if attempt < notices:
-                    times.append(stopped_s)
-                    codes.append(code)
+            return _rounds(case, spec, notices, lab.command, env)
         finally:
             lab.run(["scancel", env["SLURM_JOB_ID"]])
             os.killpg(holder.pid, signal.SIGKILL)
             holder.wait()
             os.kill(int((Path(tmp) / "alloc.env.pid").read_text()), signal.SIGKILL)
-        return Outcome(lost_steps, lost_rounds, times, codes)
 
 
 # Backend name -> how it runs the notices of one case.
