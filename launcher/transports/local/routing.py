@@ -36,6 +36,7 @@ from distlaunch.launcher.transports.base import (
     Transport,
     UpOptions,
 )
+from distlaunch.launcher.transports.local import gpus
 from distlaunch.launcher.transports.local.transport import LocalTransport, recorded_task_stacks
 from distlaunch.worker import contract
 
@@ -126,13 +127,19 @@ def plan(
     run_dir: Path,
     attempt: int,
     remote_ports: dict[ports.TaskKey, int] | None = None,
+    here: bool = True,
 ) -> Plan:
     """Place the tasks, decide the isolation, allocate ports and build the plan of this attempt
     (nothing started).
 
     ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
+    ``here``: the plan is to be started on this machine, so its local tasks' GPUs must exist
+    (SpecError otherwise); `plan`'s dry run may be written for another machine.
     """
     placed = placement.on_hosts(loaded)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if here:
+        gpus.check(loaded, placed, visible)
     isolation = netns.decide(loaded, placed)
     picked = ports.allocate(loaded, placed, private=isolation.private, remote=remote_ports)
     return make_plan(
@@ -141,7 +148,7 @@ def plan(
         run_id,
         run_dir,
         attempt,
-        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        visible,
         isolation=isolation,
     )
 
@@ -288,8 +295,9 @@ class LocalBackend:
     title: ClassVar[str] = "local"
 
     def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
-        """A dry run's plan (`plan` above, with the SSH tasks' ports as the spec gives them)."""
-        return plan(loaded, run_id, run_dir, attempt)
+        """A dry run's plan (`plan` above, with the SSH tasks' ports as the spec gives them and
+        no check of this machine's GPUs)."""
+        return plan(loaded, run_id, run_dir, attempt, here=False)
 
     @contextmanager
     def open(
