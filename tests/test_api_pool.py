@@ -61,6 +61,20 @@ def tokens(values: dict[str, dict[str, str]]) -> dict[str, str]:
     return {task: v["token"] for task, v in values.items()}
 
 
+def test_close_pool_ends_the_warm_cluster_and_the_next_call_starts_anew(here):
+    first = distlaunch.run(interpreter, "first", quiet=True)
+    run_id = first["worker-0"]["run"]
+    assert processes_of_run(run_id)  # the idle cluster waits for the next call
+    distlaunch.close_pool()
+    assert not processes_of_run(run_id)
+    assert json.loads((here / "runs" / run_id / "run.json").read_text())["state"] == "succeeded"
+    second = distlaunch.run(interpreter, "second", quiet=True)
+    assert second["worker-0"]["run"] != run_id
+    assert set(tokens(second).values()).isdisjoint(tokens(first).values())
+    distlaunch.close_pool()
+    distlaunch.close_pool()  # nothing left to close: no error
+
+
 def test_consecutive_calls_reuse_the_same_task_processes(here, capsys):
     first = distlaunch.run(interpreter, "first")
     run_id = first["worker-0"]["run"]

@@ -9,6 +9,7 @@ the exit-code table's decisions are checked with scripted inputs.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -325,6 +326,34 @@ def test_down_saves_by_default_and_down_now_does_not(tmp):
     checkpoint = (run_dir / "checkpoints" / "checkpoint").read_text()
     assert f'model_checkpoint_path: "ckpt-{saved[0]}"' in checkpoint
     assert not processes_of_run(record["run_id"])
+
+
+def test_run_stop_from_python_saves_by_default_and_not_with_save_false(tmp, monkeypatch):
+    import distlaunch
+
+    monkeypatch.chdir(tmp)
+    spec = json.loads(write_spec(tmp, program=EXAMPLE).read_text())
+    run = distlaunch.launch(spec, console=None)
+    try:
+        _training(tmp)
+        result = run.stop()
+    finally:
+        run.stop(save=False)
+    assert result.state == "preempted" and result.exit_code == contract.EXIT_PREEMPTED
+    saved = _saved_steps(run.run_dir, 0)
+    assert len(saved) == 2 and saved[0] == saved[1]
+
+    # save=False is `down --now`: stopped at once, no notice, no save.
+    now = distlaunch.launch({**spec, "shared_dir": str(tmp / "now" / "runs")}, console=None)
+    try:
+        _training(tmp / "now")
+        result = now.stop(save=False)
+    finally:
+        now.stop(save=False)
+    assert result.state == "interrupted" and result.exit_code == 128 + signal.SIGINT
+    logs = "".join(p.read_text() for p in (now.run_dir / "logs" / "attempt-0").glob("*.log"))
+    assert "stop notice" not in logs
+    assert not processes_of_run(now.run_id)
 
 
 def test_a_save_that_misses_its_deadline_stops_the_run_and_names_the_tasks(tmp):

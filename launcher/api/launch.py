@@ -152,13 +152,16 @@ class Run:
             raise TimeoutError(f"run {self.run_id} still runs after {timeout:g} s") from None
         return self._finish()
 
-    def stop(self) -> RunResult:
-        """Stop the run and return its result: a program that saves on a stop notice saves
-        first (timeouts.save_s; README "Preemption"), then every task TERM, grace, KILL; a run
-        that has ended only returns its result."""
+    def stop(self, save: bool = True) -> RunResult:
+        """Stop the run and return its result, as `distlaunch down` does: with ``save`` a
+        program that saves on a stop notice saves first (timeouts.save_s; README "Preemption")
+        and the run ends preempted, resumable where it saved; ``save=False`` stops at once, as
+        `down --now` does. Then every task TERM, grace, KILL. A run that has ended only returns
+        its result."""
         if self._proc.poll() is None:
             try:
-                self._proc.send_signal(signal.SIGTERM)
+                # The launcher's stop notice, or the signal that stops it at once (Ctrl-C's).
+                self._proc.send_signal(signal.SIGTERM if save else signal.SIGINT)
             except ProcessLookupError:
                 pass
             try:

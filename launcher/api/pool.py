@@ -134,7 +134,8 @@ def take(
 
 @atexit.register  # before launcher/api/launch.py's stop of every run (atexit runs last first)
 def close() -> None:
-    """Stop the pool's entry, if any: its tasks end, nothing of it is left."""
+    """Stop the pool's entry, if any: its tasks end, nothing of it is left, and the next call
+    starts a cluster anew (`distlaunch.close_pool`; also at the caller's exit)."""
     global _entry
     with _lock:
         entry, _entry = _entry, None

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from distlaunch.launcher.api.call import run
     from distlaunch.launcher.api.launch import Run, launch, up
+    from distlaunch.launcher.api.pool import close as close_pool
     from distlaunch.launcher.api.results import (
         Failure,
         PicklingError,
@@ -37,12 +38,13 @@ if TYPE_CHECKING:
     )
     from distlaunch.launcher.core.errors import LaunchError, SpecError
 
-# Public name -> module that defines it.
+# Public name -> module that defines it (with the name there, where it differs).
 _EXPORTS = {
     "launch": "distlaunch.launcher.api.launch",
     "up": "distlaunch.launcher.api.launch",
     "Run": "distlaunch.launcher.api.launch",
     "run": "distlaunch.launcher.api.call",
+    "close_pool": ("distlaunch.launcher.api.pool", "close"),
     "RunResult": "distlaunch.launcher.api.results",
     "Failure": "distlaunch.launcher.api.results",
     "RunFailed": "distlaunch.launcher.api.results",
@@ -63,6 +65,7 @@ __all__ = [
     "SpecError",
     "StartError",
     "TaskError",
+    "close_pool",
     "launch",
     "run",
     "up",
@@ -71,10 +74,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """Import a public name's module on first access."""
-    module = _EXPORTS.get(name)
-    if module is None:
+    where = _EXPORTS.get(name)
+    if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module, attribute = where if isinstance(where, tuple) else (where, name)
+    value = getattr(importlib.import_module(module), attribute)
     globals()[name] = value
     return value
 
