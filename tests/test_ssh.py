@@ -647,6 +647,21 @@ def test_preflight_reports_every_bad_host_in_one_go(lab: sshhosts.HostLab, tmp: 
 
 
 @pytest.mark.integration
+def test_preflight_refuses_a_gpu_the_host_does_not_have(lab: sshhosts.HostLab, tmp: Path) -> None:
+    # The test hosts have no NVIDIA driver: a task given a GPU there would train on the CPU.
+    tasks = {"worker": [{"host": "node1", "gpus": 1}, {"host": "node2"}]}
+    spec = _spec(tmp, lab, _script(tmp, "print('hi')\n"), tasks)
+    result = distlaunch("up", str(spec), cwd=tmp)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert "preflight failed on 1 of 2 SSH hosts; nothing was started" in lines[0]
+    assert len(lines) == 2 and lines[1].split()[0] == "node1", lines
+    assert "$.tasks.worker[0].gpus: asks for a GPU, but the host has none" in lines[1]
+    assert not (tmp / "runs").exists() or not list((tmp / "runs").iterdir())
+    assert distlaunch("plan", str(spec), cwd=tmp).returncode == 0  # a dry run does not ask
+
+
+@pytest.mark.integration
 def test_accept_new_is_an_explicit_opt_in(lab: sshhosts.HostLab, tmp: Path) -> None:
     known = tmp / "known_hosts"
     known.write_text("")

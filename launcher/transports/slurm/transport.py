@@ -432,6 +432,10 @@ class NodeProbe:
             "then_guard": self.guard_run is not None,
         }
 
+    def problems(self, report: HostReport) -> list[str]:
+        """None: Slurm gives each step the GPUs it asked for, or refuses the step itself."""
+        return []
+
     def run(self, name: str, request: dict) -> dict | str:
         """Run the probe as a step on node ``name``: its answer, or what went wrong in words."""
         guard_run = self.guard_run

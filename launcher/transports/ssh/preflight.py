@@ -3,7 +3,8 @@
 Each machine (an SSH host, a Slurm node) runs `ssh_probe.py` with its own Python, all in
 parallel: it is reachable, its Python imports distlaunch at this launcher's protocol and finds
 TensorFlow, it sees the shared dir (or can write its own copy), the workdir and script exist, and
-the tasks' fixed ports are free there. Every problem on every machine becomes one line naming it,
+the tasks' fixed ports are free there, and (SSH hosts) it has the GPUs its tasks are given.
+Every problem on every machine becomes one line naming it,
 all reported together in one HostError (exit 2: nothing was started).
 
 `probe_all` is that check; a `Probe` says how one kind of machine is reached: `SshProbe` here
@@ -24,9 +25,11 @@ from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError, last_message
-from distlaunch.launcher.plan import ports
-from distlaunch.launcher.spec.model import LoadedSpec
+from distlaunch.launcher.plan import gpu_fit, placement, ports
+from distlaunch.launcher.plan.placement import Placement
+from distlaunch.launcher.spec.model import LoadedSpec, task_json_path
 from distlaunch.launcher.transports.ssh.transport import Session, remote_python
 from distlaunch.worker import remote
 
@@ -80,6 +83,9 @@ class Probe(Protocol):
     def run(self, name: str, request: dict) -> dict | str:
         """Run the probe on ``name`` with ``request``: its answer, or one line on why there is none."""
 
+    def problems(self, report: HostReport) -> list[str]:
+        """What the launcher finds wrong in the facts of a machine's answer, one line each."""
+
 
 def probe_all(
     loaded: LoadedSpec, wanted: Mapping[str, ports.HostPorts], umask: int | None, probe: Probe
@@ -116,9 +122,11 @@ def probe_all(
     finally:
         if token_file is not None:
             token_file.unlink(missing_ok=True)
-    problems = [f"{probe.label(r.name)}: {line}" for r in reports for line in r.problems]
+    # The launcher's own checks of a machine's facts, once the probe itself found nothing.
+    found = {r.name: [*r.problems] or probe.problems(r) for r in reports}
+    problems = [f"{probe.label(name)}: {line}" for name, lines in found.items() for line in lines]
     if problems:
-        failed = sum(1 for r in reports if r.problems)
+        failed = sum(1 for lines in found.values() if lines)
         raise HostError(
             f"preflight failed on {failed} of {len(reports)} {probe.machines}; nothing was started:",
             problems,
@@ -128,7 +136,12 @@ def probe_all(
 
 def check(loaded: LoadedSpec, session: Session, umask: int | None) -> list[HostReport]:
     """Probe every SSH host that has tasks, in parallel; raise HostError listing every problem."""
-    return probe_all(loaded, ports.remote_requests(loaded), umask, SshProbe(loaded, session))
+    gpus: dict[str, list[Placement]] = {}
+    for row in placement.on_hosts(loaded).rows:
+        if row.transport == TaskTransport.SSH and row.gpus:
+            gpus.setdefault(row.host_name, []).append(row)
+    probe = SshProbe(loaded, session, {name: tuple(rows) for name, rows in gpus.items()})
+    return probe_all(loaded, ports.remote_requests(loaded), umask, probe)
 
 
 def picked_ports(reports: list[HostReport]) -> dict[ports.TaskKey, int]:
@@ -177,17 +190,30 @@ class SshProbe:
 
     loaded: LoadedSpec
     session: Session
+    gpus: Mapping[str, tuple[Placement, ...]]  # by host: its tasks that have GPUs
 
     def label(self, name: str) -> str:
         """``name (user@address:port)``."""
         return self.session.target(name)
 
     def request(self, name: str) -> dict:
-        """The host's own workdir; whether it shares the run dir is the spec's say."""
+        """The host's own workdir; whether it shares the run dir is the spec's say; its GPUs
+        counted where its tasks have some."""
         return {
             "shared": self.loaded.spec.shared_dir_is_shared,
             "workdir": self.session.hosts[name].workdir,
+            "count_gpus": name in self.gpus,
         }
+
+    def problems(self, report: HostReport) -> list[str]:
+        """A task given a GPU the host lacks (see `plan.gpu_fit`), by its JSON path."""
+        have = int(report.facts.get("gpus", 0))
+        row = gpu_fit.misfit(self.gpus.get(report.name, ()), have)
+        if row is None:
+            return []
+        where = task_json_path(self.loaded.raw, row.role, row.index, "gpus")
+        none = "the host has none (no NVIDIA driver found)"
+        return [f"{where}: {gpu_fit.problem(row, have, 'the host', none)}"]
 
     def run(self, name: str, request: dict) -> dict | str:
         """Run the probe over ssh: its last stdout line, or what went wrong in words."""

@@ -10,7 +10,8 @@ Request keys: ``fixed_ports`` (to check free), ``auto_ports`` (how many free por
 and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, ``script``, ``umask``,
 ``then_guard``: when true and nothing is wrong here, the probe goes on as the host's firewall
 guard (`distlaunch.worker.guard`, its request then comes on stdin), which saves the guard a
-process start of its own.
+process start of its own. ``count_gpus``: report the host's NVIDIA GPUs as the fact ``gpus`` (the
+launcher checks them against the tasks' `gpus`).
 """
 
 import errno
@@ -20,6 +21,7 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import sys
 import tempfile
 
@@ -32,6 +34,8 @@ def main():
     facts = {"python": platform.python_version(), "executable": sys.executable}
     check_distlaunch(problems, facts)
     check_tensorflow(problems, facts)
+    if request.get("count_gpus"):
+        facts["gpus"] = count_gpus()
     if request.get("umask") is not None:
         os.umask(request["umask"])
     check_shared_dir(request, problems)
@@ -83,6 +87,19 @@ def check_tensorflow(problems, facts):
         except importlib.metadata.PackageNotFoundError:
             continue
     facts["tensorflow"] = "unknown"
+
+
+def count_gpus():
+    """This host's NVIDIA GPUs: the driver's /proc entries, else the lines of `nvidia-smi -L`."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        pass
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
 
 
 def check_shared_dir(request, problems):
