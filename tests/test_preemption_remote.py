@@ -207,6 +207,62 @@ def test_a_run_on_this_machine_and_an_ssh_host_saves_one_step_on_both(
         assert not (run_dir / f"child-{task}").exists()
 
 
+# A program that can save by its source (it imports distlaunch.worker: it gets the notice) but
+# leaves SIGTERM to its default action: the notice kills it, nothing is saved.
+DIES_ON_NOTICE = """
+import signal, time
+import distlaunch.worker as dw
+dw.strategy()
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+print("serving", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_a_program_killed_by_the_notice_on_a_host_saved_nothing_and_says_so(
+    lab: sshhosts.HostLab, tmp: Path, launch
+) -> None:
+    # Over SSH the helper must exit 143 for a death by SIGTERM (SSH carries no signal death),
+    # which the exit-code table reads as "saved by its own handler". Its last line says what it
+    # was: the run is stopped unsaved, as the same program on this machine is (-15).
+    spec = json.loads(_ssh_spec(tmp, lab).read_text())
+    (tmp / "task.py").write_text(DIES_ON_NOTICE)
+    spec["program"] = {"script": "task.py"}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    launcher = launch(tmp / "spec.json")
+    run_dir = wait_for(
+        lambda: (
+            next(
+                (
+                    d
+                    for d in (tmp / "runs").glob("*")
+                    if len(list(d.glob("logs/attempt-0/*.log"))) == 2
+                    and all("serving" in log.read_text() for log in d.glob("logs/attempt-0/*.log"))
+                ),
+                None,
+            )
+            if (tmp / "runs").exists()
+            else None
+        ),
+        "both tasks serving",
+    )
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=120)
+    err = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+    record = run_record(run_dir)
+    assert record["state"] == "interrupted"
+    assert {name: t["exit_code"] for name, t in record["tasks"].items()} == {
+        "worker-0": -signal.SIGTERM,
+        "worker-1": -signal.SIGTERM,
+    }
+    assert "preempted" not in err
+    wait_for(lambda: _nothing_left(lab, record["run_id"]), "nothing of the run left on the hosts")
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_ssh_pss_chief_alone_gets_the_notice_and_saves(

@@ -321,7 +321,7 @@ class _Watch:
 
     def _finish(self, code: int) -> int:
         if code < 0:
-            _say(f"the task was ended by {_signal_name(-code)}; exiting with {128 - code}")
+            _say(signal_death(-code))
             return 128 - code
         return code
 
@@ -365,6 +365,20 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def signal_death(signum: int) -> str:
+    """What this helper says, last, when its task died of signal ``signum``: the launcher finds
+    it at the end of the task's log (`ended_by`) and so tells that death from a program's own
+    exit with 128+N, which SSH and srun relay alike."""
+    return f"the task was ended by {_signal_name(signum)}; exiting with {128 + signum}"
+
+
+def ended_by(log_tail: bytes, signum: int) -> bool:
+    """Whether ``log_tail``, the end of a task's log, ends with this helper's word that the task
+    died of ``signum`` (`signal_death`)."""
+    lines = log_tail.rstrip(b"\n").rsplit(b"\n", 1)
+    return lines[-1] == f"distlaunch.worker.remote: {signal_death(signum)}".encode()
 
 
 def _signal_name(signum: int) -> str:

@@ -35,12 +35,14 @@ from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.transports import procs
-from distlaunch.worker import contract
+from distlaunch.worker import contract, remote
 
 HELPER_MODULE = "distlaunch.worker.remote"
 # After `stop`, the helper takes grace_s to end the task; this is added for the network.
 STOP_MARGIN_S = 5.0
 JOIN_CONNECT_TIMEOUT_S = 0.5
+# How much of a task's log end is read for the helper's last line (`_log_ends_with_death`).
+_TAIL_BYTES = 4096
 # Run files a task writes; on machines that do not share the run dir the helper creates their folders.
 _TASK_FILES = (contract.ERROR_FILE, contract.STATUS_FILE, contract.METRICS_FILE)
 
@@ -80,6 +82,16 @@ class HelperHandle(procs.TaskProcess):
         # The request fits in the pipe's buffer, so this write does not wait for the connection.
         self.stdin = Pipe(proc, request)
 
+    def exit_status(self) -> int | None:
+        """The task's exit code, with a death by SIGTERM as -15, as a local task's: the helper
+        relays it as 143 (neither SSH nor srun carries a signal death), which after a stop notice
+        would read as a program that saved on its own SIGTERM handler (contract.EXIT_CODES). The
+        helper's last line in the log tells the two apart."""
+        code = super().exit_status()
+        if code == 128 + signal.SIGTERM and _log_ends_with_death(self.task.log_file):
+            return -signal.SIGTERM
+        return code
+
     def joined(self) -> bool:
         """Whether the task's TensorFlow server accepts connections on host:port.
 
@@ -98,6 +110,16 @@ class HelperHandle(procs.TaskProcess):
         """Release the pidfd and the helper's stdin (EOF ends the remote task if it still runs)."""
         self.stdin.close()
         super().close()
+
+
+def _log_ends_with_death(log_file: str) -> bool:
+    """Whether the helper's last line in ``log_file`` says its task died of SIGTERM."""
+    try:
+        with open(log_file, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - _TAIL_BYTES))
+            return remote.ended_by(log.read(), signal.SIGTERM)
+    except OSError:
+        return False
 
 
 class HelperTransport(ABC):
