@@ -251,6 +251,12 @@ def test_sbatch_requeue_saves_and_resumes_when_preempted(lab: SlurmLab, tmp: Pat
     )
     assert urgent.returncode == 0, urgent.stderr
     assert _requeued_and_resumed(lab, job, run_dir, "SIGUSR2") > 25
+    # The notice's line names the bound it keeps to, not the spec's save_s.
+    out = (run_dir / f"slurm-{job}.out").read_text()
+    assert (
+        f"asking 2 tasks to save and stop within {bound:g} s (partition {PREEMPTIBLE}'s "
+        f"preemption GraceTime {GRACE_TIME_S} s)"
+    ) in out
 
 
 def test_the_signal_lead_follows_the_save_deadline_and_bounds_it(tmp: Path) -> None:

@@ -139,8 +139,11 @@ class Supervisor:
         transport: Transport,
         restart: Restart | None = None,
         standbys: StandbyPool | None = None,
+        save_why: str = "timeouts.save_s",
     ) -> None:
         self.plan = plan
+        # What set timeouts.save_s, for the notice's lines: the spec, or a bound of its source.
+        self.save_why = save_why
         self.run_dir = Path(plan.run_dir)
         self.book = RunBook(self.run_dir, record, console.say)
         self.console = console
@@ -312,7 +315,7 @@ class Supervisor:
         name = signal.Signals(signum).name
         self.console.say(
             f"stop notice ({name}): asking {len(training)} tasks to save and stop within "
-            f"{save_s:g} s (timeouts.save_s)"
+            f"{save_s:g} s ({self.save_why})"
         )
         self.book.event("run", "notice", self.attempt, signal=name, save_s=save_s)
         return True
@@ -683,7 +686,7 @@ class Supervisor:
         if now < self.notice.deadline or not unsaved:
             return None
         how = (
-            f"did not save within {self.timeouts.save_s:g} s of the stop notice (timeouts.save_s)"
+            f"did not save within {self.timeouts.save_s:g} s of the stop notice ({self.save_why})"
             f"; not saved: {', '.join(t.name for t in unsaved)}"
         )
         first = unsaved[0]

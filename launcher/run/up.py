@@ -132,8 +132,10 @@ def up(
                     console.say(note)
                 shown = opened.console or console
                 timeouts = loaded.spec.timeouts
+                save_why = "timeouts.save_s"
                 if opened.save_s is not None and opened.save_s < timeouts.save_s:
                     timeouts = timeouts.model_copy(update={"save_s": opened.save_s})
+                    save_why = opened.save_why or save_why
                 supervisor = Supervisor(
                     plan,
                     record,
@@ -142,6 +144,7 @@ def up(
                     opened.transport,
                     loaded.spec.restart,
                     opened.standbys,
+                    save_why,
                 )
                 _supervise(supervisor, console, loaded.file)
 

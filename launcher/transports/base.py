@@ -120,8 +120,9 @@ class Opened:
     console: Console | None = None  # a console that prefixes lines differently (task@host)
     standbys: StandbyPool | None = None  # the local tasks' warm standbys: the supervisor tends them
     # The most the source of a stop notice leaves to save (Slurm's --signal lead, GraceTime):
-    # the run's save deadline is the smaller of this and timeouts.save_s.
+    # the run's save deadline is the smaller of this and timeouts.save_s; ``save_why`` names it.
     save_s: float | None = None
+    save_why: str | None = None
 
 
 class Launch(Protocol):

@@ -748,7 +748,8 @@ class SlurmLaunch:
             try:
                 record = {"network": protection.to_json()}
                 console = HostConsole(self.console, plan)
-                yield Opened(steps, record, self.alloc, notes, console, save_s=save_s)
+                why = None if limit is None else limit.why
+                yield Opened(steps, record, self.alloc, notes, console, save_s=save_s, save_why=why)
             except Preempted:
                 # Saved on a notice: Slurm's time-limit or preemption signal (SIGUSR2), or its
                 # SIGTERM of a job it requeues itself (requeueing it again changes nothing).
