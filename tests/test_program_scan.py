@@ -25,6 +25,9 @@ TF_KERAS = "import tensorflow as tf\nmodel = tf.keras.Sequential()\n"
         ("from tensorflow import keras\n", 1, None),
         ("from tensorflow.keras.layers import Dense\n", 1, None),
         ("import tensorflow.keras as k\n", 1, None),
+        # tf_keras imported by the script itself is Keras 2 code too.
+        ("import tensorflow as tf\nimport tf_keras\n", 2, None),
+        ("from tf_keras import layers\n", 1, None),
         ("import keras\n", None, 1),
         ("from keras import layers\nimport tensorflow as tf\nx = tf.keras\n", 3, 1),
         # Comments, strings and other objects' `keras` attributes are not code using tf.keras.

@@ -230,6 +230,10 @@ def _find(fullname: str, path: list[str]) -> ModuleSpec | None:
     return None
 
 
+# Keras 2 by import: TensorFlow's own keras, and tf_keras, which a script may import itself.
+_KERAS2_MODULES = ("tensorflow.keras", "tf_keras")
+
+
 def scan(source: str, filename: str = "<program>", folder: Path | None = None) -> Facts:
     """Return what ``source`` shows about Keras, serving and its env writes before TensorFlow
     (SyntaxError if it does not parse); ``folder``: the program's sys.path[0], where its own
@@ -249,7 +253,7 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
                     tf_names.add(alias.asname)
                 if program_env.is_module(alias.name, "keras"):
                     keras3.append(node.lineno)
-                if program_env.is_module(alias.name, "tensorflow.keras"):
+                if any(program_env.is_module(alias.name, m) for m in _KERAS2_MODULES):
                     tf_keras.append(node.lineno)
                 imports_distlaunch |= program_env.is_module(alias.name, "distlaunch")
                 imports_tensorflow |= any(program_env.is_module(alias.name, m) for m in _TF_MODULES)
@@ -257,7 +261,7 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
             names = {alias.name for alias in node.names}
             if program_env.is_module(node.module, "keras"):
                 keras3.append(node.lineno)
-            if program_env.is_module(node.module, "tensorflow.keras") or (
+            if any(program_env.is_module(node.module, m) for m in _KERAS2_MODULES) or (
                 node.module == "tensorflow" and "keras" in names
             ):
                 tf_keras.append(node.lineno)
@@ -314,8 +318,8 @@ def _keras(setting: str, facts: Facts | None, where: str, strategy: str) -> tupl
         )
     if facts.tf_keras_line is not None:
         reason = (
-            f"auto: {where}:{facts.tf_keras_line} uses tf.keras and nothing imports keras; "
-            f"{_why_tf_keras(strategy)}"
+            f"auto: {where}:{facts.tf_keras_line} uses tf.keras or tf_keras (Keras 2) and "
+            f"nothing imports keras; {_why_tf_keras(strategy)}"
         )
         return contract.TF_KERAS, reason, True
     return contract.KERAS3, f"auto: {where} does not use tf.keras", False

@@ -217,7 +217,7 @@ class Program(Record):
     keras: Literal["auto", "keras3", "tf_keras"] = Field(
         "auto",
         description="tf_keras sets TF_USE_LEGACY_KERAS=1 for tf.keras model.fit; auto picks it for a "
-        "program whose source uses tf.keras and never imports keras, else keras3.",
+        "program whose source uses tf.keras or imports tf_keras and never imports keras, else keras3.",
     )
 
     @after
