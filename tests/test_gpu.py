@@ -10,6 +10,7 @@ everywhere (here it has none, on a GPU machine it has some).
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import re
@@ -19,20 +20,21 @@ from pathlib import Path
 
 import pytest
 
+import distlaunch as distlaunch_api
 from conftest import distlaunch, write_spec
 
-# The CUDA driver's own view: the UUID of every device the process may use, in CUDA's order.
-PROBE = r"""
-import ctypes, json, os, sys
 
-def visible():
+def visible_uuids() -> list[str]:
+    """The CUDA driver's own view: the UUID of every device this process may use, in CUDA's
+    order (none when CUDA_VISIBLE_DEVICES leaves none, or there is no driver)."""
+    import ctypes
+
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        return {"error": f"no CUDA driver: {exc}", "uuids": []}
-    init = cuda.cuInit(0)
-    if init != 0:  # 100, CUDA_ERROR_NO_DEVICE: CUDA_VISIBLE_DEVICES leaves none
-        return {"init": init, "uuids": []}
+    except OSError:
+        return []
+    if cuda.cuInit(0) != 0:  # 100, CUDA_ERROR_NO_DEVICE: CUDA_VISIBLE_DEVICES leaves none
+        return []
     count = ctypes.c_int()
     assert cuda.cuDeviceGetCount(ctypes.byref(count)) == 0
     uuids = []
@@ -42,15 +44,22 @@ def visible():
         assert cuda.cuDeviceGetUuid(raw, device) == 0
         h = bytes(raw).hex()
         uuids.append(f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-    return {"init": 0, "uuids": uuids}
+    return uuids
 
-seen = {"uuids": visible()["uuids"], "env": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+# A task's program: what it sees, into the run dir (and on stdout).
+PROBE = (
+    "import json, os\n\n"
+    + inspect.getsource(visible_uuids)
+    + """
+seen = {"uuids": visible_uuids(), "env": os.environ.get("CUDA_VISIBLE_DEVICES")}
 if "DISTLAUNCH_RUN_DIR" in os.environ:
     name = f"probe-{os.environ['DISTLAUNCH_ROLE']}-{os.environ['DISTLAUNCH_INDEX']}.json"
     with open(os.path.join(os.environ["DISTLAUNCH_RUN_DIR"], name), "w") as f:
         json.dump(seen, f)
 print(json.dumps(seen))
 """
+)
 
 
 def _probe(visible: str | None = None) -> list[str]:
@@ -132,6 +141,32 @@ def test_a_spec_asking_for_more_gpus_than_this_machine_has_is_refused(tmp):
     assert done.stdout == ""
     # A dry run may be written for another machine.
     assert distlaunch("plan", str(spec), cwd=tmp, env=env).returncode == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.integration
+def test_distlaunch_run_gives_each_worker_its_own_gpu(tmp, cuda_gpus, monkeypatch):
+    monkeypatch.chdir(tmp)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with_gpu = min(len(cuda_gpus), 2)
+    seen = distlaunch_api.run(visible_uuids, workers=with_gpu, gpus=1, pool=False)
+    assert seen == {f"worker-{i}": _probe(str(i)) for i in range(with_gpu)}
+
+
+@pytest.mark.integration
+def test_distlaunch_run_asking_for_more_gpus_than_here_raises_start_error(tmp, monkeypatch):
+    monkeypatch.chdir(tmp)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    have = len(_here())
+    # Found when the launcher plans the run, as a port in use is: a StartError with the CLI's
+    # one line (the spec as data is "<spec>").
+    with pytest.raises(distlaunch_api.StartError) as caught:
+        distlaunch_api.run(visible_uuids, workers=1, gpus=have + 1, pool=False)
+    assert str(caught.value).startswith("<spec>: $.tasks.worker.gpus: "), str(caught.value)
+    assert ("has none" if have == 0 else f"has {have} ") in str(caught.value)
+    assert not (tmp / "runs").exists() or not any((tmp / "runs").iterdir())
+    with pytest.raises(ValueError, match="gpus= expected an integer >= 0"):
+        distlaunch_api.run(visible_uuids, gpus=-1)
 
 
 # Each worker reports its strategy's replicas and devices, then trains the MNIST example.

@@ -31,6 +31,8 @@ from distlaunch.worker.call import PAYLOAD, SERVE_ARG, result_path
 
 # The program of every task.
 CALL_MODULE = "distlaunch.worker.call"
+# The roles that train, and so get `gpus=`: ps servers and the evaluator stay on the CPU.
+_GPU_ROLES = (contract.CHIEF, contract.WORKER)
 
 
 def run(
@@ -41,6 +43,7 @@ def run(
     ps: int = 0,
     evaluator: int = 0,
     strategy: str = contract.MWMS,
+    gpus: int = 0,
     spec: api.SpecInput | None = None,
     timeout_s: float | None = None,
     restart: Mapping[str, Any] | str | None = None,
@@ -52,9 +55,11 @@ def run(
     """Call ``fn(*args, **kwargs)`` on every task of a local cluster and return what they returned.
 
     The cluster: ``workers``, ``chief``, ``ps`` and ``evaluator`` tasks under ``strategy``
-    ("multi_worker_mirrored" or "parameter_server"), run dirs under ./runs; or, with ``spec`` (a
-    spec file, dict or typed Spec), that spec's tasks, strategy, hosts and settings, its program
-    replaced by the call (the counts and strategy given here are then not used). Each task runs
+    ("multi_worker_mirrored" or "parameter_server"), each chief and worker with ``gpus`` GPUs of
+    this machine of its own (0: CPU only; SpecError when the machine has fewer), run dirs under
+    ./runs; or, with ``spec`` (a spec file, dict or typed Spec), that spec's tasks, strategy,
+    hosts and settings, its program replaced by the call (the counts, strategy and GPUs given
+    here are then not used). Each task runs
     ``fn`` with its TF_CONFIG set and no strategy made yet: ``fn`` builds its strategy as a
     script would. Under ParameterServerStrategy ``fn`` runs on the chief only; the ps and worker
     tasks serve.
@@ -82,8 +87,8 @@ def run(
     """
     call = start(
         fn, *args, workers=workers, chief=chief, ps=ps, evaluator=evaluator, strategy=strategy,
-        spec=spec, timeout_s=timeout_s, restart=restart, env=env, quiet=quiet, pool=pool,
-        **kwargs,
+        gpus=gpus, spec=spec, timeout_s=timeout_s, restart=restart, env=env, quiet=quiet,
+        pool=pool, **kwargs,
     )  # fmt: skip
     return call.result()
 
@@ -127,6 +132,7 @@ def start(
     ps: int = 0,
     evaluator: int = 0,
     strategy: str = contract.MWMS,
+    gpus: int = 0,
     spec: api.SpecInput | None = None,
     timeout_s: float | None = None,
     restart: Mapping[str, Any] | str | None = None,
@@ -143,7 +149,7 @@ def start(
     console: api.ConsoleTarget = None if quiet else "stdout"
     warm = spec is None and restart is None and timeout_s is None and api_pool.enabled(pool)
     if spec is None:
-        spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy)
+        spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy, gpus=gpus)
     if warm:
         assert isinstance(spec, dict)
         lease = _lease(spec, {**program, "args": [SERVE_ARG]}, payload, console)
@@ -223,9 +229,12 @@ def cluster_spec(
     evaluator: int,
     strategy: str,
     shared_dir: str | Path = "./runs",
+    gpus: int = 0,
 ) -> dict[str, Any]:
-    """The spec of a local cluster of these counts (a role of count 0 is left out) for a call;
-    its program is the call's runner."""
+    """The spec of a local cluster of these counts (a role of count 0 is left out) for a call,
+    each chief and worker with ``gpus`` GPUs; its program is the call's runner."""
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        raise ValueError(f"distlaunch.run: gpus= expected an integer >= 0, got {gpus!r}")
     counts = {
         contract.CHIEF: chief,
         contract.WORKER: workers,
@@ -239,7 +248,11 @@ def cluster_spec(
         "name": name,
         "strategy": strategy,
         "program": {"module": CALL_MODULE},
-        "tasks": {role: {"count": n} for role, n in counts.items() if n},
+        "tasks": {
+            role: {"count": n, **({"gpus": gpus} if gpus and role in _GPU_ROLES else {})}
+            for role, n in counts.items()
+            if n
+        },
         "shared_dir": str(shared_dir),
     }
 

@@ -489,7 +489,7 @@ def _notes(loaded: LoadedSpec, jobset: bool) -> tuple[str, ...]:
 
 def _check_fits(loaded: LoadedSpec, where: Placements) -> None:
     """Refuse what pods cannot run (``where``: the spec's placement), naming the spec's JSON path."""
-    file = str(loaded.file)
+    file = loaded.shown
     for role, rows in where.by_role().items():
         for row in rows:
             if row.transport == TaskTransport.SSH:

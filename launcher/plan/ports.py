@@ -70,7 +70,7 @@ def allocate(
         local = row.transport == TaskTransport.LOCAL
         if local and not private and not _portpicker().is_port_free(row.port):
             raise SpecError(
-                str(loaded.file),
+                loaded.shown,
                 task_json_path(loaded.raw, row.role, row.index, "port"),
                 f'port {row.port} is in use on this machine; expected a free port or "auto"',
             )

@@ -602,6 +602,8 @@ class LoadedSpec:
     script: Path | None
     # The spec's hosts with identity files made absolute (relative ones are relative to the spec).
     hosts: Mapping[str, Host] = field(default_factory=dict)
+    # What errors call the spec: the path given (or "<spec>", the Python API's spec as data).
+    shown: str = ""
 
     def address_of(self, host: str) -> str:
         """The address of the host a task names: what TF_CONFIG lists (127.0.0.1 for localhost)."""
@@ -770,6 +772,7 @@ def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedS
         workdir=workdir,
         script=script,
         hosts=hosts,
+        shown=shown,
     )
 
 

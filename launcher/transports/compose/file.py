@@ -188,13 +188,13 @@ def _check_fits(loaded: LoadedSpec, where: Placements) -> None:
     for row in where.rows:
         if row.transport == TaskTransport.SSH:
             raise SpecError(
-                str(loaded.file),
+                loaded.shown,
                 task_json_path(loaded.raw, row.role, row.index, "host"),
                 "the compose backend runs every task on this machine's Docker engine; expected a local host",
             )
         if row.gpus:
             raise SpecError(
-                str(loaded.file),
+                loaded.shown,
                 task_json_path(loaded.raw, row.role, row.index, "gpus"),
                 "the compose backend gives containers no GPU yet; remove gpus or use the local backend",
             )

@@ -56,4 +56,4 @@ def check(loaded: LoadedSpec, placed: Placements, visible: str | None) -> None:
     else:
         machine, none = "this machine", "this machine has none (no NVIDIA driver found)"
     where = task_json_path(loaded.raw, row.role, row.index, "gpus")
-    raise SpecError(str(loaded.file), where, gpu_fit.problem(row, have, machine, none))
+    raise SpecError(loaded.shown, where, gpu_fit.problem(row, have, machine, none))
