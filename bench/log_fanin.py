@@ -11,6 +11,11 @@ which is where the echo of its output could slow it down), and the launcher's en
 The launcher runs with Python's bytecode cache, as an installed distlaunch has it
 (`_common.bytecode_on`).
 
+And the floor under the ratio, timed in the same rounds: the same task started as every local
+task is (`procs.spawn_contained`: taskinit's keeper and PID namespace, which make sure nothing
+the task starts outlives it) but with no launcher around it, plus a bare `python -c pass` (the
+launcher's own interpreter start). No `up` can come in under their sum.
+
     python bench/log_fanin.py [--rounds 3] [--lines 1000000]
 """
 
@@ -20,6 +25,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -27,6 +33,8 @@ from pathlib import Path
 
 import psutil
 from _common import DISTLAUNCH, bytecode_on, median, timed
+
+from distlaunch.launcher.transports import procs
 
 PROGRAM = """
 import sys
@@ -68,7 +76,10 @@ def main() -> None:
         )
         env = {**os.environ, **plan["tasks"][0]["env"]}
         up_times, direct_times, peaks, phases = [], [], [], []
+        kept_times, python_times = [], []
         for _ in range(args.rounds):
+            kept_times.append(_timed_contained(plan["tasks"][0]["argv"], env, work))
+            python_times.append(timed([sys.executable, "-c", "pass"]))
             with open(work / "direct.log", "wb") as out:
                 direct_times.append(
                     timed(
@@ -98,6 +109,12 @@ def main() -> None:
         f"up's phases (medians): launcher start to task start {before:.2f} s, task {task:.2f} s "
         f"({task / direct_s:.3f} of direct), task exit to launcher exit {after:.2f} s"
     )
+    kept_s, python_s = median(kept_times), median(python_times)
+    print(
+        f"floor: the task in taskinit's keeper alone {kept_s:.2f} s ({kept_s / direct_s:.3f} of "
+        f"direct) + a bare Python start {python_s:.3f} s = {(kept_s + python_s) / direct_s:.3f} "
+        "of direct, before any launcher work"
+    )
     print(f"every line in the log: {complete} ({args.lines} lines x {len(logs)} runs)")
     print(f"launcher peak RSS: {max(peaks) / 2**20:.1f} MB (target <= 100 MB)")
 
@@ -126,6 +143,20 @@ def _timed_up(spec: Path) -> tuple[float, int, tuple[float, float, float]]:
     times = {e["event"]: e["time"] for e in map(json.loads, lines)}
     started, exited = times["started"], times["exited"]
     return seconds, peak[0], (started - wall, exited - started, wall + seconds - exited)
+
+
+def _timed_contained(argv: list[str], env: dict[str, str], work: Path) -> float:
+    """The task started as `up` starts a local task (taskinit's keeper, its own PID namespace,
+    output appended to a file), with no launcher: its start to the last of its processes gone."""
+    start = time.perf_counter()
+    proc, tree = procs.spawn_contained(argv, env, str(work), str(work / "contained.log"))
+    proc.wait()
+    procs.wait_tree(tree)
+    seconds = time.perf_counter() - start
+    os.close(tree)
+    if proc.returncode != 0:
+        raise SystemExit(f"the contained task failed with {proc.returncode}")
+    return seconds
 
 
 def _sample_rss(proc: subprocess.Popen, peak: list[int]) -> None:
