@@ -516,8 +516,9 @@ def test_tf_keras_fit_with_keras_callbacks_saves_on_the_notice(tmp):
 
 
 # A tf_keras model.fit script of the user's own: its own BackupAndRestore(save_before_preemption=True),
-# tf_keras imported after dw.strategy(), and no "keras" in the spec (the scan sees no tf.keras: the
-# task runs with the Keras 3 setting). It prints the step fit starts from and an epoch line.
+# tf_keras imported after dw.strategy(), and the spec's "keras" set to keras3 (auto would pick
+# tf_keras for it: the save must not depend on that setting). It prints the step fit starts from
+# and an epoch line.
 OWN_BACKUP = """
 import os, sys
 import distlaunch.worker as dw
@@ -550,7 +551,7 @@ model.fit(dataset, epochs=400, steps_per_epoch=25, verbose=0, callbacks=[backup_
 
 def test_a_tf_keras_script_with_its_own_backup_and_restore_saves_on_the_notice(tmp):
     (tmp / "task.py").write_text(OWN_BACKUP)
-    spec = write_spec(tmp)
+    spec = write_spec(tmp, program={"script": "task.py", "keras": "keras3"})
     launcher = _start(spec)
     try:
         run_dir = _training(tmp)
@@ -561,7 +562,7 @@ def test_a_tf_keras_script_with_its_own_backup_and_restore_saves_on_the_notice(t
     err = (tmp / "stderr.txt").read_text()
     assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
     record = run_record(run_dir)
-    assert record["plan"]["program"]["keras"] == "keras3"  # what the spec's auto chose
+    assert record["plan"]["program"]["keras"] == "keras3"  # as the spec says
     assert record["state"] == "preempted"
     assert {t["exit_code"] for t in record["tasks"].values()} == {contract.TF_HANDLER_EXIT}
     done = max(int(s) for s in re.findall(r"^epoch \d+/\d+ step (\d+)", _logs_of(run_dir, 0), re.M))
