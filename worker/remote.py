@@ -75,6 +75,8 @@ SIGNAL_TIMEOUT_S = 5.0
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+# How each line this helper says itself begins (on its stderr: the task's log).
+_SAID = "distlaunch.worker.remote: "
 
 
 def main() -> int:
@@ -378,7 +380,7 @@ def ended_by(log_tail: bytes, signum: int) -> bool:
     """Whether ``log_tail``, the end of a task's log, ends with this helper's word that the task
     died of ``signum`` (`signal_death`)."""
     lines = log_tail.rstrip(b"\n").rsplit(b"\n", 1)
-    return lines[-1] == f"distlaunch.worker.remote: {signal_death(signum)}".encode()
+    return lines[-1] == f"{_SAID}{signal_death(signum)}".encode()
 
 
 def _signal_name(signum: int) -> str:
@@ -502,7 +504,7 @@ def env_value(env: set[bytes], name: bytes) -> str:
 
 def _say(message: str) -> None:
     try:
-        sys.stderr.write(f"distlaunch.worker.remote: {message}\n")
+        sys.stderr.write(f"{_SAID}{message}\n")
         sys.stderr.flush()
     except (BrokenPipeError, OSError):
         pass  # the channel is gone: nobody is left to tell
