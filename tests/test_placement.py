@@ -60,7 +60,7 @@ def test_the_local_backend_places_each_task_on_its_host_once(tmp: Path) -> None:
         (("ps", 0), "gpu1", "10.1.2.4", "10.1.2.4", 2222, (), gpu1),
     ]
     # Preflight asks each SSH host for exactly its rows' ports.
-    requests = ports.remote_requests(loaded)
+    requests = ports.remote_requests(placement.on_hosts(loaded))
     assert requests["gpu1"] == ports.HostPorts({("ps", 0): 2222}, (("worker", 0), ("worker", 1)))
     assert requests["gpu2"] == ports.HostPorts({}, (("worker", 2),))
 

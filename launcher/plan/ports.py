@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import SpecError
-from distlaunch.launcher.plan import placement
 from distlaunch.launcher.plan.placement import Placements, TaskKey
 from distlaunch.launcher.spec.model import LoadedSpec, task_json_path
 
@@ -28,12 +27,12 @@ class HostPorts:
     auto: tuple[TaskKey, ...]
 
 
-def remote_requests(loaded: LoadedSpec) -> dict[str, HostPorts]:
+def remote_requests(placed: Placements) -> dict[str, HostPorts]:
     """For each SSH host with tasks, the ports its preflight must check or pick (on that host):
-    the SSH rows of the local backend's placement (`placement.on_hosts`)."""
+    the SSH rows of the local backend's placement (``placed``, `placement.on_hosts`)."""
     fixed: dict[str, dict[TaskKey, int]] = {}
     auto: dict[str, list[TaskKey]] = {}
-    for row in placement.on_hosts(loaded).rows:
+    for row in placed.rows:
         if row.transport != TaskTransport.SSH:
             continue
         fixed.setdefault(row.host_name, {})

@@ -136,12 +136,13 @@ def probe_all(
 
 def check(loaded: LoadedSpec, session: Session, umask: int | None) -> list[HostReport]:
     """Probe every SSH host that has tasks, in parallel; raise HostError listing every problem."""
+    placed = placement.on_hosts(loaded)
     gpus: dict[str, list[Placement]] = {}
-    for row in placement.on_hosts(loaded).rows:
+    for row in placed.rows:
         if row.transport == TaskTransport.SSH and row.gpus:
             gpus.setdefault(row.host_name, []).append(row)
     probe = SshProbe(loaded, session, {name: tuple(rows) for name, rows in gpus.items()})
-    return probe_all(loaded, ports.remote_requests(loaded), umask, probe)
+    return probe_all(loaded, ports.remote_requests(placed), umask, probe)
 
 
 def picked_ports(reports: list[HostReport]) -> dict[ports.TaskKey, int]:
