@@ -233,17 +233,15 @@ def cluster_spec(
 ) -> dict[str, Any]:
     """The spec of a local cluster of these counts (a role of count 0 is left out) for a call,
     each chief and worker with ``gpus`` GPUs; its program is the call's runner."""
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-        raise ValueError(f"distlaunch.run: gpus= expected an integer >= 0, got {gpus!r}")
     counts = {
         contract.CHIEF: chief,
         contract.WORKER: workers,
         contract.PS: ps,
         contract.EVALUATOR: evaluator,
     }
-    for role, count in counts.items():
+    for what, count in {**counts, "gpus": gpus}.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ValueError(f"distlaunch.run: {role}= expected an integer >= 0, got {count!r}")
+            raise ValueError(f"distlaunch.run: {what}= expected an integer >= 0, got {count!r}")
     return {
         "name": name,
         "strategy": strategy,

@@ -139,11 +139,12 @@ class Supervisor:
         transport: Transport,
         restart: Restart | None = None,
         standbys: StandbyPool | None = None,
-        save_why: str = "timeouts.save_s",
+        save_why: str | None = None,
     ) -> None:
         self.plan = plan
-        # What set timeouts.save_s, for the notice's lines: the spec, or a bound of its source.
-        self.save_why = save_why
+        # What set timeouts.save_s, for the notice's lines: a bound of the notice's source
+        # (``save_why``), else the spec.
+        self.save_why = save_why or "timeouts.save_s"
         self.run_dir = Path(plan.run_dir)
         self.book = RunBook(self.run_dir, record, console.say)
         self.console = console

@@ -132,10 +132,10 @@ def up(
                     console.say(note)
                 shown = opened.console or console
                 timeouts = loaded.spec.timeouts
-                save_why = "timeouts.save_s"
+                save_why = None  # the spec's timeouts.save_s
                 if opened.save_s is not None and opened.save_s < timeouts.save_s:
                     timeouts = timeouts.model_copy(update={"save_s": opened.save_s})
-                    save_why = opened.save_why or save_why
+                    save_why = opened.save_why
                 supervisor = Supervisor(
                     plan,
                     record,
