@@ -37,7 +37,16 @@ from distlaunch.launcher.transports.compose import file as compose
 from distlaunch.launcher.transports.compose.docker import compose_command, docker
 from distlaunch.worker import contract
 from test_compose import BASE_IMAGE, TEST_IMAGE, _leftovers, engine, image  # noqa: F401 (fixtures)
-from test_preemption import ARGS, PLAIN, _chief_log, _resumed_steps, _saved_steps, _training
+from test_preemption import (
+    ARGS,
+    PLAIN,
+    _both_print,
+    _chief_log,
+    _resumed_steps,
+    _run_dir,
+    _saved_steps,
+    _training,
+)
 from test_ssh import _nothing_left
 
 HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]
@@ -233,22 +242,8 @@ def test_a_program_killed_by_the_notice_on_a_host_saved_nothing_and_says_so(
     spec["program"] = {"script": "task.py"}
     (tmp / "spec.json").write_text(json.dumps(spec))
     launcher = launch(tmp / "spec.json")
-    run_dir = wait_for(
-        lambda: (
-            next(
-                (
-                    d
-                    for d in (tmp / "runs").glob("*")
-                    if len(list(d.glob("logs/attempt-0/*.log"))) == 2
-                    and all("serving" in log.read_text() for log in d.glob("logs/attempt-0/*.log"))
-                ),
-                None,
-            )
-            if (tmp / "runs").exists()
-            else None
-        ),
-        "both tasks serving",
-    )
+    run_dir = _run_dir(tmp)
+    _both_print(run_dir, "serving", "both tasks serving")
     launcher.send_signal(signal.SIGTERM)
     launcher.wait(timeout=120)
     err = (tmp / "stderr.txt").read_text()
