@@ -143,6 +143,25 @@ class Run:
         the restart budget, as `distlaunch restart` does; return its name."""
         return reads().restart(self.run_dir, task)
 
+    def report(self) -> Path:
+        """Write the run's report.html (as `distlaunch report` does: a timeline of every task's
+        attempts and the loss and steps/s over time; a running run's so far) and return its
+        path."""
+        from distlaunch.launcher.report.write import write_report
+
+        return write_report(self.run_dir)
+
+    def _repr_html_(self) -> str | None:
+        """In a notebook, the run shows as its report (nothing is written); before its run.json
+        exists, as its repr."""
+        from distlaunch.launcher.core.errors import UsageError
+        from distlaunch.launcher.report.write import inline_html
+
+        try:
+            return inline_html(self.run_dir)
+        except UsageError:
+            return None
+
     def wait(self, timeout: float | None = None) -> RunResult:
         """Wait for the run to end and return its result; TimeoutError after ``timeout`` seconds
         (the run goes on)."""
