@@ -173,7 +173,7 @@ class Run:
 
     def stop(self, save: bool = True) -> RunResult:
         """Stop the run and return its result, as `distlaunch down` does: with ``save`` a
-        program that saves on a stop notice saves first (timeouts.save_s; README "Preemption")
+        program that saves on a stop notice saves first (timeouts.save_s; docs/preemption.md)
         and the run ends preempted, resumable where it saved; ``save=False`` stops at once, as
         `down --now` does. Then every task TERM, grace, KILL. A run that has ended only returns
         its result."""
