@@ -264,28 +264,58 @@ def test_a_notebook_shows_the_report_as_a_fragment_that_writes_nothing(tmp):
     assert sorted(p.name for p in run_dir.iterdir()) == before
 
 
-def test_run_report_and_its_notebook_view_from_python(tmp, monkeypatch):
-    import distlaunch
+# A notebook's cells: a run of one task that fails (exit 3) at once, its report, then the Run
+# itself as the cell's result.
+NOTEBOOK = [
+    """\
+import json, pathlib
+import distlaunch
 
-    (tmp / "task.py").write_text(
-        "import json, os, socket, sys\n"
-        "port = int(json.loads(os.environ['TF_CONFIG'])['cluster']['worker'][0].rsplit(':', 1)[1])\n"
-        "s = socket.socket(); s.bind(('', port)); s.listen()\n"
-        "sys.exit(3)\n"
+pathlib.Path("task.py").write_text(
+    "import json, os, socket, sys\\n"
+    "address = json.loads(os.environ['TF_CONFIG'])['cluster']['worker'][0]\\n"
+    "s = socket.socket(); s.bind(('', int(address.rsplit(':', 1)[1]))); s.listen()\\n"
+    "sys.exit(3)\\n"
+)
+spec = {
+    "name": "nb",
+    "strategy": "multi_worker_mirrored",
+    "program": {"script": "task.py"},
+    "tasks": {"worker": {"count": 1}},
+    "shared_dir": "runs",
+}
+run = distlaunch.launch(spec, console=None)
+run.wait(120).state""",
+    "print(run.report())",
+    "run",
+]
+
+
+def test_run_report_returns_its_path_and_a_notebook_shows_the_run_as_its_report(tmp_path: Path):
+    nbclient = pytest.importorskip("nbclient", reason="the notebook test needs the test extras")
+    nbformat = pytest.importorskip("nbformat", reason="the notebook test needs the test extras")
+    pytest.importorskip("ipykernel", reason="the notebook test needs the test extras")
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in NOTEBOOK]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
     )
-    monkeypatch.chdir(tmp)
-    spec = {
-        "name": "api",
-        "strategy": "multi_worker_mirrored",
-        "program": {"script": "task.py"},
-        "tasks": {"worker": {"count": 1}},
-        "shared_dir": "runs",
-    }
-    run = distlaunch.launch(spec, console=None)
-    assert run.wait(120).state == "failed"
-    path = run.report()
-    assert path == run.run_dir / "report.html" and path.is_file()
-    shown = run._repr_html_()
-    assert shown is not None and '<svg class="timeline"' in shown
-    assert 'data-task="worker-0"' in shown and "root-cause" in shown
-    assert os.stat(path).st_mode & 0o077 == 0  # a private run's file, as every file of it
+    client.execute()
+    ran, reported, shown = notebook.cells
+    assert ran.outputs[0]["data"]["text/plain"] == "'failed'"
+    (run_dir,) = [p.parent for p in tmp_path.glob("runs/*/run.json")]
+    page = Path(reported.outputs[0]["text"].strip())
+    assert page == run_dir / "report.html" and page.is_file()
+    assert os.stat(page).st_mode & 0o077 == 0  # a private run's file, as every file of it
+    (result,) = [o for o in shown.outputs if o["output_type"] == "execute_result"]
+    html = result["data"]["text/html"]  # the cell shows the report, inline
+    assert html.startswith('<div class="dlr">') and "<html" not in html
+    svg = _Svg()
+    svg.feed(html)
+    assert svg.rows == ["worker-0"] and [(t, a) for t, a, _ in svg.bars] == [("worker-0", 0)]
+    assert ("root-cause", "worker-0") in svg.markers
+    assert result["data"]["text/plain"].startswith("<distlaunch.Run nb-")
