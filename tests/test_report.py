@@ -193,7 +193,9 @@ def test_a_run_with_a_failure_a_gang_restart_and_a_preemption_told_as_a_picture(
         ("worker-1", 2): "stopped",
     }
     kinds = Counter(kind for kind, _ in svg.markers)
-    assert kinds == {"notice": 1, "restart": 1, "save": 2, "root-cause": 1}
+    # The gang restart, then the resume: each one line across the rows.
+    assert kinds == {"notice": 1, "restart": 2, "save": 2, "root-cause": 1}
+    assert [task for kind, task in svg.markers if kind == "restart"] == [None, None]
     assert ("root-cause", "worker-0") in svg.markers
     html = page.read_text()
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")

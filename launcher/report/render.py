@@ -77,6 +77,7 @@ STYLE = """
 .dlr svg { display: block; width: 100%; height: auto; }
 .dlr svg text { font: 11px system-ui, sans-serif; fill: #333; }
 .dlr svg .small text, .dlr svg text.small { font-size: 9px; }
+.dlr svg .marker text { paint-order: stroke; stroke: #fff; stroke-width: 3px; }
 .dlr .legend { display: flex; flex-wrap: wrap; gap: 4px 14px; margin: 4px 0; }
 .dlr .legend span { white-space: nowrap; }
 .dlr .legend i { display: inline-block; width: 12px; height: 12px; vertical-align: -2px;

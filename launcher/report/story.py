@@ -259,7 +259,8 @@ def _bars_and_markers(
     markers: list[Marker] = []
     open_: dict[tuple[str, int], float] = {}
     noticed: set[int] = set()  # attempts that got a stop notice
-    restarts: dict[int, list[tuple[float, str]]] = {}  # attempt -> (time, task) of its restarts
+    # (attempt, "restarted" or "started": a resumed run) -> (time, task) of each task's new start
+    restarts: dict[tuple[int, str], list[tuple[float, str]]] = {}
     for e in events:
         task, kind, attempt, at = e["task"], e["event"], e["attempt"], e["time"]
         if task == RUN_TASK:
@@ -272,8 +273,8 @@ def _bars_and_markers(
             continue
         if kind in ("started", "restarted"):
             open_[(task, attempt)] = at
-            if kind == "restarted":
-                restarts.setdefault(attempt, []).append((at, task))
+            if kind == "restarted" or attempt > 0:  # a first start past attempt 0: a resume
+                restarts.setdefault((attempt, kind), []).append((at, task))
             continue
         if kind != "exited" and kind not in _ENDINGS:
             continue
@@ -297,19 +298,34 @@ def _bars_and_markers(
     return bars, markers
 
 
-def _restart_markers(restarts: Mapping[int, list[tuple[float, str]]]) -> list[Marker]:
-    """One marker per restart: on its task's row, or, for the tasks of an attempt restarted
-    together (a gang), one across every row (256 markers in a column say less than one line)."""
+# Restarts of one attempt this close in time are one restart of a gang.
+_GANG_S = 2.0
+
+
+def _restart_markers(restarts: Mapping[tuple[int, str], list[tuple[float, str]]]) -> list[Marker]:
+    """One marker per restart or resume: on its task's row, or, for tasks restarted together
+    (a gang, a resumed run), one across every row (256 markers in a column say less than one
+    line)."""
     out = []
-    for attempt, started in restarts.items():
-        if len(started) == 1:
-            at, task = started[0]
-            out.append(Marker(MarkerKind.RESTART, at, task, f"{task} restarted: attempt {attempt}"))
-            continue
-        names = [task for _, task in started]
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        text = f"gang restart: attempt {attempt} of {shown}"
-        out.append(Marker(MarkerKind.RESTART, min(at for at, _ in started), None, text))
+    for (attempt, kind), started in restarts.items():
+        groups: list[list[tuple[float, str]]] = []
+        for at, task in sorted(started):
+            if not groups or at - groups[-1][0][0] > _GANG_S:
+                groups.append([])
+            groups[-1].append((at, task))
+        for group in groups:
+            names = [task for _, task in group]
+            if kind == "started":
+                what = f"resumed (up --resume): attempt {attempt}"
+            elif len(group) == 1:
+                what = f"{names[0]} restarted: attempt {attempt}"
+            else:
+                what = f"gang restart: attempt {attempt}"
+            if len(group) == 1:
+                out.append(Marker(MarkerKind.RESTART, group[0][0], names[0], what))
+                continue
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            out.append(Marker(MarkerKind.RESTART, group[0][0], None, f"{what} of {shown}"))
     return out
 
 
