@@ -2,8 +2,9 @@
 
 A page marks a code block runnable with an HTML comment on the line before its fence (unseen on
 the site): ``<!-- runnable -->``, ``<!-- runnable: exit 2 -->`` (the exit code it must end with),
-or ``<!-- runnable: spec fragment -->`` (keys of a spec, checked merged over
-cluster_specs/local2.json). Each runs here against the real CLI and API, in a folder of its own
+``<!-- runnable: spec fragment -->`` (keys of a spec, checked merged over
+cluster_specs/local2.json), or ``<!-- runnable: file NAME -->`` (a file the page's specs name,
+such as a host file: written beside them before they are checked). Each runs here against the real CLI and API, in a folder of its own
 holding a copy of cluster_specs/:
 
 - ``bash``: the block, as a bash script (``set -euo pipefail``), must exit 0 (or as marked);
@@ -76,6 +77,13 @@ def examples(folder: Path = DOCS) -> tuple[list[Example], list[str]]:
 
 
 EXAMPLES, STRAY = examples()
+# The files pages show (``file NAME``), by page: written beside that page's specs.
+FILES = {
+    (e.page, e.options.split(maxsplit=1)[1]): e.code
+    for e in EXAMPLES
+    if e.options.startswith("file ")
+}
+EXAMPLES = [e for e in EXAMPLES if not e.options.startswith("file ")]
 
 
 @pytest.fixture
@@ -106,6 +114,9 @@ def _spec_file(example: Example, work: Path) -> Path:
     """The example as a spec file in ``work``'s cluster_specs/ (where the repository's specs
     are, so that relative paths resolve as they do for them)."""
     folder = work / "cluster_specs"
+    for (page, name), text in FILES.items():
+        if page == example.page:
+            (folder / name).write_text(text)
     if "fragment" not in example.options:
         path = folder / f"docs-example.{'yaml' if example.lang == 'yaml' else 'json'}"
         path.write_text(example.code)
@@ -153,6 +164,7 @@ def test_the_docs_mark_runnable_examples_only_on_code_blocks(request) -> None:
         with capture.global_and_fixture_disabled():
             reporter.write_line(f"docs: {len(EXAMPLES)} runnable examples ({counted})")
     assert {"bash", "python", "json", "yaml"} <= set(kinds)
+    assert ("backends/ssh.md", "hosts.txt") in FILES
 
 
 def test_a_marker_on_no_code_block_is_named(tmp_path: Path) -> None:
