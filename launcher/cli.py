@@ -364,7 +364,11 @@ def up(
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
     # The one path `distlaunch.launch` takes too (launcher/api/child.py).
-    claim_and_up(loaded, target, console, UpOptions(image, base_image, requeue))
+    try:
+        claim_and_up(loaded, target, console, UpOptions(image, base_image, requeue))
+    except RunFailed:
+        _say_report(console, target.run_dir)
+        raise
 
 
 @cli.command("compose")
@@ -735,6 +739,31 @@ def collect(settings: Settings, run: str) -> None:
 
     for got in run_collect(rundir.resolve_run(run, settings.shared_dir)):
         click.echo(f"{got.host}: {got.files} files, {got.bytes} bytes into {got.into}")
+
+
+@cli.command()
+@click.argument("run", required=False)
+@SHARED_DIR
+@click.pass_obj
+def report(settings: Settings, run: str | None) -> None:
+    """Write RUN/report.html: the run told as a picture (a timeline of every task's attempts,
+    restarts, notices, saves, hangs and the root cause; loss and steps/s over time). RUN is a
+    run id or directory (default: the latest run); a running run's report shows it so far."""
+    from distlaunch.launcher.record import rundir
+    from distlaunch.launcher.report.write import write_report
+
+    click.echo(write_report(rundir.resolve_run(run, settings.shared_dir)))
+
+
+def _say_report(console: Console, run_dir: Path) -> None:
+    """After a failed run: write its report and say where (best effort: the failure's own
+    summary is already out, and a report that cannot be written must not hide it)."""
+    from distlaunch.launcher.report.write import write_report
+
+    try:
+        console.say(f"the run as a picture: {write_report(run_dir)}")
+    except LaunchError:
+        pass
 
 
 def _shell_join(argv: list[str]) -> str:

@@ -16,11 +16,10 @@ pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.integration
 
 
-def readme_block(section: str) -> str:
-    """The first ```python block of the README section titled ``section``."""
-    text = (REPO / "README.md").read_text()
-    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", body, re.S)[1]
+def docs_block(page: str) -> str:
+    """The first ```python block of the docs page ``page`` (docs/)."""
+    text = (REPO / "docs" / page).read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S)[1]
 
 
 def runs_under(folder: Path) -> list[Path]:
@@ -36,8 +35,8 @@ def assert_nothing_left(runs: list[Path]) -> None:
         assert record["state"] != "running", run_dir
 
 
-def test_the_readme_example_passes_and_leaves_nothing(pytester: pytest.Pytester):
-    pytester.makepyfile(test_user=readme_block("Testing your multi-worker code with pytest"))
+def test_the_docs_example_passes_and_leaves_nothing(pytester: pytest.Pytester):
+    pytester.makepyfile(test_user=docs_block("pytest-plugin.md"))
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     runs = runs_under(pytester.path)

@@ -143,6 +143,25 @@ class Run:
         the restart budget, as `distlaunch restart` does; return its name."""
         return reads().restart(self.run_dir, task)
 
+    def report(self) -> Path:
+        """Write the run's report.html (as `distlaunch report` does: a timeline of every task's
+        attempts and the loss and steps/s over time; a running run's so far) and return its
+        path."""
+        from distlaunch.launcher.report.write import write_report
+
+        return write_report(self.run_dir)
+
+    def _repr_html_(self) -> str | None:
+        """In a notebook, the run shows as its report (nothing is written); before its run.json
+        exists, as its repr."""
+        from distlaunch.launcher.core.errors import UsageError
+        from distlaunch.launcher.report.write import inline_html
+
+        try:
+            return inline_html(self.run_dir)
+        except UsageError:
+            return None
+
     def wait(self, timeout: float | None = None) -> RunResult:
         """Wait for the run to end and return its result; TimeoutError after ``timeout`` seconds
         (the run goes on)."""
@@ -154,7 +173,7 @@ class Run:
 
     def stop(self, save: bool = True) -> RunResult:
         """Stop the run and return its result, as `distlaunch down` does: with ``save`` a
-        program that saves on a stop notice saves first (timeouts.save_s; README "Preemption")
+        program that saves on a stop notice saves first (timeouts.save_s; docs/preemption.md)
         and the run ends preempted, resumable where it saved; ``save=False`` stops at once, as
         `down --now` does. Then every task TERM, grace, KILL. A run that has ended only returns
         its result."""
