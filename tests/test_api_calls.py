@@ -382,3 +382,11 @@ def test_our_errors_come_back_whole_through_a_process_pool(kind):
         assert str(error) == "spec.json: $.tasks: expected a mapping"
     if kind == "Interrupted":
         assert error.exit_code == 128 + signal.SIGTERM
+
+
+def test_a_run_stopped_right_after_launch_is_interrupted_not_failed(here):
+    (here / "idle.py").write_text("import time\ntime.sleep(600)\n")
+    spec = {"name": "idle", "strategy": "multi_worker_mirrored", "program": {"script": "idle.py"}}
+    run = distlaunch.launch({**spec, "tasks": {"worker": {"count": 1}}}, console=None)
+    result = run.stop()
+    assert (result.state, result.exit_code) == ("interrupted", 128 + signal.SIGTERM)

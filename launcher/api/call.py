@@ -144,7 +144,7 @@ class Call:
         except (TimeoutError, TaskError):
             raise
         except BaseException:
-            self.run.stop()
+            api.stop_interrupted(self.run)
             api_pool.forget(self.run)
             raise
         return _values(self.run, result, self._fn, number, self._keep)

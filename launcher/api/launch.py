@@ -330,8 +330,17 @@ def wait(run: Run) -> RunResult:
     try:
         return run.wait()
     except BaseException:
-        run.stop()
+        stop_interrupted(run)
         raise
+
+
+def stop_interrupted(run: Run) -> RunResult:
+    """Stop ``run`` because its caller was interrupted, as `Run.stop` does (the launcher's
+    deadline is `down`'s), without echoing the launcher's own words for it ("interrupted by
+    SIGTERM": the signal it got from here): the caller's KeyboardInterrupt says what happened,
+    and the run dir keeps every line."""
+    run.console = None
+    return run.stop()
 
 
 @contextlib.contextmanager
@@ -349,7 +358,7 @@ def owning() -> Iterator[None]:
     except BaseException:
         for run in runs:
             try:
-                run.stop()
+                stop_interrupted(run)
             except Exception:  # noqa: BLE001 - each run gets its stop, whatever the others did
                 pass
         raise

@@ -72,8 +72,8 @@ def result_of(run_dir: Path | None, returncode: int) -> RunResult:
     the launcher refused it)."""
     code = returncode if returncode >= 0 else 128 - returncode  # killed by a signal: 128+N
     record = RunRecord.find(run_dir) if run_dir is not None else None
-    if record is None:  # it never started (the launcher's error says why)
-        return RunResult("failed", code, None)
+    if record is None:  # it never started: stopped first (a signal), or the launcher's error
+        return RunResult("interrupted" if code > 128 else "failed", code, None)
     return RunResult(run_state(record), code, failure_of(run_dir, record))
 
 
