@@ -207,7 +207,7 @@ def submit(
     warm = spec is None and restart is None and timeout_s is None and api_pool.enabled(pool)
     if spec is None:
         spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy, gpus=gpus)
-    payload = write_payload(fn, tuple(args), dict(kwargs))
+    payload = write_payload(fn, tuple(args), dict(kwargs), pooled=warm)
     try:
         if warm:
             assert isinstance(spec, dict)
@@ -252,16 +252,18 @@ def _lease(
     return api_pool.take(key, tasks, payload, console, start)
 
 
-def write_payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Path:
+def write_payload(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pooled: bool
+) -> Path:
     """The call as the tasks load it (worker/call.py), streamed into a file of its own (its
-    path is returned); PicklingError naming what cannot be pickled."""
+    path is returned); PicklingError naming what cannot be pickled. A ``pooled`` call carries
+    this process's environment and working directory of now, which a serving task takes on (a
+    one-shot task has them from its start)."""
     if not callable(fn):
         raise TypeError(f"distlaunch.run: expected a function, got a {type(fn).__name__}")
-    context = {
-        "sys_path": [p for p in sys.path if p],
-        "environ": dict(os.environ),
-        "cwd": os.getcwd(),
-    }
+    context: dict[str, Any] = {"sys_path": [p for p in sys.path if p]}
+    if pooled:
+        context.update(environ=dict(os.environ), cwd=os.getcwd())
     fd, name = tempfile.mkstemp(prefix="distlaunch-call-", suffix=".pkl")
     path = Path(name)
     try:
