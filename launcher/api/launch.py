@@ -110,6 +110,7 @@ class Run:
         except BaseException:
             # Interrupted (Ctrl-C) while the launcher answers: it may have the request already,
             # and no one else holds this run. Stopped at once.
+            replies.close()
             self._abandon()
             raise
         reply = json.loads(line) if line else {"event": "gone"}
