@@ -82,12 +82,12 @@ def _stop_when_caller_ends(pidfd: int) -> None:
 def _watch_caller(pid: int) -> None:
     """Stop the run when the caller ``pid`` ends; at once if it has ended already (this
     process was then handed to another parent)."""
-    if os.getppid() != pid:
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
     try:
         pidfd = os.pidfd_open(pid)
-    except OSError:  # gone meanwhile
+    except OSError:  # gone already
+        pidfd = None
+    # Checked once the pidfd is held: it is then the caller's, not a process that took its pid.
+    if pidfd is None or os.getppid() != pid:
         os.kill(os.getpid(), signal.SIGTERM)
         return
     threading.Thread(target=_stop_when_caller_ends, args=(pidfd,), daemon=True).start()
