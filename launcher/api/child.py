@@ -59,6 +59,8 @@ def _move_files(files: dict[str, str]) -> Any:
 
 
 def _discard(files: dict[str, str]) -> None:
+    """Remove the request's files that were not moved into the run dir (a refused run, or one
+    stopped before its tasks started): they are this run's alone."""
     for source in files.values():
         Path(source).unlink(missing_ok=True)
 
@@ -127,6 +129,8 @@ def main(reply_fd: int) -> int:
             out.write(f"distlaunch: error: {exc}\n".encode())
         out.flush()
         return exit_code(exc)
+    finally:
+        _discard(request["files"])  # not moved: stopped before any task started
     out.flush()
     return 0
 
