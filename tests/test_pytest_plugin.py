@@ -119,3 +119,33 @@ def test_failing_user_tests_name_their_run_dirs_and_leave_nothing(pytester: pyte
     assert states == ["failed", "interrupted", "failed", "interrupted"]
     assert "tf_cluster: " not in out  # the fixture found nothing left to clean up
     assert_nothing_left(runs)
+
+
+KWARGS_TEST = """
+import pytest
+
+
+def options(workers=1, env=None, strategy=None, timeout_s=None, spec=None, quiet=None, pool=None):
+    return [workers, env, strategy, timeout_s, spec, quiet, pool]
+
+
+@pytest.mark.tf_cluster(workers=2)
+def test_kwargs(tf_cluster):
+    given = [5, {"A": "b"}, "mine", 3, "spec.json", "loud", "deep"]
+    names = ["workers", "env", "strategy", "timeout_s", "spec", "quiet", "pool"]
+    values = tf_cluster.run(options, **dict(zip(names, given)))
+    assert values == {"worker-0": given, "worker-1": given}
+    assert tf_cluster.start(options, workers=7).result()["worker-1"][0] == 7
+"""
+
+
+def test_the_functions_keyword_arguments_are_never_taken_for_launch_options(
+    pytester: pytest.Pytester,
+):
+    pytester.makepyfile(test_user=KWARGS_TEST)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    runs = runs_under(pytester.path)
+    assert len(runs) == 2  # each a cluster of the marker's 2 workers
+    assert all(len(json.loads((r / "run.json").read_text())["tasks"]) == 2 for r in runs)
+    assert_nothing_left(runs)
