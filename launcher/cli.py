@@ -248,10 +248,33 @@ def plan(
         click.echo(f"  command: {_shell_join(task['argv'])}")
         click.echo(f"  cwd:     {_shell_join([task['cwd']])}")
         click.echo(f"  gpus:    {','.join(map(str, task['gpus'])) or 'none (CPU only)'}")
+        click.echo(f"  cpus:    {_cpus_text(task)}")
+        if task["threads"]:
+            kept = set(task["threads_kept"])
+            shown = [
+                f"{k}={v}" + (" (yours, kept)" if k in kept else "")
+                for k, v in task["threads"].items()
+            ]
+            click.echo(f"  threads: {', '.join(shown)}")
         click.echo(f"  log:     {_shell_join([task['log_file']])}")
         click.echo("  env:")
         for key, value in task["env"].items():
             click.echo(f"    {_shell_join([f'{key}={value}'])}")
+
+
+def _cpus_text(task: dict) -> str:
+    """`plan`'s words for a task's CPUs (its ``cpus`` in `plan --json`)."""
+    from distlaunch.launcher.plan.cpu_fit import cpulist, cpus_word
+
+    cpus = task["cpus"]
+    how, ids, count = cpus["how"], cpus["ids"], cpus["count"]
+    if count == 0:
+        if how == "auto":
+            return "auto (split on the host when `up` has probed it)"
+        return "all (not pinned)"
+    where = cpulist(ids) if ids else "picked by the machine"
+    shared = ", shared by the auto tasks: more tasks than CPUs" if cpus["shared"] else ""
+    return f"{where} ({cpus_word(count)}, {how}{shared})"
 
 
 def _standby_line(data: dict, wanted: bool) -> str:
