@@ -212,7 +212,8 @@ class HostsLaunch:
         for report in self.reports:
             self.console.say(f"host {self.session.target(report.name)}: {report.summary()}")
         picked = preflight.picked_ports(self.reports)
-        return plan(self.loaded, run_id, run_dir, attempt, picked)
+        remote_cpus = preflight.cpus_of(self.loaded, self.reports)
+        return plan(self.loaded, run_id, run_dir, attempt, picked, remote_cpus=remote_cpus)
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
