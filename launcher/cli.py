@@ -415,10 +415,13 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
     from distlaunch.launcher.spec.model import load_spec
     from distlaunch.launcher.transports.compose import file as compose
     from distlaunch.launcher.transports.compose.transport import write_compose_file
+    from distlaunch.launcher.transports.local.cpus import this_machine
 
     loaded = load_spec(spec)
     target = choose_run(loaded, run_id, False)
-    plan = compose.compose_plan(loaded, target.run_id, target.run_dir, target.attempt)
+    plan = compose.compose_plan(
+        loaded, target.run_id, target.run_dir, target.attempt, this_machine(None)
+    )
     data = compose.compose_file(loaded, plan, image, f"{os.getuid()}:{os.getgid()}")
     rundir.make_dirs(target.run_dir, target.attempt, loaded.spec.permissions == "private")
     if output is None:

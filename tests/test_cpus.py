@@ -284,3 +284,32 @@ def test_a_standby_is_pinned_like_its_task(tmp: Path, launch) -> None:
     for task, seen in seen_by_tasks(run_dir, plan):
         assert masks[task["name"]] == {tuple(seen["affinity"])}
         assert seen["affinity"] == task["cpus"]["ids"] == standbys[task["name"]]["cpus"]
+
+
+def test_containers_get_a_cpuset_and_pods_integer_cpus_with_thread_settings(tmp: Path) -> None:
+    from distlaunch.launcher.export import k8s
+    from distlaunch.launcher.spec.model import load_spec
+    from distlaunch.launcher.transports.compose import file as compose
+
+    (tmp / "task.py").write_text("")
+    tasks = {"chief": {"cpus": 2}, "worker": {"count": 2, "cpus": 3}, "ps": {"cpus": "all"}}
+    loaded = load_spec(write_spec(tmp, strategy="parameter_server", tasks=tasks))
+    made = k8s.manifests(loaded, "t-1", "img", None, False)
+    jobs = {o["metadata"]["name"]: o for o in made.objects if o["kind"] == "Job"}
+    for role, cpus in (("chief", 2), ("worker", 3), ("ps", None)):
+        (container,) = jobs[f"t-1-{role}"]["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        if cpus is None:
+            assert "resources" not in container and "OMP_NUM_THREADS" not in env
+            continue
+        assert container["resources"] == {"requests": {"cpu": cpus}, "limits": {"cpu": cpus}}
+        assert env["TF_NUM_INTRAOP_THREADS"] == env["OMP_NUM_THREADS"] == str(cpus)
+    listed = write_spec(tmp, "listed.json", tasks={"worker": [{"cpus": [0]}]})
+    done = distlaunch("k8s", str(listed), cwd=tmp)
+    assert done.returncode == 2 and "$.tasks.worker[0].cpus: Kubernetes picks" in done.stderr
+    # Compose: the Docker host's CPUs split like a local run's, each container pinned by cpuset.
+    loaded = load_spec(write_spec(tmp, "c.json", tasks={"worker": {"count": 2}}))
+    plan = compose.compose_plan(loaded, "t-1", tmp / "runs" / "t-1", cpus=Topology((0, 1, 2, 3)))
+    services = compose.compose_file(loaded, plan, "img", "0:0")["services"]
+    assert [services[n]["cpuset"] for n in ("worker-0", "worker-1")] == ["0,1", "2,3"]
+    assert services["worker-0"]["environment"]["TF_NUM_INTEROP_THREADS"] == "2"
