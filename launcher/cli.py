@@ -601,7 +601,7 @@ def sbatch(
 def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
     from distlaunch.launcher.control.liveness import launcher_alive
-    from distlaunch.launcher.control.status import LOST, run_state, status_rows
+    from distlaunch.launcher.control.status import LOST, cpu_text, cpu_use, run_state, status_rows
     from distlaunch.launcher.diagnosis.summary import preempted_line
     from distlaunch.launcher.network import firewall
     from distlaunch.launcher.record import rundir
@@ -614,7 +614,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
         watch_run(path, lambda text: click.echo(text, nl=False))
         return
     record = RunRecord.load(path)
-    rows = status_rows(record)
+    rows = status_rows(record, use=cpu_use(record))
     state = run_state(record)
     if as_json:
         head = {
@@ -640,13 +640,14 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
     for line in firewall.status_lines(record.network, launcher_alive(record)):
         click.echo(f"  {line}")
     click.echo(
-        f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT"
+        f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8} "
+        f"{'CPU USE':>12}  EXIT"
     )
     for row in rows:
         uptime = f"{row['uptime_s']:.0f}s" if row["uptime_s"] is not None else "-"
         click.echo(
             f"  {row['task']:<12} {row['state'] or '?':<10} {row['pid'] or '':>8} {row['port'] or '':>6} "
-            f"{row['attempt']:>7} {row['restarts']:>8} {uptime:>8}  {row['exit'] or ''}"
+            f"{row['attempt']:>7} {row['restarts']:>8} {uptime:>8} {cpu_text(row):>12}  {row['exit'] or ''}"
         )
 
 

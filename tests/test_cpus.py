@@ -278,10 +278,19 @@ def test_a_standby_is_pinned_like_its_task(tmp: Path, launch) -> None:
     for name, standby in standbys.items():
         keeper = psutil.Process(standby["pid"])
         masks[name] = {tuple(p.cpu_affinity()) for p in (keeper, *keeper.children(recursive=True))}
+    # `status`: each task's CPU use against its CPUs (measured here for local tasks).
+    shown = distlaunch("status", "--json", str(run_dir), cwd=tmp)
+    table = {r["task"]: r for r in json.loads(shown.stdout)["tasks"]}
+    text = distlaunch("status", str(run_dir), cwd=tmp).stdout
     (run_dir / "release").write_text("")
     assert launcher.wait(timeout=120) == 0
+    assert "CPU USE" in text
+    for name, row in table.items():
+        assert isinstance(row["cpu_use"], float) and row["cpu_use"] >= 0
+        assert f" of {row['cpus']['count']} " in text.split(f"\n  {name} ")[1].splitlines()[0]
     plan = run_record(run_dir)["plan"]
     for task, seen in seen_by_tasks(run_dir, plan):
+        assert table[task["name"]]["cpus"] == task["cpus"]
         assert masks[task["name"]] == {tuple(seen["affinity"])}
         assert seen["affinity"] == task["cpus"]["ids"] == standbys[task["name"]]["cpus"]
 
