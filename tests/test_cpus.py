@@ -105,7 +105,7 @@ def test_more_auto_tasks_than_cpus_share_them_and_slurm_gets_counts_only() -> No
     [
         ([_w(0, (9,))], "gives worker:0 CPU 9, but m gives the run CPUs 0-3"),
         ([_w(0, 5)], "asks for 5 CPUs for worker:0, but m gives the run 4 CPUs"),
-        ([_w(0, 3), _w(1, 2)], "leaves worker:0 no CPU of its own: m gives the run 4 CPUs"),
+        ([_w(0, 3), _w(1, 2)], "leaves worker:1 no CPU of its own: m gives the run 4 CPUs"),
         ([_w(0, (0, 1, 2, 3)), _w(1, "auto")], "leaves worker:1 no CPU of its own"),
     ],
 )
@@ -166,7 +166,7 @@ def test_the_sysfs_readers_over_a_scripted_machine(tmp: Path) -> None:
         ),
         (
             {"worker": [{"cpus": len(HERE)}, {"cpus": 1}]},
-            "$.tasks.worker[0].cpus",
+            "$.tasks.worker[1].cpus",
             "no CPU of its own",
         ),
         ({"worker": [{"cpus": "most"}]}, "$.tasks.worker[0].cpus", 'expected "auto", "all"'),

@@ -129,37 +129,36 @@ def split(machine: str, asks: Sequence[Ask], topo: Topology | None) -> dict[Task
     lists that leave a count or an ``auto`` task no CPU of its own.
     """
     out = {a.key: UNPINNED for a in asks if a.want == "all"}
-    listed = [a for a in asks if isinstance(a.want, tuple)]
-    counted = [a for a in asks if isinstance(a.want, int)]
+    listed = {a.key: a.want for a in asks if isinstance(a.want, tuple)}
+    counted = [(a, a.want) for a in asks if isinstance(a.want, int)]
     autos = [a for a in asks if a.want == "auto"]
+    out.update({key: TaskCpus(CpuHow.LISTED, ids, len(ids)) for key, ids in listed.items()})
     if topo is None:
-        out.update({a.key: TaskCpus(CpuHow.LISTED, a.want, len(a.want)) for a in listed})  # type: ignore[arg-type]
-        out.update({a.key: TaskCpus(CpuHow.COUNT, (), int(a.want)) for a in counted})  # type: ignore[call-overload]
+        out.update({a.key: TaskCpus(CpuHow.COUNT, (), n) for a, n in counted})
         out.update({a.key: TaskCpus(CpuHow.AUTO) for a in autos})
         return out
     have = set(topo.cpus)
-    for ask in listed:
-        missing = [c for c in ask.want if c not in have]  # type: ignore[union-attr]
+    for key, ids in listed.items():
+        missing = [c for c in ids if c not in have]
         if missing:
             raise CpuMisfit(
-                ask.key,
-                f"gives {_name(ask.key)} CPU {missing[0]}, but {machine} gives the run CPUs "
+                key,
+                f"gives {_name(key)} CPU {missing[0]}, but {machine} gives the run CPUs "
                 f"{cpulist(topo.cpus)}",
             )
-        out[ask.key] = TaskCpus(CpuHow.LISTED, ask.want, len(ask.want))  # type: ignore[arg-type]
-    for ask in counted:
-        if ask.want > len(topo.cpus):  # type: ignore[operator]
+    for ask, n in counted:
+        if n > len(topo.cpus):
             raise CpuMisfit(
                 ask.key,
-                f"asks for {ask.want} CPUs for {_name(ask.key)}, but {machine} gives the run "
+                f"asks for {n} CPUs for {_name(ask.key)}, but {machine} gives the run "
                 f"{cpus_word(len(topo.cpus))}",
             )
-    taken = {c for a in listed for c in a.want}  # type: ignore[union-attr]
+    taken = {c for ids in listed.values() for c in ids}
     free = [c for c in topo.cpus if c not in taken]
-    sizes = {a.key: int(a.want) for a in counted}  # type: ignore[call-overload]
+    sizes = {a.key: n for a, n in counted}
     left = len(free) - sum(sizes.values())
     if left < 0 or (autos and left == 0):
-        first = (counted or autos)[0]
+        first = autos[0] if left == 0 else _first_past(counted, len(free))
         raise CpuMisfit(
             first.key,
             f"leaves {_name(first.key)} no CPU of its own: {machine} gives the run "
@@ -170,9 +169,10 @@ def split(machine: str, asks: Sequence[Ask], topo: Topology | None) -> dict[Task
     if not shared:
         each, extra = divmod(left, len(autos)) if autos else (0, 0)
         sizes.update({a.key: each + (i < extra) for i, a in enumerate(autos)})
-    picked = _pick(free, [a for a in (*counted, *autos) if a.key in sizes], sizes, topo)
+    asked = [a for a, _ in counted] + [a for a in autos if a.key in sizes]
+    picked = _pick(free, asked, sizes, topo)
     rest = tuple(c for c in free if c not in {c for ids in picked.values() for c in ids})
-    for ask in counted:
+    for ask, _ in counted:
         out[ask.key] = _decided(CpuHow.COUNT, picked[ask.key], topo)
     for ask in autos:
         if shared:
@@ -180,6 +180,16 @@ def split(machine: str, asks: Sequence[Ask], topo: Topology | None) -> dict[Task
         else:
             out[ask.key] = _decided(CpuHow.AUTO, picked[ask.key], topo)
     return out
+
+
+def _first_past(counted: list[tuple[Ask, int]], free: int) -> Ask:
+    """The first counted task whose CPUs, with those counted before it, pass ``free``."""
+    total = 0
+    for ask, n in counted:
+        total += n
+        if total > free:
+            return ask
+    return counted[-1][0]
 
 
 def _decided(how: CpuHow, ids: tuple[int, ...], topo: Topology) -> TaskCpus:

@@ -29,7 +29,7 @@ from typing import ClassVar, Protocol
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError, last_message
 from distlaunch.launcher.plan import gpu_fit, placement, ports
-from distlaunch.launcher.plan.cpu_fit import Topology
+from distlaunch.launcher.plan.cpu_fit import Topology, cpulist
 from distlaunch.launcher.plan.placement import Placement
 from distlaunch.launcher.spec.model import LoadedSpec, task_json_path
 from distlaunch.launcher.transports.ssh.transport import Session, remote_python
@@ -62,12 +62,18 @@ class HostReport:
     facts: dict = field(default_factory=dict)
 
     def summary(self) -> str:
-        """One line on what the machine runs, e.g. ``python 3.11.7, tensorflow 2.21.0, distlaunch 0.1.0``."""
-        return ", ".join(
+        """One line on what the machine runs and gives the run, e.g. ``python 3.11.7,
+        tensorflow 2.21.0, distlaunch 0.1.0, CPUs 0-7 (2 NUMA nodes)``."""
+        parts = [
             f"{key} {self.facts[key]}"
             for key in ("python", "tensorflow", "distlaunch")
             if key in self.facts
-        )
+        ]
+        if "topology" in self.facts:
+            found = Topology.from_json(self.facts["topology"])
+            nodes = len([n for n in found.nodes if n]) or 1
+            parts.append(f"CPUs {cpulist(found.cpus)} ({nodes} NUMA node{'s' * (nodes > 1)})")
+        return ", ".join(parts)
 
 
 class Probe(Protocol):
