@@ -248,10 +248,33 @@ def plan(
         click.echo(f"  command: {_shell_join(task['argv'])}")
         click.echo(f"  cwd:     {_shell_join([task['cwd']])}")
         click.echo(f"  gpus:    {','.join(map(str, task['gpus'])) or 'none (CPU only)'}")
+        click.echo(f"  cpus:    {_cpus_text(task)}")
+        if task["threads"]:
+            kept = set(task["threads_kept"])
+            shown = [
+                f"{k}={v}" + (" (yours, kept)" if k in kept else "")
+                for k, v in task["threads"].items()
+            ]
+            click.echo(f"  threads: {', '.join(shown)}")
         click.echo(f"  log:     {_shell_join([task['log_file']])}")
         click.echo("  env:")
         for key, value in task["env"].items():
             click.echo(f"    {_shell_join([f'{key}={value}'])}")
+
+
+def _cpus_text(task: dict) -> str:
+    """`plan`'s words for a task's CPUs (its ``cpus`` in `plan --json`)."""
+    from distlaunch.launcher.plan.cpu_fit import cpulist, cpus_word
+
+    cpus = task["cpus"]
+    how, ids, count = cpus["how"], cpus["ids"], cpus["count"]
+    if count == 0:
+        if how == "auto":
+            return "auto (split on the host when `up` has probed it)"
+        return "all (not pinned)"
+    where = cpulist(ids) if ids else "picked by the machine"
+    shared = ", shared by the auto tasks: more tasks than CPUs" if cpus["shared"] else ""
+    return f"{where} ({cpus_word(count)}, {how}{shared})"
 
 
 def _standby_line(data: dict, wanted: bool) -> str:
@@ -396,10 +419,13 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
     from distlaunch.launcher.spec.model import load_spec
     from distlaunch.launcher.transports.compose import file as compose
     from distlaunch.launcher.transports.compose.transport import write_compose_file
+    from distlaunch.launcher.transports.local.cpus import this_machine
 
     loaded = load_spec(spec)
     target = choose_run(loaded, run_id, False)
-    plan = compose.compose_plan(loaded, target.run_id, target.run_dir, target.attempt)
+    plan = compose.compose_plan(
+        loaded, target.run_id, target.run_dir, target.attempt, this_machine(None)
+    )
     data = compose.compose_file(loaded, plan, image, f"{os.getuid()}:{os.getgid()}")
     rundir.make_dirs(target.run_dir, target.attempt, loaded.spec.permissions == "private")
     if output is None:
@@ -579,7 +605,7 @@ def sbatch(
 def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
     from distlaunch.launcher.control.liveness import launcher_alive
-    from distlaunch.launcher.control.status import LOST, run_state, status_rows
+    from distlaunch.launcher.control.status import LOST, cpu_text, cpu_use, run_state, status_rows
     from distlaunch.launcher.diagnosis.summary import preempted_line
     from distlaunch.launcher.network import firewall
     from distlaunch.launcher.record import rundir
@@ -592,7 +618,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
         watch_run(path, lambda text: click.echo(text, nl=False))
         return
     record = RunRecord.load(path)
-    rows = status_rows(record)
+    rows = status_rows(record, use=cpu_use(record))
     state = run_state(record)
     if as_json:
         head = {
@@ -618,13 +644,14 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
     for line in firewall.status_lines(record.network, launcher_alive(record)):
         click.echo(f"  {line}")
     click.echo(
-        f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8}  EXIT"
+        f"  {'TASK':<12} {'STATE':<10} {'PID':>8} {'PORT':>6} {'ATTEMPT':>7} {'RESTARTS':>8} {'UPTIME':>8} "
+        f"{'CPU USE':>12}  EXIT"
     )
     for row in rows:
         uptime = f"{row['uptime_s']:.0f}s" if row["uptime_s"] is not None else "-"
         click.echo(
             f"  {row['task']:<12} {row['state'] or '?':<10} {row['pid'] or '':>8} {row['port'] or '':>6} "
-            f"{row['attempt']:>7} {row['restarts']:>8} {uptime:>8}  {row['exit'] or ''}"
+            f"{row['attempt']:>7} {row['restarts']:>8} {uptime:>8} {cpu_text(row):>12}  {row['exit'] or ''}"
         )
 
 

@@ -673,3 +673,35 @@ def test_down_on_a_submitted_run_cancels_its_job(lab: SlurmLab, tmp: Path) -> No
     assert re.search(rf"cancelled Slurm (\S+ )*{job}\b", down.stdout), down.stdout
     wait_for(lambda: job not in lab.jobs(), "the job to leave the queue", limit_s=60)
     wait_for(lambda: _nothing_left(lab, run_dir.name), "no step or process left", limit_s=60)
+
+
+@pytest.mark.integration
+def test_tasks_sharing_a_node_run_on_the_cpus_the_plan_gives_them(lab: SlurmLab, tmp: Path) -> None:
+    from test_cpus import SEEN, seen_by_tasks
+
+    (tmp / "task.py").write_text(SEEN)
+    program = {"script": "task.py", "env": {"TF_NUM_INTRAOP_THREADS": "3"}}
+    spec = _spec(tmp, program, {"worker": {"count": 2}})
+    salloc = ["salloc", "--nodes=1", "--ntasks=2", "--quiet"]
+    dry = lab.run([*salloc, *_launcher("plan", "--json", str(spec))], cwd=tmp, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    # Before the node's probe, the counts are known (Slurm may pick which CPUs).
+    assert [t["cpus"]["count"] for t in json.loads(dry.stdout)["tasks"]] == [1, 1]
+    result = lab.run([*salloc, *_launcher("up", str(spec))], cwd=tmp, timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    run_dir = only_run_dir(tmp / "runs")
+    pairs = seen_by_tasks(run_dir, run_record(run_dir)["plan"])
+    for task, seen in pairs:
+        assert seen["affinity"] == task["cpus"]["ids"] and len(seen["affinity"]) == 1
+        assert (
+            seen["threads"]
+            == task["threads"]
+            == {
+                "TF_NUM_INTRAOP_THREADS": "3",
+                "TF_NUM_INTEROP_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+            }
+        )
+    assert pairs[0][1]["affinity"] != pairs[1][1]["affinity"]
+    assert "cpus: 2 tasks on " in result.stderr and "1 CPU each (auto)" in result.stderr
+    assert "cpu-bind" not in result.stderr + result.stdout  # no warning from srun

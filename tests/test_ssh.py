@@ -822,3 +822,32 @@ def test_stacks_of_a_running_run_on_two_hosts(lab: sshhosts.HostLab, tmp: Path) 
         launcher.kill()
         launcher.communicate()
     assert _nothing_left(lab, run_dir.name)
+
+
+@pytest.mark.integration
+def test_tasks_sharing_a_host_run_on_the_cpus_the_plan_gives_them(
+    lab: sshhosts.HostLab, tmp: Path
+) -> None:
+    from test_cpus import SEEN, seen_by_tasks
+
+    node1 = lab.hosts[0].name
+    tasks = {"worker": [{"host": node1}, {"host": node1}]}
+    program = {**_script(tmp, SEEN), "env": {"TF_NUM_INTRAOP_THREADS": "3"}}
+    spec = _spec(tmp, lab, program, tasks)
+    dry = distlaunch("plan", "--json", str(spec), cwd=tmp)
+    assert dry.returncode == 0, dry.stderr
+    # Before `up` has probed the host, its CPUs are not known: the dry run says so.
+    assert [t["cpus"]["how"] for t in json.loads(dry.stdout)["tasks"]] == ["auto", "auto"]
+    result = distlaunch("up", str(spec), cwd=tmp)
+    assert result.returncode == 0, result.stderr + result.stdout
+    run_dir = only_run_dir(tmp / "runs")
+    plan = json.loads((run_dir / "run.json").read_text())["plan"]
+    pairs = seen_by_tasks(run_dir, plan)
+    for task, seen in pairs:
+        assert seen["affinity"] == task["cpus"]["ids"] and seen["threads"] == task["threads"]
+        assert seen["threads"]["TF_NUM_INTRAOP_THREADS"] == "3"
+        assert seen["threads"]["OMP_NUM_THREADS"] == str(len(seen["affinity"]))
+    host = sorted(set(pairs[0][1]["affinity"]) | set(pairs[1][1]["affinity"]))
+    if len(host) >= 2:
+        assert not set(pairs[0][1]["affinity"]) & set(pairs[1][1]["affinity"])
+        assert f"cpus: 2 tasks on {node1}, " in result.stderr

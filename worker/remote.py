@@ -4,7 +4,10 @@ The launcher runs ``ssh HOST 'exec PYTHON -m distlaunch.worker.remote'`` and tal
 over the SSH session's stdin, one line at a time:
 
 - line 1 is a JSON request: ``{"argv": [...], "env": {...}, "cwd": "..." | null,
-  "mkdirs": [...], "umask": 63 | null, "grace_s": 5, "heartbeat_s": 20}``. Arguments, environment
+  "mkdirs": [...], "umask": 63 | null, "grace_s": 5, "heartbeat_s": 20, "cpus": [0, 1]}``
+  (``cpus``: the CPUs the task is pinned to, its share of the host; none or empty: not pinned
+  here; with ``"keep_bound": true``, a Slurm step, not where Slurm already bound it to as many).
+  Arguments, environment
   and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
   starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
 - every later line is either empty (a heartbeat: the launcher is alive), ``stop``, or
@@ -103,6 +106,13 @@ def main() -> int:
     try:
         for path in request["mkdirs"]:
             os.makedirs(path, exist_ok=True)
+        if request["cpus"] and not (
+            request["keep_bound"] and len(os.sched_getaffinity(0)) <= len(request["cpus"])
+        ):
+            # Pinned here, before the start: the task inherits the mask, so TensorFlow sizes its
+            # thread pools to it from its first line (this helper only waits, on any CPU). A
+            # Slurm step already bound to its share (``keep_bound``) keeps Slurm's CPUs.
+            os.sched_setaffinity(0, request["cpus"])
         child = _start(request)
     except OSError as exc:
         _say(f"cannot start the task: {exc}")
@@ -130,6 +140,9 @@ def _parse(line: bytes | None) -> dict[str, Any]:
         raise ValueError("env must map strings to strings")
     if cwd is not None and not isinstance(cwd, str):
         raise ValueError("cwd must be a string or null")
+    cpus = request.get("cpus") or []
+    if not (isinstance(cpus, list) and all(type(c) is int and c >= 0 for c in cpus)):
+        raise ValueError("cpus must be a list of CPU ids")
     return {
         "argv": [_home(argv[0]), *argv[1:]],
         "env": env,
@@ -139,6 +152,8 @@ def _parse(line: bytes | None) -> dict[str, Any]:
         "grace_s": float(request.get("grace_s", 5.0)),
         "heartbeat_s": float(request["heartbeat_s"]) if request.get("heartbeat_s") else None,
         "term_is_notice": bool(request.get("term_is_notice")),
+        "cpus": cpus,
+        "keep_bound": bool(request.get("keep_bound")),
     }
 
 

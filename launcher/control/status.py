@@ -4,8 +4,10 @@ the tasks' training progress (progress_view) every second, like top."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+import psutil
 
 from distlaunch.launcher.control.liveness import launcher_alive
 from distlaunch.launcher.diagnosis import progress_view
@@ -13,6 +15,8 @@ from distlaunch.launcher.record.state import RunRecord
 
 # What `status` shows for a run recorded as running whose launcher is gone (killed outright).
 LOST = "lost"
+# How long `status` watches the local tasks' CPU time to tell their CPU use (seconds).
+CPU_SAMPLE_S = 0.5
 # `status --watch` redraws this often (seconds).
 WATCH_INTERVAL_S = 1.0
 _HOME_CLEAR = "\x1b[H\x1b[2J"
@@ -26,9 +30,14 @@ def run_state(record: RunRecord) -> str:
     return record.state.value
 
 
-def status_rows(record: RunRecord, now: float | None = None) -> list[dict]:
-    """One row per task: state, pid, attempt, restarts, uptime (s, while it runs), port, exit."""
+def status_rows(
+    record: RunRecord, now: float | None = None, use: Mapping[str, float] | None = None
+) -> list[dict]:
+    """One row per task: state, pid, attempt, restarts, uptime (s, while it runs), port, exit,
+    its CPUs as the plan gave them and ``use``: how many CPUs it keeps busy (`cpu_use`; None
+    where not measured)."""
     now = time.time() if now is None else now
+    planned = {t.get("name"): t.get("cpus") for t in record.plan.get("tasks", [])}
     live = run_state(record) != LOST and record.state.live
     rows = []
     for name, task in record.tasks.items():
@@ -44,9 +53,59 @@ def status_rows(record: RunRecord, now: float | None = None) -> list[dict]:
                 "restarts": task.restarts,
                 "uptime_s": round(now - started, 1) if running and started is not None else None,
                 "exit": task.exit,
+                "cpus": planned.get(name),
+                "cpu_use": (use or {}).get(name) if running else None,
             }
         )
     return rows
+
+
+def cpu_use(record: RunRecord, sample_s: float = CPU_SAMPLE_S) -> dict[str, float]:
+    """How many CPUs each live local task keeps busy: the CPU time of its processes (taskinit's
+    keeper and everything under it) over ``sample_s``. Tasks on other machines are not measured
+    (their pid here is a local ssh or srun client)."""
+    if not record.state.live or not launcher_alive(record):
+        return {}
+    local = {t.get("name") for t in record.plan.get("tasks", []) if t.get("transport") == "local"}
+    pids = {
+        name: task.pid
+        for name, task in record.tasks.items()
+        if name in local and task.pid and task.state is not None and task.state.live
+    }
+    first = {name: _cpu_time(pid) for name, pid in pids.items()}
+    time.sleep(sample_s)
+    return {
+        name: round(max(_cpu_time(pid) - first[name], 0.0) / sample_s, 2)
+        for name, pid in pids.items()
+        if first[name] is not None
+    }
+
+
+def _cpu_time(pid: int) -> float | None:
+    """User and system CPU seconds of ``pid`` and its descendants (None: it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in tree:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue  # ended just now
+        total += times.user + times.system
+    return total
+
+
+def cpu_text(row: Mapping) -> str:
+    """A row's CPU use against its CPUs, as `status` prints it: ``0.98 of 1`` (1 CPU pinned),
+    ``1.90 of all`` (not pinned); ``-`` where not measured."""
+    cpus = row.get("cpus") or {}
+    of = str(cpus.get("count")) if cpus.get("count") else "all"
+    if row.get("cpu_use") is None:
+        return f"- of {of}" if cpus else "-"
+    return f"{row['cpu_use']:.2f} of {of}"
 
 
 def watch(run_dir: Path, write: Callable[[str], None]) -> None:

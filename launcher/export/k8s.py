@@ -42,6 +42,7 @@ import yaml
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import SpecError, UsageError
 from distlaunch.launcher.plan import placement
+from distlaunch.launcher.plan.cpu_fit import CpuHow
 from distlaunch.launcher.plan.placement import IMAGE_PYTHON, Placements
 from distlaunch.launcher.plan.plan import TaskPlan, make_plan
 from distlaunch.launcher.record import rundir
@@ -140,7 +141,8 @@ def manifests(
     Raises SpecError for what pods cannot do: tasks on SSH hosts, tasks of one role with
     different GPU counts (one pod template per role), env names Kubernetes refuses.
     """
-    where = placement.on_hosts(loaded)
+    # Each pod is placed by Kubernetes: no machine is known to split; counts are what pods ask.
+    where = placement.with_cpus(loaded, placement.on_hosts(loaded), {})
     _check_fits(loaded, where)
     spec = loaded.spec
     name = object_name(run_id)
@@ -287,7 +289,7 @@ def _pod_template(
     }
     if spec.program.workdir is not None:
         container["workingDir"] = task.cwd
-    resources = _resources(loaded, gpus)
+    resources = _resources(loaded, gpus, task.cpus.count)
     if resources:
         container["resources"] = resources
     k8s = spec.kubernetes
@@ -322,9 +324,13 @@ def notice_of(saves_on_notice: bool, strategy: str, role: str) -> Notice:
     return Notice.PROGRAM
 
 
-def _resources(loaded: LoadedSpec, gpus: int) -> dict[str, Any]:
+def _resources(loaded: LoadedSpec, gpus: int, cpus: int = 0) -> dict[str, Any]:
+    """The container's requests and limits: kubernetes.cpu and .memory, a task's `cpus` count in
+    place of kubernetes.cpu (an integer, requested = limit: with its memory likewise the pod is
+    Guaranteed, and the kubelet's static CPU manager pins it to CPUs of its own), its GPUs."""
     k8s = loaded.spec.kubernetes
-    amounts = {key: value for key, value in (("cpu", k8s.cpu), ("memory", k8s.memory)) if value}
+    cpu: int | str | None = cpus if cpus else k8s.cpu
+    amounts = {key: value for key, value in (("cpu", cpu), ("memory", k8s.memory)) if value}
     limits = {**amounts, **({"nvidia.com/gpu": gpus} if gpus else {})}
     return {
         **({"requests": amounts} if amounts else {}),
@@ -498,6 +504,19 @@ def _check_fits(loaded: LoadedSpec, where: Placements) -> None:
                     task_json_path(loaded.raw, role, row.index, "host"),
                     "Kubernetes places pods itself; expected no SSH host for `distlaunch k8s`",
                 )
+        for row in rows:
+            if row.cpus.how == CpuHow.LISTED:
+                raise SpecError(
+                    file,
+                    task_json_path(loaded.raw, role, row.index, "cpus"),
+                    'Kubernetes picks a pod\'s CPUs (its static CPU manager); expected a CPU count, "auto" or "all"',
+                )
+        if len({row.cpus.count for row in rows}) > 1:
+            raise SpecError(
+                file,
+                task_json_path(loaded.raw, role, 0, "cpus"),
+                f"one Indexed Job runs every {role} task from one pod template; expected the same CPU count for each",
+            )
         if len({len(row.gpus) for row in rows}) > 1:
             raise SpecError(
                 file,

@@ -1,11 +1,12 @@
 """Placement: where every task of a plan runs, decided once per backend and then only read.
 
 One row per task (`Placement`): the machine it is on, the address TF_CONFIG names, its port, its
-GPUs, the transport that starts it, its interpreter and its working dir. Each backend builds its
+GPUs, its CPUs, the transport that starts it, its interpreter and its working dir. Each backend builds its
 table with one function here: `on_hosts` (this machine and SSH hosts, as the spec places the
 tasks), `in_containers` (the same tasks, each in a container: compose, Kubernetes), `on_nodes`
 (Slurm, once the allocation's nodes are known). Ports, isolation, the plan and the backends'
-checks read the rows: nothing after these functions asks the spec where a task runs.
+checks read the rows: nothing after these functions asks the spec where a task runs. The CPUs
+come last (`with_cpus`), once the backend knows what its machines give the run.
 
 Pure: nothing here touches the machine.
 """
@@ -17,13 +18,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from distlaunch.launcher.core.backends import TaskTransport
-from distlaunch.launcher.spec.model import Gpus, LoadedSpec, TaskEntry
+from distlaunch.launcher.core.errors import SpecError
+from distlaunch.launcher.plan import cpu_fit
+from distlaunch.launcher.plan.cpu_fit import UNPINNED, TaskCpus, Topology
+from distlaunch.launcher.spec.model import Gpus, LoadedSpec, TaskEntry, task_json_path
 
 TaskKey = tuple[str, int]  # (role, index)
 
 # The interpreter of a task in a container of the distlaunch image: docker/Dockerfile puts the
 # image's venv first on PATH. The launcher's own interpreter path means nothing in there.
 IMAGE_PYTHON = "python"
+# The CPU split's name for this machine: every task the local transport starts runs on it,
+# whatever address its host has in the spec.
+THIS_MACHINE = "localhost"
 
 
 @dataclass(frozen=True)
@@ -40,11 +47,17 @@ class Placement:
     transport: TaskTransport
     python: str  # the interpreter that runs the task there
     cwd: str  # "" on an SSH host without a workdir: where ssh logs in
+    cpus: TaskCpus = UNPINNED  # decided by `with_cpus`
 
     @property
     def key(self) -> TaskKey:
         """``(role, index)``, as ports are keyed."""
         return (self.role, self.index)
+
+    @property
+    def cpu_machine(self) -> str:
+        """The machine whose CPUs the task's count on: localhost for every task started here."""
+        return THIS_MACHINE if self.transport == TaskTransport.LOCAL else self.machine
 
     @property
     def known_port(self) -> int:
@@ -78,6 +91,28 @@ class Placements:
             role: [f"{row.address}:{row.known_port}" for row in rows]
             for role, rows in self.by_role().items()
         }
+
+
+def with_cpus(
+    loaded: LoadedSpec, placed: Placements, topos: Mapping[str, Topology | None]
+) -> Placements:
+    """``placed`` with each task's CPUs (`plan.cpu_fit.split`), per machine (``Placement.cpu_machine``);
+    ``topos``: what each machine gives the run (missing or None: not known yet). Raises
+    SpecError naming the task's `cpus` when they do not fit its machine."""
+    wants = {(role, index): entry.cpus for role, index, entry in _entries(loaded)}
+    machines: dict[str, list[Placement]] = {}
+    for row in placed.rows:
+        machines.setdefault(row.cpu_machine, []).append(row)
+    decided: dict[TaskKey, TaskCpus] = {}
+    for machine, rows in machines.items():
+        asks = [cpu_fit.Ask(r.key, wants[r.key], r.gpus) for r in rows]
+        name = rows[0].host_name if machine != THIS_MACHINE else THIS_MACHINE
+        try:
+            decided.update(cpu_fit.split(name, asks, topos.get(machine)))
+        except cpu_fit.CpuMisfit as exc:
+            where = task_json_path(loaded.raw, exc.key[0], exc.key[1], "cpus")
+            raise SpecError(loaded.shown, where, exc.message) from None
+    return Placements(tuple(replace(r, cpus=decided[r.key]) for r in placed.rows))
 
 
 def on_hosts(loaded: LoadedSpec) -> Placements:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from distlaunch.launcher.core.backends import TaskTransport
-from distlaunch.launcher.plan import program_scan, tfconfig
+from distlaunch.launcher.plan import cpu_fit, program_scan, tfconfig
+from distlaunch.launcher.plan.cpu_fit import UNPINNED, TaskCpus
 from distlaunch.launcher.plan.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.plan.placement import Placement, Placements
 from distlaunch.launcher.plan.program_scan import ProgramChoice
@@ -51,11 +52,18 @@ class TaskPlan:
     host_name: str = "localhost"  # the host as the spec names it
     transport: TaskTransport = TaskTransport.LOCAL
     attempt: int = 0  # the attempt this task starts in (its log and error files are that attempt's)
+    cpus: TaskCpus = UNPINNED  # the CPUs it is pinned to (placement.with_cpus)
+    threads_kept: tuple[str, ...] = ()  # thread variables (cpu_fit.THREAD_ENV) the user set
 
     @property
     def name(self) -> str:
         """The task's name in logs and files, e.g. ``worker-1``."""
         return contract.task_name(self.role, self.index)
+
+    @property
+    def cpu_machine(self) -> str:
+        """The machine whose CPUs the task's count on, by name: localhost for a local task."""
+        return "localhost" if self.transport == TaskTransport.LOCAL else self.host_name
 
     @property
     def address(self) -> str:
@@ -87,6 +95,27 @@ class Plan:
                 return task
         raise KeyError(name)
 
+    def cpu_notes(self) -> list[str]:
+        """`up`'s lines on the machines whose CPUs `auto` split between tasks, e.g.
+        ``cpus: 2 tasks on localhost, 1 CPU each (auto)``; none where no machine was split."""
+        machines: dict[str, list[TaskPlan]] = {}
+        for task in self.tasks:
+            if task.cpus.how == cpu_fit.CpuHow.AUTO and task.cpus.pinned:
+                machines.setdefault(task.cpu_machine, []).append(task)
+        notes = []
+        for machine, tasks in machines.items():
+            sizes = sorted({t.cpus.count for t in tasks})
+            if tasks[0].cpus.shared:
+                notes.append(
+                    f"cpus: {len(tasks)} tasks on {machine} share its {cpu_fit.cpus_word(sizes[0])} "
+                    "left (auto: more tasks than CPUs; give them counts or lists to pin each)"
+                )
+            elif len(tasks) > 1:
+                each = "-".join(map(str, (sizes[0], sizes[-1]) if len(sizes) > 1 else sizes))
+                word = "CPU" if sizes == [1] else "CPUs"
+                notes.append(f"cpus: {len(tasks)} tasks on {machine}, {each} {word} each (auto)")
+        return notes
+
     def to_json(self, mask_secrets: bool = True) -> dict:
         """Return the plan as JSON-ready data; env values whose names look secret are masked."""
         return {
@@ -111,6 +140,9 @@ class Plan:
                     "env": masked_env(t.env) if mask_secrets else dict(t.env),
                     "tf_config": t.tf_config,
                     "gpus": list(t.gpus),
+                    "cpus": t.cpus.to_json(),
+                    "threads": {k: t.env[k] for k in cpu_fit.THREAD_ENV if k in t.env},
+                    "threads_kept": list(t.threads_kept),
                     "log_file": t.log_file,
                 }
                 for t in self.tasks
@@ -161,6 +193,7 @@ def make_plan(
     # The one read of the program's source: which Keras, and who serves under PSS.
     program = program_scan.choose(loaded)
     addresses = placed.addresses()
+    environ = os.environ if environ is None else environ
     tasks = []
     for row in placed.rows:
         role, index = row.key
@@ -174,7 +207,7 @@ def make_plan(
             config,
             visible_gpus,
             program.keras,
-            os.environ if environ is None else environ,
+            environ,
         )
         serves = program.serve_ps_workers and role in (contract.PS, contract.WORKER)
         tasks.append(
@@ -192,6 +225,8 @@ def make_plan(
                 host_name=row.host_name,
                 transport=row.transport,
                 attempt=attempt,
+                cpus=row.cpus,
+                threads_kept=_threads_kept(loaded, row, environ),
             )
         )
     restart = spec.restart
@@ -252,6 +287,13 @@ def _task_env(
     env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "0"}
     env.update(forwarded_env(spec.forward_env, environ))
     env.update(spec.program.env)
+    size = cpu_fit.threads(row.cpus)
+    if size is not None:
+        # TensorFlow's and OpenMP's pools sized to the task's CPUs, unless the user sized them
+        # (a local task inherits the launcher's environment: a value there is the user's too).
+        inherited = environ if row.transport == TaskTransport.LOCAL else {}
+        for name in cpu_fit.THREAD_ENV:
+            env.setdefault(name, inherited.get(name, str(size)))
     if keras == contract.TF_KERAS:
         env["TF_USE_LEGACY_KERAS"] = "1"
     if spec.strategy == contract.PSS:
@@ -277,6 +319,20 @@ def _task_env(
         }
     )
     return env
+
+
+def _threads_kept(
+    loaded: LoadedSpec, row: Placement, environ: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The thread variables (cpu_fit.THREAD_ENV) a pinned task keeps as the user set them: in the
+    spec's env, the forwarded environment, or (a local task) the launcher's own environment."""
+    if not row.cpus.pinned:
+        return ()
+    spec = loaded.spec
+    users = {**forwarded_env(spec.forward_env, environ), **spec.program.env}
+    if row.transport == TaskTransport.LOCAL:
+        users = {**environ, **users}
+    return tuple(k for k in cpu_fit.THREAD_ENV if k in users)
 
 
 def forwarded_env(patterns: list[str], environ: Mapping[str, str]) -> dict[str, str]:

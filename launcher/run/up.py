@@ -124,6 +124,8 @@ def up(
                 f"{plan.strategy}; run dir {plan.run_dir}"
             )
             _say_program(console, plan)
+            for note in plan.cpu_notes():
+                console.say(note)
             with launch.open(plan) as opened:
                 record.update(opened.record)
                 if opened.section is not None:

@@ -48,6 +48,8 @@ _HOST_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 MAX_TASKS = 4096
 # At most this many GPUs per task: a count is expanded into indices one by one.
 MAX_GPUS = 1024
+# At most this many CPUs per task (Linux's CONFIG_NR_CPUS maximum).
+MAX_CPUS = 8192
 OWNED_SSH_OPTIONS = (
     "BatchMode",
     "ConnectTimeout",
@@ -87,6 +89,25 @@ def _gpus(value: Any) -> int | tuple[int, ...] | None:
     )
 
 
+def _cpus(value: Any) -> int | tuple[int, ...] | str:
+    if value in ("auto", "all"):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CPUS:
+        return value
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_CPUS for v in value)
+    ):
+        if len(set(value)) != len(value):
+            raise ValueError(f"expected distinct CPU ids, got {_shown(value)}")
+        return tuple(value)
+    raise ValueError(
+        f'expected "auto", "all", a CPU count (integer 1-{MAX_CPUS}) or a list of CPU ids, '
+        f"got {_shown(value)}"
+    )
+
+
 Port = Annotated[
     int | str,
     Parsed(
@@ -102,6 +123,25 @@ Gpus = Annotated[
                 {"type": "null"},
                 {"type": "integer", "minimum": 0},
                 {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},
+            ]
+        },
+    ),
+]
+
+Cpus = Annotated[
+    int | tuple[int, ...] | str,
+    Parsed(
+        _cpus,
+        {
+            "oneOf": [
+                {"enum": ["auto", "all"]},
+                {"type": "integer", "minimum": 1},
+                {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 0},
+                    "minItems": 1,
+                    "uniqueItems": True,
+                },
             ]
         },
     ),
@@ -149,6 +189,11 @@ class TaskEntry(Record):
         description="GPU count or list of GPU indices; none means CPU only "
         "(CUDA_VISIBLE_DEVICES is set so tasks on one host never share a GPU).",
     )
+    cpus: Cpus = Field(
+        "auto",
+        description='"auto" (tasks sharing a machine split its CPUs; a task alone keeps them '
+        'all), "all" (no pinning), a CPU count, or a list of CPU ids.',
+    )
 
 
 class RoleTasks(Record):
@@ -162,10 +207,11 @@ class RoleTasks(Record):
         if isinstance(data, list):
             return {"entries": data}
         if isinstance(data, dict):
-            unknown = set(data) - {"count", "host", "port", "gpus"}
+            unknown = set(data) - {"count", "host", "port", "gpus", "cpus"}
             if unknown:
                 raise _PathError(
-                    (sorted(unknown)[0],), "unknown key; expected one of: count, host, port, gpus"
+                    (sorted(unknown)[0],),
+                    "unknown key; expected one of: count, host, port, gpus, cpus",
                 )
             count = data.get("count", 1)
             if not isinstance(count, int) or isinstance(count, bool) or count < 1:
@@ -178,6 +224,12 @@ class RoleTasks(Record):
                 raise _PathError(
                     ("port",),
                     "a fixed port needs one task; list the tasks to give each its own port",
+                )
+            if count > 1 and isinstance(data.get("cpus"), list):
+                raise _PathError(
+                    ("cpus",),
+                    "a CPU list with a count > 1 gives every task the same CPUs; list the tasks "
+                    "to give each its own CPUs, or give a CPU count",
                 )
             shared = {k: v for k, v in data.items() if k != "count"}
             return {"entries": [shared] * count}
@@ -866,6 +918,13 @@ def _check_fits_nodes(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
                     _task_path(raw, role, i, "gpus"),
                     f"expected a GPU count under Slurm (it picks the devices), got the list {list(entry.gpus)}",
                 )
+            if isinstance(entry.cpus, tuple):
+                raise SpecError(
+                    shown,
+                    _task_path(raw, role, i, "cpus"),
+                    'expected a CPU count, "auto" or "all" under Slurm (it picks the CPUs), '
+                    f"got the list {list(entry.cpus)}",
+                )
 
 
 def _is_ssh(spec: Spec, host: str) -> bool:
@@ -1016,7 +1075,7 @@ def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
             return []
         in_map = get_origin(found[0]) is dict
     if model is RoleTasks:
-        return ["count", "host", "port", "gpus"]
+        return ["count", "host", "port", "gpus", "cpus"]
     return list(model.fields())
 
 

@@ -177,6 +177,7 @@ class HelperTransport(ABC):
             "umask": self.umask,
             "grace_s": self.grace_s,
             "heartbeat_s": HEARTBEAT_TIMEOUT_S,
+            "cpus": list(task.cpus.ids),
         }
 
     def stop(self, handles: Sequence[HelperHandle], grace_s: float) -> None:

@@ -81,6 +81,7 @@ def spawn_contained(
     log_file: str | int,
     namespaces: Mapping[str, int] | None = None,
     pass_fds: Sequence[int] = (),
+    cpus: Sequence[int] = (),
 ) -> tuple[subprocess.Popen, int]:
     """`spawn` ``argv`` in a PID namespace of its own, so that every process it starts dies with it.
 
@@ -88,11 +89,14 @@ def spawn_contained(
     the process (taskinit's keeper, alone in its process group) and a descriptor that reads EOF
     once every process of the task is gone (see `wait_tree`). ``log_file`` may be an open
     descriptor (a warm standby's unnamed log), and ``pass_fds`` reach ``argv`` under their numbers.
+    ``cpus``: the CPUs the task is pinned to (none: the launcher's own mask).
     """
     tree_r, tree_w = os.pipe2(os.O_CLOEXEC)
     fds = [tree_w, *(namespaces or {}).values(), *pass_fds]
     flags = ["--tree", str(tree_w)]
     flags += [a for kind, fd in (namespaces or {}).items() for a in (f"--{kind}", str(fd))]
+    if cpus:
+        flags += ["--cpus", ",".join(map(str, cpus))]
     try:
         return _start(argv, env, cwd, log_file, subprocess.DEVNULL, flags, fds), tree_r
     except BaseException:

@@ -1,7 +1,7 @@
 """The first process of every local task: it makes sure that nothing the task starts outlives it.
 
 The launcher runs ``python -I -S taskinit.py --parent PID [--death SIG] [--tree FD] [--user FD]
-[--net FD] [--nofile N] -- ARGV...`` (standard library only, run by path: any interpreter works, nothing is
+[--net FD] [--nofile N] [--cpus LIST] -- ARGV...`` (standard library only, run by path: any interpreter works, nothing is
 imported from the task's environment). Everything is done here, after exec, and nothing in a
 ``preexec_fn``: Python's ``preexec_fn`` is unsafe while the launcher has other threads (SSH's
 heartbeat), a child can deadlock between fork and exec.
@@ -10,7 +10,9 @@ heartbeat), a child can deadlock between fork and exec.
    `srun`, which cancels its Slurm job step on SIGTERM but leaves it running when SIGKILLed), then
    a check that the launcher did not die before that (the ``--parent`` pid is still our parent).
 With ``--nofile N``, the soft limit on open files goes back to N, the user's own, which the
-launcher raised for itself (procs.raise_fd_limit).
+launcher raised for itself (procs.raise_fd_limit). With ``--cpus 0,1``, the task is pinned to those
+CPUs (its share of the machine: launcher/plan/cpu_fit.py) before anything else runs, so that
+TensorFlow sizes its thread pools to them and every process the task starts inherits the mask.
 
 2. Namespaces by file descriptor (``--user``, ``--net``: the run's network namespace, held open by
    the launcher): ``setns`` on the descriptor, never on a pid that could have been reused.
@@ -80,13 +82,20 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def main(args: list[str]) -> None:
     """Parse ``args`` (see the module docstring) and run the task; never returns."""
-    options, argv = _parse(args)
+    options, cpus, argv = _parse(args)
     _libc.prctl(_PR_SET_PDEATHSIG, options.get("death", signal.SIGKILL), 0, 0, 0)
     if os.getppid() != options["parent"]:
         os._exit(1)  # the launcher died before the line above: nobody would ever kill us
     if "nofile" in options:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(options["nofile"], hard), hard))
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:  # a CPU gone offline, or taken away by a cgroup, since the plan
+            sys.stderr.write(f"distlaunch: cannot pin the task to CPUs {cpus}: {exc.strerror}\n")
+            sys.stderr.flush()
+            os._exit(EXIT_NOT_EXECUTABLE)
     for flag, kind in (("user", _CLONE_NEWUSER), ("net", _CLONE_NEWNET)):
         if flag in options:
             _call("setns", options[flag], kind)
@@ -100,16 +109,18 @@ def main(args: list[str]) -> None:
     _subreaper(argv, options["tree"])
 
 
-def _parse(args: list[str]) -> tuple[dict[str, int], list[str]]:
+def _parse(args: list[str]) -> tuple[dict[str, int], list[int], list[str]]:
     split = args.index("--")
     flags, argv = args[:split], args[split + 1 :]
-    options = {flags[i].removeprefix("--"): int(flags[i + 1]) for i in range(0, len(flags), 2)}
+    pairs = {flags[i].removeprefix("--"): flags[i + 1] for i in range(0, len(flags), 2)}
+    cpus = [int(c) for c in pairs.pop("cpus", "").split(",") if c]
+    options = {name: int(value) for name, value in pairs.items()}
     if "parent" not in options or not argv:
         sys.exit(
             "usage: taskinit.py --parent PID [--death SIG] [--tree FD] [--user FD] [--net FD] "
-            "[--nofile N] -- ARGV..."
+            "[--nofile N] [--cpus LIST] -- ARGV..."
         )
-    return options, argv
+    return options, cpus, argv
 
 
 def _own_user_namespace() -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import SpecError
 from distlaunch.launcher.plan import placement
+from distlaunch.launcher.plan.cpu_fit import Topology
 from distlaunch.launcher.plan.isolation import Isolation
 from distlaunch.launcher.plan.placement import IMAGE_PYTHON, Placements
 from distlaunch.launcher.plan.plan import Plan, TaskPlan, make_plan
@@ -37,14 +38,20 @@ ISOLATION = Isolation(
 )
 
 
-def compose_plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int = 0) -> Plan:
+def compose_plan(
+    loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int = 0, cpus: Topology | None = None
+) -> Plan:
     """The plan of one attempt in containers: the spec's tasks each in a container, reached at
-    its service name (its task name) on SERVICE_PORT.
+    its service name (its task name) on SERVICE_PORT. ``cpus``: what the Docker host gives the
+    run (its containers split it as local tasks do, each pinned by its service's ``cpuset``);
+    None: not known, lists only.
 
-    Raises SpecError for what containers cannot do yet: tasks on SSH hosts, and GPUs.
+    Raises SpecError for what containers cannot do yet: tasks on SSH hosts, and GPUs; and for
+    `cpus` that do not fit the host.
     """
     where = placement.on_hosts(loaded)
     _check_fits(loaded, where)
+    where = placement.with_cpus(loaded, where, {placement.THIS_MACHINE: cpus})
     placed = placement.in_containers(
         where, SERVICE_PORT, TaskTransport.COMPOSE, address=contract.task_name
     )
@@ -107,6 +114,8 @@ def compose_file(
             "networks": [NETWORK],
             "restart": restart_policy(loaded, task.role),
             "stop_grace_period": f"{stop_grace_s(loaded, plan):g}s",
+            # The task's CPUs (docker sets the container's affinity mask and cpuset cgroup).
+            **({"cpuset": ",".join(map(str, task.cpus.ids))} if task.cpus.ids else {}),
         }
         for task in plan.tasks
     }

@@ -62,6 +62,7 @@ from distlaunch.launcher.transports.compose.image import (
     pip_ca_bundle,
 )
 from distlaunch.launcher.transports.helper import HELPER_MODULE
+from distlaunch.launcher.transports.local.cpus import this_machine
 from distlaunch.worker import contract
 
 # The run dir's file with every docker and compose command the launcher ran, and their output.
@@ -243,7 +244,7 @@ class ComposeLaunch:
 
     def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
         """Tasks as containers reached at their service names (compose_file.compose_plan)."""
-        return compose.compose_plan(self.loaded, run_id, run_dir, attempt)
+        return compose.compose_plan(self.loaded, run_id, run_dir, attempt, this_machine(None))
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
@@ -284,7 +285,7 @@ class ComposeBackend:
 
     def plan(self, loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
         """Tasks as containers reached at their service names (compose_file.compose_plan)."""
-        return compose.compose_plan(loaded, run_id, run_dir, attempt)
+        return compose.compose_plan(loaded, run_id, run_dir, attempt, this_machine(None))
 
     @contextmanager
     def open(

@@ -25,6 +25,7 @@ from distlaunch.launcher.core.console import Console
 from distlaunch.launcher.diagnosis.stacks import Source
 from distlaunch.launcher.network import netns
 from distlaunch.launcher.plan import placement, ports
+from distlaunch.launcher.plan.cpu_fit import Topology
 from distlaunch.launcher.plan.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.record.state import RunRecord, TaskRecord
@@ -36,7 +37,7 @@ from distlaunch.launcher.transports.base import (
     Transport,
     UpOptions,
 )
-from distlaunch.launcher.transports.local import gpus
+from distlaunch.launcher.transports.local import cpus, gpus
 from distlaunch.launcher.transports.local.transport import LocalTransport, recorded_task_stacks
 from distlaunch.worker import contract
 
@@ -128,11 +129,15 @@ def plan(
     attempt: int,
     remote_ports: dict[ports.TaskKey, int] | None = None,
     here: bool = True,
+    remote_cpus: Mapping[str, Topology] | None = None,
 ) -> Plan:
     """Place the tasks, decide the isolation, allocate ports and build the plan of this attempt
     (nothing started).
 
-    ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts.
+    ``remote_ports`` are the SSH tasks' ports as preflight checked or picked them on their hosts;
+    ``remote_cpus`` what each SSH machine (by address) gives the run, as its probe reported (a
+    dry run has none: the SSH tasks' `auto` CPUs are left to `up`). The local tasks split this
+    machine's CPUs (SpecError when their `cpus` do not fit it).
     ``here``: the plan is to be started on this machine, so its local tasks' GPUs must exist
     (SpecError otherwise); `plan`'s dry run may be written for another machine.
     """
@@ -140,6 +145,9 @@ def plan(
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if here:
         gpus.check(loaded, placed, visible)
+    topos: dict[str, Topology | None] = dict(remote_cpus or {})
+    topos[placement.THIS_MACHINE] = cpus.this_machine(visible)
+    placed = placement.with_cpus(loaded, placed, topos)
     isolation = netns.decide(loaded, placed)
     picked = ports.allocate(loaded, placed, private=isolation.private, remote=remote_ports)
     return make_plan(
@@ -204,7 +212,8 @@ class HostsLaunch:
         for report in self.reports:
             self.console.say(f"host {self.session.target(report.name)}: {report.summary()}")
         picked = preflight.picked_ports(self.reports)
-        return plan(self.loaded, run_id, run_dir, attempt, picked)
+        remote_cpus = preflight.cpus_of(self.loaded, self.reports)
+        return plan(self.loaded, run_id, run_dir, attempt, picked, remote_cpus=remote_cpus)
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:

@@ -148,12 +148,13 @@ class Standbys:
 
     def record(self) -> dict:
         """run.json's ``standbys``: per task, the standby's pid (taskinit's keeper), the attempt
-        it was made for and whether it has imported TensorFlow."""
+        it was made for, whether it has imported TensorFlow and the CPUs it is pinned to."""
         return {
             name: {
                 "pid": s.proc.pid,
                 "attempt": s.task.attempt,
                 "ready": s.ready,
+                "cpus": list(s.task.cpus.ids),
             }
             for name, s in self._standbys.items()
         }
@@ -180,8 +181,10 @@ class Standbys:
             if start is None:
                 raise OSError(f"no standby for {task.argv[:3]}")
             namespaces = self.sandbox.namespaces() if self.sandbox is not None else None
+            # Pinned like the task: TensorFlow sizes its pools at import, which the standby
+            # has done before it is told to go (and `take` serves only this very plan).
             proc, tree_fd = procs.spawn_contained(
-                *start, task.cwd, log_fd, namespaces, pass_fds=[theirs.fileno()]
+                *start, task.cwd, log_fd, namespaces, [theirs.fileno()], task.cpus.ids
             )
         except OSError:
             os.close(log_fd)

@@ -146,7 +146,7 @@ class LocalTransport:
             rundir.create_file(task.log_file)
             namespaces = self.sandbox.namespaces() if self.sandbox is not None else None
             proc, tree_fd = procs.spawn_contained(
-                task.argv, task.env, task.cwd, task.log_file, namespaces
+                task.argv, task.env, task.cwd, task.log_file, namespaces, cpus=task.cpus.ids
             )
         handle = LocalHandle(task, proc, tree_fd, self.sandbox, self._ports, warm=warm is not None)
         self._last[task.name] = handle

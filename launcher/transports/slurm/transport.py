@@ -32,6 +32,11 @@ Why it is built this way:
   by EOF (the launcher closes its srun's stdin, or dies: its srun, in a session of its own and
   with no death signal, lives on to pass the EOF), by its heartbeat timeout, or by `down` with
   SIGTERM sent to it directly (``scancel --signal=TERM``), after the task steps are cancelled.
+- CPUs: the node's probe reports the CPUs the step sees (its affinity mask) and the NUMA nodes;
+  the node's tasks split the first ``SLURM_JOB_CPUS_PER_NODE`` of them (plan/cpu_fit.py). Each
+  step asks for its share (``--cpus-per-task=N --cpu-bind=cores``); where Slurm binds steps
+  itself (task/affinity, task/cgroup) its binding stands, and where it does not (task/none) the
+  helper pins the task to the plan's CPUs. A dry run (`plan`) knows the counts only.
 - Ports are picked on each node before the plan, by the SSH preflight's probe run as a step
   (``--overlap``: it needs no CPU of its own; its source is an argument, so stdin stays free for
   the guard it becomes), which also checks the node's Python, TensorFlow, distlaunch and the
@@ -62,8 +67,9 @@ from distlaunch.launcher.core.errors import HostError, Interrupted, Preempted, U
 from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.network import firewall
 from distlaunch.launcher.plan import ports
+from distlaunch.launcher.plan.cpu_fit import Topology
 from distlaunch.launcher.plan.isolation import HOST, Isolation
-from distlaunch.launcher.plan.placement import on_nodes
+from distlaunch.launcher.plan.placement import on_nodes, with_cpus
 from distlaunch.launcher.plan.plan import Plan, TaskPlan, make_plan
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.record.state import RunRecord, TaskRecord
@@ -290,16 +296,32 @@ def slurm_plan(
     run_id: str,
     run_dir: Path,
     attempt: int = 0,
+    topos: Mapping[str, Topology | None] | None = None,
 ) -> Plan:
     """The plan of one attempt on the nodes (``nodes``: `place`'s decision): TF_CONFIG names
     ``node:port`` with the nodes' own ports (``picked``).
 
     A task with GPUs asks Slurm for them (``--gpus-per-task``) and gets Slurm's CUDA_VISIBLE_DEVICES;
     a task without any gets "" (CPU only), as elsewhere. Steps get no warm standbys: those are
-    local processes.
+    local processes. ``topos``: what each node gives the run (the probes' reports; none: counts
+    only, on the allocation's CPUs per node).
     """
     placed = on_nodes(loaded, nodes).with_ports(picked)
+    placed = with_cpus(loaded, placed, topos or {})
     return make_plan(loaded, placed, run_id, run_dir, attempt, isolation=ISOLATION)
+
+
+def node_cpus(alloc: Allocation, reports: Sequence[HostReport] = ()) -> dict[str, Topology]:
+    """What each node gives the run: the first of its probe's CPUs, as many as the allocation
+    has there (Slurm accounts for those; task/none would let a step run on all); without a
+    report, the allocation's count, Slurm picking which."""
+    out = {n: Topology(tuple(range(c)), picks_ids=True) for n, c in alloc.cpus.items()}
+    for report in reports:
+        if "topology" in report.facts:
+            seen = Topology.from_json(report.facts["topology"])
+            cpus = seen.cpus[: alloc.cpus.get(report.name, len(seen.cpus))]
+            out[report.name] = Topology(cpus, seen.nodes, seen.gpu_nodes)
+    return out
 
 
 def python_of(loaded: LoadedSpec) -> str:
@@ -327,23 +349,28 @@ def helper_argv(python: str, helper: str | None) -> list[str]:
     return [python, "-m", HELPER_MODULE]
 
 
-def srun_argv(job_id: str, node: str, name: str, gpus: int = 0, overlap: bool = False) -> list[str]:
+def srun_argv(
+    job_id: str, node: str, name: str, gpus: int = 0, overlap: bool = False, cpus: int = 0
+) -> list[str]:
     """The srun command of one single-task step on ``node``; the step's command follows it.
 
-    ``--exact``: the step takes only its own CPU, so the tasks of a node run side by side;
-    ``overlap`` (preflight's probe) shares CPUs with the tasks instead.
+    ``--exact``: the step takes only its own CPUs (``cpus``, its share of the node; 0: one, as
+    for a task whose `cpus` is "all"), so the tasks of a node run side by side; ``overlap``
+    (preflight's probe) shares CPUs with the tasks instead.
     """
     argv = [
         "srun",
         f"--jobid={job_id}",
         "--nodes=1",
         "--ntasks=1",
-        "--cpus-per-task=1",
+        f"--cpus-per-task={max(cpus, 1)}",
         f"--nodelist={node}",
         f"--job-name={name}",
         "--quiet",
         "--overlap" if overlap else "--exact",
     ]
+    if cpus:
+        argv.append("--cpu-bind=cores")
     if gpus:
         argv.append(f"--gpus-per-task={gpus}")
     return argv
@@ -430,6 +457,7 @@ class NodeProbe:
             "shared": True,
             "workdir": str(self.loaded.workdir),
             "then_guard": self.guard_run is not None,
+            "read_cpus": True,
         }
 
     def problems(self, report: HostReport) -> list[str]:
@@ -538,6 +566,7 @@ class StepTransport(HelperTransport):
                 task.host_name,
                 step_name(self.run_id, task.name),
                 gpus=len(task.gpus),
+                cpus=task.cpus.count,
             ),
             *helper_argv(self.python, self.helpers.get(task.host_name)),
         ]
@@ -548,8 +577,10 @@ class StepTransport(HelperTransport):
     def request(self, task: TaskPlan) -> dict:
         """The helper's request, with SIGTERM taken as a stop notice: Slurm SIGTERMs every
         process of a job it requeues or preempts (KillWait before its SIGKILL), the helper too,
-        which then passes it to the program alone instead of ending the task after grace_s."""
-        return {**super().request(task), "term_is_notice": True}
+        which then passes it to the program alone instead of ending the task after grace_s.
+        ``keep_bound``: where Slurm bound the step to CPUs of its choosing, the helper keeps them
+        instead of the plan's."""
+        return {**super().request(task), "term_is_notice": True, "keep_bound": True}
 
     def kill(self, handles: Sequence[HelperHandle]) -> None:
         """End the steps now: EOF makes each helper SIGKILL its task and exit, which ends the step.
@@ -680,9 +711,10 @@ def requeue(alloc: Allocation) -> None:
 def plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
     """A dry run's plan (`plan`, `tfconfig`): placed on the current allocation, with stand-in
     ports (`up` picks the real ones on the nodes)."""
-    nodes = place(loaded, allocation())
+    alloc = allocation()
+    nodes = place(loaded, alloc)
     stand_ins = ports.allocate(loaded, on_nodes(loaded, nodes), private=True)
-    return slurm_plan(loaded, nodes, stand_ins, run_id, run_dir, attempt)
+    return slurm_plan(loaded, nodes, stand_ins, run_id, run_dir, attempt, node_cpus(alloc))
 
 
 class SlurmLaunch:
@@ -716,7 +748,13 @@ class SlurmLaunch:
             if isinstance(report.facts.get("helper"), str):
                 self.helpers[report.name] = report.facts["helper"]
         return slurm_plan(
-            self.loaded, self.placement, picked_ports(reports), run_id, run_dir, attempt
+            self.loaded,
+            self.placement,
+            picked_ports(reports),
+            run_id,
+            run_dir,
+            attempt,
+            node_cpus(self.alloc, reports),
         )
 
     @contextmanager

@@ -3,7 +3,8 @@
 Each machine (an SSH host, a Slurm node) runs `ssh_probe.py` with its own Python, all in
 parallel: it is reachable, its Python imports distlaunch at this launcher's protocol and finds
 TensorFlow, it sees the shared dir (or can write its own copy), the workdir and script exist, and
-the tasks' fixed ports are free there, and (SSH hosts) it has the GPUs its tasks are given.
+the tasks' fixed ports are free there, and (SSH hosts) it has the GPUs its tasks are given; it
+reports the CPUs it gives the run, its NUMA nodes and its GPUs' (`cpus_of`: the tasks' CPU split).
 Every problem on every machine becomes one line naming it,
 all reported together in one HostError (exit 2: nothing was started).
 
@@ -28,6 +29,7 @@ from typing import ClassVar, Protocol
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError, last_message
 from distlaunch.launcher.plan import gpu_fit, placement, ports
+from distlaunch.launcher.plan.cpu_fit import Topology, cpulist
 from distlaunch.launcher.plan.placement import Placement
 from distlaunch.launcher.spec.model import LoadedSpec, task_json_path
 from distlaunch.launcher.transports.ssh.transport import Session, remote_python
@@ -60,12 +62,18 @@ class HostReport:
     facts: dict = field(default_factory=dict)
 
     def summary(self) -> str:
-        """One line on what the machine runs, e.g. ``python 3.11.7, tensorflow 2.21.0, distlaunch 0.1.0``."""
-        return ", ".join(
+        """One line on what the machine runs and gives the run, e.g. ``python 3.11.7,
+        tensorflow 2.21.0, distlaunch 0.1.0, CPUs 0-7 (2 NUMA nodes)``."""
+        parts = [
             f"{key} {self.facts[key]}"
             for key in ("python", "tensorflow", "distlaunch")
             if key in self.facts
-        )
+        ]
+        if "topology" in self.facts:
+            found = Topology.from_json(self.facts["topology"])
+            nodes = len([n for n in found.nodes if n]) or 1
+            parts.append(f"CPUs {cpulist(found.cpus)} ({nodes} NUMA node{'s' * (nodes > 1)})")
+        return ", ".join(parts)
 
 
 class Probe(Protocol):
@@ -150,6 +158,16 @@ def picked_ports(reports: list[HostReport]) -> dict[ports.TaskKey, int]:
     return {key: port for report in reports for key, port in report.ports.items()}
 
 
+def cpus_of(loaded: LoadedSpec, reports: list[HostReport]) -> dict[str, Topology]:
+    """What each probed machine gives the run (its CPUs, NUMA nodes, GPUs' nodes), by the address
+    its tasks' placement rows name it by."""
+    return {
+        loaded.address_of(r.name): Topology.from_json(r.facts["topology"])
+        for r in reports
+        if "topology" in r.facts
+    }
+
+
 def probe_token(loaded: LoadedSpec) -> tuple[Path | None, str]:
     """A file only the launcher could have written in the shared dir, for machines to look for."""
     token = secrets.token_hex(16)
@@ -204,6 +222,7 @@ class SshProbe:
             "shared": self.loaded.spec.shared_dir_is_shared,
             "workdir": self.session.hosts[name].workdir,
             "count_gpus": name in self.gpus,
+            "read_cpus": True,
         }
 
     def problems(self, report: HostReport) -> list[str]:

@@ -11,7 +11,10 @@ and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, `
 ``then_guard``: when true and nothing is wrong here, the probe goes on as the host's firewall
 guard (`distlaunch.worker.guard`, its request then comes on stdin), which saves the guard a
 process start of its own. ``count_gpus``: report the host's NVIDIA GPUs as the fact ``gpus`` (the
-launcher checks them against the tasks' `gpus`).
+launcher checks them against the tasks' `gpus`). ``read_cpus``: report the CPUs this host gives
+the run (the probe's own affinity mask, which the tasks' helpers inherit), its NUMA nodes and its
+GPUs' nodes as the fact ``topology`` (`distlaunch.worker.topology`: the launcher splits them
+between the host's tasks).
 """
 
 import errno
@@ -36,6 +39,8 @@ def main():
     check_tensorflow(problems, facts)
     if request.get("count_gpus"):
         facts["gpus"] = count_gpus()
+    if request.get("read_cpus"):
+        facts["topology"] = read_topology()
     if request.get("umask") is not None:
         os.umask(request["umask"])
     check_shared_dir(request, problems)
@@ -87,6 +92,16 @@ def check_tensorflow(problems, facts):
         except importlib.metadata.PackageNotFoundError:
             continue
     facts["tensorflow"] = "unknown"
+
+
+def read_topology():
+    """`distlaunch.worker.topology.read()`; where distlaunch is missing (a problem already
+    reported) at least the affinity mask."""
+    try:
+        from distlaunch.worker import topology
+    except Exception:  # noqa: BLE001 - reported by check_distlaunch
+        return {"cpus": sorted(os.sched_getaffinity(0)), "numa": [], "gpu_numa": []}
+    return topology.read()
 
 
 def count_gpus():
