@@ -355,6 +355,7 @@ class Supervisor:
             f"{save_s:g} s ({self.save_why}){held}"
         )
         self.record.notice = {"signal": name, "at": time.time(), "save_s": save_s}
+        self.book.save()
         self.book.event(
             "run", "notice", self.attempt, signal=name, save_s=save_s, held=sorted(self._held)
         )
