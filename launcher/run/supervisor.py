@@ -217,6 +217,12 @@ class Supervisor:
             self._teardown()
             signal.set_wakeup_fd(previous_fd)
             for sig, handler in previous.items():
+                if self.notice is not None and sig in NOTICE_SIGNALS:
+                    # A notice that comes now (a second `down` as the run ends) has nothing
+                    # left to save: it must not turn the launcher's exit code (75) into a death
+                    # by SIGTERM. The supervisor runs in a launcher process (the CLI's, the
+                    # API's child), which exits once the run's end is recorded.
+                    handler = signal.SIG_IGN
                 signal.signal(sig, handler)
             self._sel.close()
             os.close(wake_r)
