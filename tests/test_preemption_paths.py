@@ -141,6 +141,12 @@ def test_a_second_down_joins_the_save_and_both_say_how_the_run_ended(tmp):
     for said in (out, second.stdout):
         assert "its tasks saved step 7; `up --resume` continues" in said
     assert "stop notice again (SIGTERM): saving step 7, started " in err_up
+    # A `down` that comes once the run has ended still says where it saved.
+    late = distlaunch("down", run_dir.name, "--shared-dir", shared)
+    assert late.stdout == (
+        f"run {run_dir.name}: nothing was left running; it had ended: its tasks saved step 7; "
+        "`up --resume` continues\n"
+    )
     record = run_record(run_dir)
     assert record["state"] == "preempted" and record["preempted"]["step"] == 7
     notices = [e for e in events(run_dir) if e["event"] == "notice"]

@@ -49,7 +49,8 @@ class DownResult:
     cancelled: tuple[str, ...] = ()  # what the backend's cleanup cancelled (job steps, a job)
     backend: str = ""  # the backend as messages name it (`Backend.title`)
     # How the live launcher's run ended, in `down`'s words ("its tasks saved step N; ...",
-    # or why nothing was saved); "" without a live launcher.
+    # or why nothing was saved); without a live launcher, where a preempted run saved (a
+    # second `down` that came as the run ended); else "".
     ended: str = ""
 
 
@@ -94,7 +95,7 @@ def down(
         marked,
         tuple(cancelled),
         backend.title,
-        _ended_words(record, now) if launcher else "",
+        _ended_words(record, now) if launcher or record.state is RunState.PREEMPTED else "",
     )
 
 
