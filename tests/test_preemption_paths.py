@@ -238,7 +238,9 @@ def test_a_notice_after_training_finished_ends_succeeded(tmp):
         err = _end(launcher, tmp)
     assert launcher.returncode == 0, err[-3000:]
     assert "stop notice: training was done when the notice came: the run succeeded" in err
-    assert run_record(run_dir)["state"] == "succeeded"
+    record = run_record(run_dir)
+    assert record["state"] == "succeeded" and record["exit_code"] == 0
+    assert record["notice"]["done"] == "training was done when the notice came"
 
 
 def test_a_notice_during_the_evaluators_drain_ends_succeeded_and_says_it_was_cut(tmp):

@@ -325,6 +325,7 @@ class Supervisor:
             return None
         if decision.action is Action.DONE:
             self.book.event("run", "notice", self.attempt, signal=name, reason=decision.reason)
+            self.record.notice = {"signal": name, "at": time.time(), "done": decision.reason}
             return self._done(cut=decision.reason)
         if self.notice is not None:
             self.console.say(f"{decision.reason}: stopping the run")
@@ -857,9 +858,10 @@ class Supervisor:
             return RunResult(RunState.PREEMPTED, None, replace(saved, late=True))
         if decision.action is Action.DONE:
             return self._done(cut=decision.reason)
+        assert self.notice is not None
         self.console.say(f"{last.name} did not save in time: {self._what_was_saved()}")
         self._notice_ended(stopped=missed.reason)
-        raise Interrupted(self.notice.signum if self.notice else signal.SIGTERM)
+        raise Interrupted(self.notice.signum)
 
     def _what_was_saved(self) -> str:
         """What a resume would start from, from the checkpoint index (what the tasks saved even
