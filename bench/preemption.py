@@ -227,7 +227,8 @@ class Outcome:
     lost_rounds: int
     stopped_s: list[float]
     exit_codes: list[int]
-    joined: int = 0  # --double: rounds whose second `down` said it joined the save
+    joined: int = 0  # --double: rounds whose `up` took the second notice as joining the save
+    said_saving: int = 0  # --double: rounds whose second `down` said which save it joined
 
 
 def _logs(case: Case, run_dir: Path, attempt: int) -> list[str]:
@@ -256,7 +257,8 @@ class Round:
     run_dir: Path
     stopped_s: float  # from the notice to `up` exiting
     exit_code: int
-    joined: bool = False  # --double: the second `down` joined the save
+    joined: bool = False  # --double: `up` took the second notice as joining the save
+    said_saving: bool = False  # --double: the second `down` said which save it joined
 
 
 def _started(case: Case, run_dir: Path | None, attempt: int, how: str) -> bool:
@@ -282,7 +284,9 @@ def _local_round(
     or "early", see the module docstring). (``wrap``, ``env``: how `up` runs elsewhere, e.g. in
     a Slurm allocation.)"""
     args = wrap([*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)])
-    with open(spec.parent / "up.log", "a") as log:
+    up_log = spec.parent / "up.log"
+    before = up_log.stat().st_size if up_log.exists() else 0
+    with open(up_log, "a") as log:
         up = subprocess.Popen(args, cwd=spec.parent, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             run_dir = None
@@ -307,8 +311,11 @@ def _local_round(
             code = up.wait(timeout=300)
             with open(spec.parent / "down.log", "a") as out:
                 out.write("".join(said))
-            joined = "saving " in second.stdout and all("saved step" in s for s in said)
-            return Round(run_dir, time.perf_counter() - sent, code, joined)
+            with open(up_log, errors="replace") as f:
+                f.seek(before)
+                joined = "stop notice again" in f.read()
+            saving = "saving " in second.stdout and all("saved step" in s for s in said)
+            return Round(run_dir, time.perf_counter() - sent, code, joined, saving)
         finally:
             up.kill()
 
@@ -330,7 +337,7 @@ def _rounds(
 ) -> Outcome:
     """The rounds of one case (`_local_round`, with ``wrap``, ``env`` and ``how``): a start and
     ``notices`` resumes, each ended by a notice but the last; what each resume lost."""
-    lost_rounds, lost_steps, times, codes, joined = 0, 0, [], [], 0
+    lost_rounds, lost_steps, times, codes, joined, said = 0, 0, [], [], 0, 0
     for attempt in range(notices + 1):
         done = _local_round(case, spec, attempt, wrap, env, how)
         run_dir, stopped_s, code = done.run_dir, done.stopped_s, done.exit_code
@@ -344,7 +351,8 @@ def _rounds(
             times.append(stopped_s)
             codes.append(code)
             joined += done.joined
-    return Outcome(lost_steps, lost_rounds, times, codes, joined)
+            said += done.said_saving
+    return Outcome(lost_steps, lost_rounds, times, codes, joined, said)
 
 
 def run_slurm(case: Case, notices: int) -> Outcome:
@@ -408,7 +416,11 @@ def main() -> None:
             flush=True,
         )
         if mode == "double":
-            print(f"{name}: second downs that joined the save: {outcome.joined}", flush=True)
+            print(
+                f"{name}: second notices that joined the save: {outcome.joined}; second downs "
+                f"that said which save they joined: {outcome.said_saving}",
+                flush=True,
+            )
         print(
             f"{name}: steps lost: {outcome.lost_steps} of "
             f"{options.notices} notices; median notice-to-stopped {median(outcome.stopped_s):.2f} s",
