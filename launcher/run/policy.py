@@ -1,8 +1,10 @@
 """What a task's exit means for the run: one small object that returns a decision and says why.
 
 The supervisor feeds it events (a task exited, stopped making progress, a user asked for a
-restart, a deadline passed, the cluster never formed, the evaluator's drain ended: every way a
-run ends is an event decided here) and the run's history; it answers with an action, the tasks
+restart, a deadline passed, the cluster never formed, the evaluator's drain ended, a stop
+notice came, a first or a second one, while tasks started or after training was done, a save
+missed its deadline: every way a run ends is an event decided here) and the run's history
+(which holds the facts a notice is decided on); it answers with an action, the tasks
 it concerns, a delay and a reason, which the supervisor logs to events.jsonl. Nothing here
 touches a process, so scripted inputs test every branch.
 """
