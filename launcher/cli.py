@@ -738,12 +738,12 @@ def down(settings: Settings, run: str, grace: float | None, now: bool) -> None:
     from distlaunch.launcher.control.down import down as run_down
     from distlaunch.launcher.record import rundir
 
-    result = run_down(rundir.resolve_run(run, settings.shared_dir), grace, now)
+    result = run_down(rundir.resolve_run(run, settings.shared_dir), grace, now, say=click.echo)
     done = []
     if result.launcher_pid is not None:
         done.append(f"stopped its launcher (pid {result.launcher_pid})")
-    if result.preempted:
-        done.append(result.preempted)
+        if result.ended:
+            done.append(result.ended)
     if result.stopped:
         done.append(
             f"stopped {result.stopped} leftover process{'es' if result.stopped != 1 else ''}"
@@ -752,7 +752,10 @@ def down(settings: Settings, run: str, grace: float | None, now: bool) -> None:
         done.append(f"cancelled {result.backend} {' '.join(result.cancelled)}")
     if result.marked:
         done.append("marked it interrupted")
-    click.echo(f"run {result.run_id}: {'; '.join(done) or 'nothing was left running'}")
+    said = "; ".join(done) or "nothing was left running"
+    if result.launcher_pid is None and result.ended:
+        said += f"; it had ended: {result.ended}"
+    click.echo(f"run {result.run_id}: {said}")
 
 
 @cli.command()
