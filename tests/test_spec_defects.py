@@ -122,7 +122,8 @@ def test_3_the_schema_states_what_validate_checks(tmp, change, path, expected):
     spec = {**BASE, **change}
     line = refused(tmp, json.dumps(spec))
     assert f": {path}: " in line and expected in line, line
-    assert not jsonschema.Draft202012Validator(json_schema()).is_valid(spec)
+    validator = jsonschema.Draft202012Validator(json_schema())
+    assert validator.is_valid(BASE) and not validator.is_valid(spec)
 
 
 YAML_BASE = "name: t\nstrategy: multi_worker_mirrored\nprogram: {module: m}\nshared_dir: runs\n"
