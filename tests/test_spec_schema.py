@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
+import sys
 from typing import Any
 
 import jsonschema
@@ -151,3 +153,18 @@ def test_every_spec_users_are_shown_passes_the_schema():
         whole = {**BASE, **data}  # a part of a spec, in a minimal whole one
         errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(whole)]
         assert errors == [], where
+
+
+def test_a_json_spec_and_plain_overrides_never_import_the_yaml_reader(tmp):
+    spec = tmp / "spec.json"
+    spec.write_text(json.dumps({**BASE, "shared_dir": "runs"}))
+    code = (
+        "import sys\n"
+        "from distlaunch.launcher.spec.model import load_spec\n"
+        "from distlaunch.launcher.spec.sources import SpecOptions\n"
+        f"load_spec({str(spec)!r}, SpecOptions(overrides=('tasks.worker.count=3', 'backend=local')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('ruamel', 'yaml', 'fastjsonschema'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -241,6 +241,8 @@ class Restart:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "non_retryable_exit_codes", tuple(self.non_retryable_exit_codes))
+        if isinstance(self.backoff, Mapping):  # written as the spec writes it
+            object.__setattr__(self, "backoff", Backoff(**self.backoff))
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Restart:
@@ -249,7 +251,7 @@ class Restart:
         if "max_restarts" in data:
             values["max_restarts"] = _int(data["max_restarts"])
         if "backoff" in data:
-            values["backoff"] = Backoff(**{k: float(v) for k, v in data["backoff"].items()})
+            values["backoff"] = {k: float(v) for k, v in data["backoff"].items()}
         if "window_s" in data:
             values["window_s"] = _float(data["window_s"])
         if "non_retryable_exit_codes" in data:

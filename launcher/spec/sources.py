@@ -381,6 +381,10 @@ def cut(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+# A value that YAML 1.2 reads as a plain scalar on its own: no indicator, space or colon.
+_SIMPLE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+
+
 def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
     """Split ``key.path=value`` into path parts and a value read as a YAML/JSON scalar or list
     (within the bounds of a YAML spec); UsageError when it is not of that form."""
@@ -396,6 +400,9 @@ def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
     value: Any = ""
     if value_text.strip():
         try:
+            if _SIMPLE.fullmatch(value_text):
+                # A word or number (count=4, backend=slurm) reads the same without ruamel.
+                return _loc(parts), _scalar(_PLAIN, value_text, shown, "$")
             node = _compose(value_text, shown)
             value = _Expander(shown, {}).plain(node, ()) if node is not None else None
         except SpecError as exc:
@@ -406,8 +413,12 @@ def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
             raise UsageError(f"{shown}: the value: {exc.message}{hint}") from None
         except RecursionError:
             raise UsageError(f"{shown}: the value is nested too deeply") from None
-    loc = tuple(int(p) if p.isdecimal() and p.isascii() else p for p in parts)
-    return loc, value
+    return _loc(parts), value
+
+
+def _loc(parts: list[str]) -> tuple[str | int, ...]:
+    """A `--set` key's parts, list indices as integers."""
+    return tuple(int(p) if p.isdecimal() and p.isascii() else p for p in parts)
 
 
 def apply_overrides(source: Source, overrides: Iterable[str], shown: str) -> None:
