@@ -277,6 +277,8 @@ def test_9_messages_say_what_caused_them(tmp):
     # Odd keys are quoted in paths.
     line = refused(tmp, json.dumps({**BASE, "hosts": {"bad name": {}}}))
     assert '$.hosts["bad name"]: expected a host name' in line, line
+    line = refused(tmp, json.dumps({**BASE, "hosts": {"n\n": {}}}))
+    assert '$.hosts["n\\n"]: expected a host name' in line, line
     line = refused(tmp, json.dumps({**BASE, "hosts": {"n.example.com": {"port": 0}}}))
     assert '$.hosts["n.example.com"].port: expected an integer' in line, line
 

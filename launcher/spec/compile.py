@@ -17,9 +17,30 @@ Do not edit: change spec/schema.py and run `python -m distlaunch.launcher.spec.c
 """
 # ruff: noqa
 # fmt: off
+
+
+class _Lazy:
+    """A pattern compiled on its first search: a spec uses few of them (compiling all is 2 ms of
+    every start)."""
+
+    __slots__ = ("pattern", "compiled")
+
+    def __init__(self, pattern):
+        self.pattern = pattern
+        self.compiled = None
+
+    def search(self, text):
+        if self.compiled is None:
+            self.compiled = re.compile(self.pattern)
+        return self.compiled.search(text)
+
+
+# The data is JSON's or YAML's (int, float): never a decimal.Decimal, whose import this saves.
+Decimal = float
 '''
 # The generated code imports fastjsonschema for its exception; ours has the same signature.
 LIBRARY_IMPORT = "from fastjsonschema import JsonSchemaValueException, JsonSchemaValuesException"
+DECIMAL_IMPORT = "from decimal import Decimal\n"
 OUR_IMPORT = (
     "from distlaunch.launcher.spec.invalid import JsonSchemaValueException, "
     "JsonSchemaValuesException"
@@ -35,7 +56,14 @@ def source() -> str:
     # use_default=False: the checker only checks (else it writes the defaults into the data).
     code = fastjsonschema.compile_to_code(document(), use_default=False)
     assert LIBRARY_IMPORT in code, "fastjsonschema's generated import changed"
-    return HEADER + code.replace(LIBRARY_IMPORT, OUR_IMPORT)
+    code = code.replace(LIBRARY_IMPORT, OUR_IMPORT)
+    assert code.count(DECIMAL_IMPORT) == 1 and "Decimal(" not in code
+    code = code.replace(DECIMAL_IMPORT, "")
+    start = code.index("REGEX_PATTERNS = {")
+    end = code.index("\n}\n", start)
+    patterns = code[start:end].replace("re.compile(", "_Lazy(")
+    assert code[end:].count("REGEX_PATTERNS[") == code[end:].count("].search(")
+    return HEADER + code[:start] + patterns + code[end:]
 
 
 def main() -> None:

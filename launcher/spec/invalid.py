@@ -125,7 +125,8 @@ def _expected(rule: str, definition: dict[str, Any], value: Any) -> str:
 def _extra_key(value: dict[str, Any], definition: dict[str, Any]) -> str:
     """The first key of ``value`` that neither ``properties`` nor ``patternProperties`` takes."""
     named = definition.get("properties", {})
-    patterns = [re.compile(p.replace("$", r"\Z")) for p in definition.get("patternProperties", {})]
+    # As the checker reads patternProperties (Python's "$": spec/schema.py's patterns allow for it).
+    patterns = [re.compile(p) for p in definition.get("patternProperties", {})]
     return next(k for k in value if k not in named and not any(p.search(k) for p in patterns))
 
 

@@ -692,7 +692,8 @@ def document() -> dict[str, Any]:
             "hosts": {
                 "type": "object",
                 "patternProperties": {
-                    "^(?!localhost$|127\\.0\\.0\\.1$)[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$": {
+                    # (?!.*\n): a name-pattern's "$" is Python's here (no newline before it).
+                    "^(?!.*\\n)(?!localhost$|127\\.0\\.0\\.1$)[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$": {
                         "$ref": "#/$defs/host"
                     }
                 },
