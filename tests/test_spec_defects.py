@@ -287,3 +287,13 @@ def test_errors_are_typed_from_python(tmp):
     with pytest.raises(SpecError) as info:
         load_spec(spec_file(tmp, json.dumps({**BASE, "tasks": {"worker": {"per_host": 0}}})))
     assert info.value.json_path == "$.tasks.worker.per_host"
+
+
+def test_a_yaml_error_leaves_the_next_read_alone(tmp):
+    # The reader stopped inside 60 levels of nesting must not count them against the next text.
+    from distlaunch.launcher.spec.sources import read_yaml
+
+    for _ in range(3):
+        with pytest.raises(SpecError):
+            read_yaml("a: " + "[" * 60 + "*nope", "bad.yaml")
+    assert read_yaml("a: [[[1]]]\n", "ok.yaml").raw == {"a": [[[1]]]}

@@ -122,8 +122,9 @@ _PLAIN = "?plain"  # the tag our resolver gives an untagged plain scalar
 
 @functools.cache
 def _yaml() -> Any:
-    """A ruamel.yaml reader that composes nodes (made on first use, with ruamel's import: a JSON
-    spec's start skips it); scalars are read by `_scalar`, not by ruamel's resolver."""
+    """What makes a ruamel.yaml reader that composes nodes (made on first use, with ruamel's
+    import: a JSON spec's start skips it); scalars are read by `_scalar`, not by ruamel's
+    resolver. A new reader per text: one that stopped at an error keeps its nesting depth."""
     from ruamel.yaml import YAML
     from ruamel.yaml.composer import Composer
     from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
@@ -159,10 +160,13 @@ def _yaml() -> Any:
                 raise _TooBig
             return super().compose_node(parent, index)
 
-    reader = YAML(typ="safe", pure=True)
-    reader.Resolver = Resolver
-    reader.Composer = Counting
-    reader.max_depth = MAX_DEPTH
+    def reader() -> Any:
+        made = YAML(typ="safe", pure=True)
+        made.Resolver = Resolver
+        made.Composer = Counting
+        made.max_depth = MAX_DEPTH
+        return made
+
     return reader
 
 
@@ -199,7 +203,7 @@ def _compose(text: str, shown: str) -> Any:
             f"{shown}:{line}", "$", f"expected YAML 1.2, got %YAML {cut(version.group(1), 20)}"
         )
     try:
-        return _yaml().compose(text)
+        return _yaml()().compose(text)
     except _TooBig:
         raise SpecError(shown, "$", f"expected at most {MAX_NODES} YAML nodes") from None
     except MarkedYAMLError as exc:
