@@ -297,3 +297,26 @@ def test_a_yaml_error_leaves_the_next_read_alone(tmp):
         with pytest.raises(SpecError):
             read_yaml("a: " + "[" * 60 + "*nope", "bad.yaml")
     assert read_yaml("a: [[[1]]]\n", "ok.yaml").raw == {"a": [[[1]]]}
+
+
+def test_cpus_is_read_like_gpus(tmp):
+    # Issue 38 reads `entry.cpus`: a count, a tuple of CPU ids, "all" or "auto" (the default).
+    spec = {
+        **BASE,
+        "tasks": {"worker": [{"cpus": 2}, {"cpus": [0, 3]}, {"cpus": "all"}, {}]},
+    }
+    entries = load_spec(spec_file(tmp, json.dumps(spec))).spec.tasks.by_role()["worker"]
+    assert [e.cpus for e in entries] == [2, (0, 3), "all", "auto"]
+    for cpus, expected in (
+        (0, "CPU count"),
+        ([1, 1], "distinct CPU ids"),
+        ("some", '"auto", "all"'),
+        ([], "CPU count"),
+    ):
+        line = refused(tmp, json.dumps({**BASE, "tasks": {"worker": [{"cpus": cpus}]}}))
+        assert "$.tasks.worker[0].cpus: expected" in line and expected in line, line
+    line = refused(tmp, json.dumps({**BASE, "tasks": {"worker": {"count": 2, "cpus": [0]}}}))
+    assert "$.tasks.worker.cpus: a CPU list for several tasks on one host" in line
+    slurm = {**BASE, "backend": "slurm", "tasks": {"worker": [{"cpus": [0]}, {"cpus": 2}]}}
+    line = refused(tmp, json.dumps(slurm))
+    assert '$.tasks.worker[0].cpus: expected a CPU count, "auto" or "all" under Slurm' in line
