@@ -120,8 +120,6 @@ WRONG: list[Any] = [
     2**63,
     1e308,
     "",
-    "x",
-    "auto",
     "all",
     "a b",
     "a\0b",
@@ -253,7 +251,7 @@ def _cases() -> list[tuple[str, Any, tuple[str, ...]]]:
             cases.append(("json", base, (f"{text}",)))
         # YAML: the base as YAML's JSON subset, one value written as a YAML scalar.
         leaves = [loc for loc in _paths(base) if not isinstance(_get(base, loc), dict | list)]
-        for loc, scalar in itertools.product(leaves[:7], YAML_SCALARS):
+        for loc, scalar in itertools.product(leaves[:5], YAML_SCALARS):
             marker = "@@scalar@@"
             text = json.dumps(_set(base, loc, marker), indent=1).replace(f'"{marker}"', scalar)
             cases.append(("yaml", text, ()))
