@@ -82,7 +82,7 @@ def test_bad_spec_raises_spec_error_and_starts_nothing(here):
     spec = write_spec(here, tasks={"worker": {"count": "two"}})
     with pytest.raises(distlaunch.SpecError) as caught:
         distlaunch.launch(spec)
-    assert str(caught.value) == f'{spec}: $.tasks.worker.count: expected an integer >= 1, got "two"'
+    assert str(caught.value) == f'{spec}: $.tasks.worker.count: expected an integer, got "two"'
     with pytest.raises(distlaunch.SpecError, match=r"^<spec>: \$\.strategy: "):
         distlaunch.up({"name": "x", "strategy": "nope", "program": {"module": "m"}, "tasks": {}})
     assert not (here / "runs").exists()

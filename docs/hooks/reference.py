@@ -200,10 +200,12 @@ def object_keys(root: dict[str, Any]) -> dict[str, set[str]]:
     while sections.queue:
         anchor, _, node = sections.queue.popleft()
         found[anchor] = set(node.get("properties", {}))
+        # The same key paths as spec_reference: a nested object's anchor comes from its path.
+        prefix = _path_prefix(sections, anchor)
         for key, prop in node.get("properties", {}).items():
-            type_text(prop, sections, key)
+            type_text(prop, sections, f"{prefix}{key}")
         if isinstance(node.get("additionalProperties"), dict):
-            type_text(node["additionalProperties"], sections, "<name>")
+            type_text(node["additionalProperties"], sections, f"{prefix}<name>")
     return found
 
 

@@ -438,11 +438,8 @@ def launch_with_files(
 
 def spec_as_data(spec: Spec) -> dict[str, Any]:
     """A typed spec as the data it validates from (what the launcher process is sent): the
-    values that were set, each role's tasks as their list."""
-    data = spec.model_dump(mode="json", exclude_unset=True)
-    for role, group in data.get("tasks", {}).items():
-        data["tasks"][role] = group["entries"]
-    return data
+    values that were set, as written."""
+    return spec.model_dump(mode="json", exclude_unset=True)
 
 
 def reads() -> ModuleType:
