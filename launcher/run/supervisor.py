@@ -41,16 +41,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distlaunch.launcher.core.console import Console, LogFollower
 from distlaunch.launcher.core.errors import Interrupted
-from distlaunch.launcher.diagnosis import evidence, formation, stacks
+from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.diagnosis.oom import OomKills
-from distlaunch.launcher.diagnosis.progress_view import live_line, task_progress
-from distlaunch.launcher.diagnosis.summary import Failure, evidence_of
 from distlaunch.launcher.diagnosis.watchdog import Sample, Watchdog
 from distlaunch.launcher.plan.plan import Plan, TaskPlan, for_attempt
-from distlaunch.launcher.record import checkpoints, rundir
+from distlaunch.launcher.record import rundir
 from distlaunch.launcher.record.endings import EventKind
 from distlaunch.launcher.record.state import RunBook, RunRecord, RunState, TaskLedger, TaskState
 from distlaunch.launcher.run.policy import (
@@ -70,6 +69,15 @@ from distlaunch.launcher.transports.base import (
     exit_description,
 )
 from distlaunch.worker import contract
+
+if TYPE_CHECKING:
+    from distlaunch.launcher.diagnosis import evidence
+    from distlaunch.launcher.diagnosis.summary import Failure
+
+# What only a run's events and its end use (the evidence of a failure and its summary, the
+# cluster's formation, the live progress line, the checkpoint index) is imported in the methods
+# that use it: loaded here it would delay every run's first task (bench/startup.py; kept out of
+# that path by tests/test_startup_imports.py).
 
 # How often logs are echoed and deadlines checked while nothing else happens.
 PUMP_INTERVAL_S = 0.05
@@ -255,6 +263,8 @@ class Supervisor:
 
     def _turn(self, ready: list[selectors.SelectorKey]) -> RunResult | None:
         """Handle one turn of the loop: the exits seen, signals, due restarts and checks."""
+        from distlaunch.launcher.diagnosis import evidence
+
         # Exits seen together: a task's own failure is handled before its peers' follow-on
         # errors, so that the root cause is the task that died, not a survivor.
         ready.sort(key=lambda k: evidence.peer_lost(self._evidence(k.data.plan)))
@@ -278,6 +288,8 @@ class Supervisor:
             if result is None:
                 self._tend_standbys(now)
         if self.console.live and now >= self._next_live:
+            from distlaunch.launcher.diagnosis.progress_view import live_line, task_progress
+
             self._next_live = now + LIVE_INTERVAL_S
             rows = task_progress(self.run_dir, self.record)
             self.console.show_live(live_line(rows))
@@ -341,6 +353,8 @@ class Supervisor:
         self._held = {t.name for t in savers if not self._takes_notice(t)}
         now = time.monotonic()
         save_s = self.timeouts.save_s
+        from distlaunch.launcher.record import checkpoints
+
         index = checkpoints.latest(contract.checkpoint_dir(self.run_dir))
         self.notice = _Notice(signum, now + save_s, notify, now, index.step if index else None)
         ready = [t.handle for t in savers if t.name not in self._held]
@@ -472,6 +486,8 @@ class Supervisor:
             oom = self._oom.kill_of(self._program(task), code, self.watchdog.rss.get(task.name))
             if oom:
                 how = ended["exit"] = oom
+        from distlaunch.launcher.diagnosis import evidence
+
         found = self._evidence(task.plan) if code != 0 else None
         lost = evidence.peer_lost(found)
         if lost:
@@ -866,6 +882,8 @@ class Supervisor:
     def _what_was_saved(self) -> str:
         """What a resume would start from, from the checkpoint index (what the tasks saved even
         when they could not say so)."""
+        from distlaunch.launcher.record import checkpoints
+
         assert self.notice is not None
         index = checkpoints.latest(contract.checkpoint_dir(self.run_dir))
         if index is None:
@@ -954,6 +972,8 @@ class Supervisor:
             now, self.timeouts.formation_s
         ):
             return None
+        from distlaunch.launcher.diagnosis import formation
+
         self._formation_seen = self.settled_since
         name = formation.leader(list(self.tasks))
         if name is None:
@@ -1086,6 +1106,8 @@ class Supervisor:
             if task.handle is not None:
                 task.handle.close()
         self.book.save()
+        from distlaunch.launcher.record import checkpoints
+
         # Every task is gone: what a save cut short left is nobody's any more.
         removed = checkpoints.remove_cut_saves(contract.checkpoint_dir(self.run_dir))
         if removed:
@@ -1102,6 +1124,8 @@ class Supervisor:
         kind: EventKind,
         exit_code: int | None,
     ) -> Failure:
+        from distlaunch.launcher.diagnosis.summary import Failure
+
         attempt = task.ledger.entry.attempt
         return Failure(
             task=task.name,
@@ -1119,6 +1143,8 @@ class Supervisor:
         )
 
     def _evidence(self, plan: TaskPlan) -> evidence.Evidence | None:
+        from distlaunch.launcher.diagnosis.summary import Failure, evidence_of
+
         error_file = contract.error_path(self.run_dir, plan.attempt, plan.role, plan.index)
         return evidence_of(Failure(plan.name, "", plan.log_file, str(error_file), 0.0))
 
