@@ -89,10 +89,12 @@ AFTER_FIRST_TASK = (
     "distlaunch.launcher.diagnosis.formation",
     "distlaunch.launcher.diagnosis.hints",
     "distlaunch.launcher.diagnosis.progress_view",
+    "distlaunch.launcher.diagnosis.stacks",
     "distlaunch.launcher.diagnosis.summary",
     "distlaunch.launcher.record.checkpoints",
     "ctypes",
     "secrets",
+    "socket",
     "sysconfig",
 )
 

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING
 
 from distlaunch.launcher.core.console import Console, LogFollower
 from distlaunch.launcher.core.errors import Interrupted
-from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.diagnosis.oom import OomKills
 from distlaunch.launcher.diagnosis.watchdog import Sample, Watchdog
 from distlaunch.launcher.plan.plan import Plan, TaskPlan, for_attempt
@@ -71,12 +70,12 @@ from distlaunch.launcher.transports.base import (
 from distlaunch.worker import contract
 
 if TYPE_CHECKING:
-    from distlaunch.launcher.diagnosis import evidence
+    from distlaunch.launcher.diagnosis import evidence, stacks
     from distlaunch.launcher.diagnosis.summary import Failure
 
 # What only a run's events and its end use (the evidence of a failure and its summary, the
-# cluster's formation, the live progress line, the checkpoint index) is imported in the methods
-# that use it: loaded here it would delay every run's first task (bench/startup.py; kept out of
+# tasks' stacks, the cluster's formation, the live progress line, the checkpoint index) is
+# imported in the methods that use it: loaded here it would delay every run's first task (bench/startup.py; kept out of
 # that path by tests/test_startup_imports.py).
 
 # How often logs are echoed and deadlines checked while nothing else happens.
@@ -558,6 +557,8 @@ class Supervisor:
     def _on_silence(self, task: _Task, silent_s: float) -> RunResult | None:
         """No task output, heartbeat or CPU for silence_s: capture where every task is, then
         report the silent task stuck in its own code (the others wait in TensorFlow for it)."""
+        from distlaunch.launcher.diagnosis import stacks
+
         captures = self._capture_stacks()
         # Who may be named hung: the tasks silent for most of the window too (the hung one went
         # quiet around when its peers blocked on it); a task that printed or beat since works.
@@ -579,6 +580,8 @@ class Supervisor:
     def _capture_stacks(self) -> list[stacks.Capture]:
         """Every running task's stacks, into RUN/stacks/<time>/ (Python frames: fast), each read
         where the task runs, as its transport says."""
+        from distlaunch.launcher.diagnosis import stacks
+
         sources = {
             t.name: self.transport.stacks(t.handle, native=False)
             for t in self.tasks.values()
@@ -595,12 +598,20 @@ class Supervisor:
         self.stacks_dir = str(captures[0].file.parent) if captures else ""
         return captures
 
+    def _stacks_where(self, silent: bool = False) -> tuple[str, ...]:
+        """Every running task's stacks captured (`_capture_stacks`), one line each."""
+        from distlaunch.launcher.diagnosis import stacks
+
+        return tuple(stacks.summary(self._capture_stacks(), silent=silent))
+
     def _program(self, task: _Task) -> int:
         """The pid of the task's program (below taskinit's keeper), found once it exists."""
         assert task.handle is not None
         keeper = task.handle.pid
         found = self._programs.get(task.name)
         if found is None or found == keeper:
+            from distlaunch.launcher.diagnosis import stacks
+
             found = self._programs[task.name] = stacks.program_pid(keeper)
         return found
 
@@ -668,13 +679,13 @@ class Supervisor:
         follow_on = f"{task.name} {how} with a follow-on error: peer lost"
         if decision.cause is None:
             # Nobody has died on their own (yet): the stacks of the others show who is stuck.
-            where = tuple(stacks.summary(self._capture_stacks()))
+            where = self._stacks_where()
             note = "; ".join(x for x in ("peer lost: no other task had failed", note) if x)
             return self._failure(task, how, note, where, event.kind, event.returncode)
         cause = self.tasks[decision.cause]
         if cause.alive:
             # Named lost by its peers but still there (frozen, or cut off): show where it is.
-            where = tuple(stacks.summary(self._capture_stacks()))
+            where = self._stacks_where()
             cause_how = "stopped answering its peers (its process was still there)"
             kind, code = EventKind.HUNG, None
         else:
@@ -813,7 +824,7 @@ class Supervisor:
         if self.timeouts.heartbeat_s is not None:
             silent = self._silent_for(task, wall)
             if silent is not None and silent > self.timeouts.heartbeat_s:
-                where = tuple(stacks.summary(self._capture_stacks(), silent=True))
+                where = self._stacks_where(silent=True)
                 return self._on_hang(task, f"no heartbeat for {silent:.0f} s", where, silent)
         silent = self.watchdog.observe(task.name, now, self._sample(task))
         if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
@@ -960,7 +971,7 @@ class Supervisor:
     ) -> RunResult | None:
         """A deadline passed for ``task`` (startup_s, formation_s, run_s): the policy decides;
         ``capture``: the stacks of every running task go with the failure."""
-        where = tuple(stacks.summary(self._capture_stacks())) if capture else ()
+        where = self._stacks_where() if capture else ()
         event = TaskEvent(task.name, task.plan.role, None, kind=kind, detail=how)
         return self._apply(task, event, self._decide(event), how, where=where)
 

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.console import Console
-from distlaunch.launcher.diagnosis.stacks import Source
 from distlaunch.launcher.network import netns
 from distlaunch.launcher.plan import placement, ports
 from distlaunch.launcher.plan.cpu_fit import Topology
@@ -41,7 +40,10 @@ from distlaunch.launcher.transports.local import cpus, gpus
 from distlaunch.launcher.transports.local.transport import LocalTransport, recorded_task_stacks
 from distlaunch.worker import contract
 
-if TYPE_CHECKING:  # imported where a run has SSH hosts (see the module docstring)
+if TYPE_CHECKING:
+    from distlaunch.launcher.diagnosis.stacks import Source
+
+    # Imported where a run has SSH hosts (see the module docstring).
     from distlaunch.launcher.network.firewall import Protection
     from distlaunch.launcher.transports.ssh.preflight import HostReport
     from distlaunch.launcher.transports.ssh.transport import Session
