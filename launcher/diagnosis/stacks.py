@@ -472,7 +472,7 @@ def _library_roots() -> tuple[Path, ...]:
     """This interpreter's stdlib and site-packages folders, read at the first stack parsed.
 
     Not at import: every transport imports this module on the way to a run's first task, and
-    sysconfig with its data takes ~1.5 ms to load (bench/startup.py).
+    sysconfig with its data takes ~1 ms to load (bench/startup.py).
     """
     import sysconfig
 

@@ -75,8 +75,8 @@ if TYPE_CHECKING:
 
 # What only a run's events and its end use (the evidence of a failure and its summary, the
 # tasks' stacks, the cluster's formation, the live progress line, the checkpoint index) is
-# imported in the methods that use it: loaded here it would delay every run's first task (bench/startup.py; kept out of
-# that path by tests/test_startup_imports.py).
+# imported by the methods that use it: loaded with this module, it would delay every run's
+# first task (bench/startup.py; tests/test_cli.py keeps it off that path).
 
 # How often logs are echoed and deadlines checked while nothing else happens.
 PUMP_INTERVAL_S = 0.05
@@ -347,13 +347,13 @@ class Supervisor:
 
     def _notify(self, signum: int) -> None:
         """Send every running training task a stop notice, or hold it for those still starting."""
+        from distlaunch.launcher.record import checkpoints
+
         notify = self.transport.notify  # type: ignore[attr-defined]  # the policy checked it
         savers = [t for n in self.policy.cluster.savers() if (t := self.tasks[n]).alive]
         self._held = {t.name for t in savers if not self._takes_notice(t)}
         now = time.monotonic()
         save_s = self.timeouts.save_s
-        from distlaunch.launcher.record import checkpoints
-
         index = checkpoints.latest(contract.checkpoint_dir(self.run_dir))
         self.notice = _Notice(signum, now + save_s, notify, now, index.step if index else None)
         ready = [t.handle for t in savers if t.name not in self._held]
@@ -460,6 +460,8 @@ class Supervisor:
         return ""
 
     def _on_exit(self, task: _Task) -> RunResult | None:
+        from distlaunch.launcher.diagnosis import evidence
+
         assert task.handle is not None and task.follower is not None
         code = task.handle.exit_status()  # its exit fd is readable: it has exited, this reaps it
         assert code is not None, f"{task.name}: exit fd readable but no exit status"
@@ -485,8 +487,6 @@ class Supervisor:
             oom = self._oom.kill_of(self._program(task), code, self.watchdog.rss.get(task.name))
             if oom:
                 how = ended["exit"] = oom
-        from distlaunch.launcher.diagnosis import evidence
-
         found = self._evidence(task.plan) if code != 0 else None
         lost = evidence.peer_lost(found)
         if lost:
@@ -1101,6 +1101,8 @@ class Supervisor:
         Stopping comes first and nothing here raises for a record it cannot write (a full
         disk): the tasks must end whatever happened to the run dir.
         """
+        from distlaunch.launcher.record import checkpoints
+
         self.console.show_live(None)
         self.book.best_effort = True
         if self.standbys is not None:
@@ -1117,8 +1119,6 @@ class Supervisor:
             if task.handle is not None:
                 task.handle.close()
         self.book.save()
-        from distlaunch.launcher.record import checkpoints
-
         # Every task is gone: what a save cut short left is nobody's any more.
         removed = checkpoints.remove_cut_saves(contract.checkpoint_dir(self.run_dir))
         if removed:
