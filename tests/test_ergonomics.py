@@ -443,28 +443,6 @@ def test_the_echo_hides_noise_only_when_asked(tmp: Path, quiet: bool) -> None:
     assert shown == [b"w | " + line for line in [*expected, b"last"]]
 
 
-@pytest.mark.integration
-def test_up_local2_console_has_no_tf_noise_but_its_logs_do(tmp: Path) -> None:
-    result = distlaunch(
-        "up",
-        str(REPO / "cluster_specs" / "local2.json"),
-        "--fresh",
-        "--set",
-        f"shared_dir={tmp / 'runs'}",
-        "--set",
-        'program.args=["--epochs","1","--steps-per-epoch","5"]',
-        cwd=tmp,
-    )
-    assert result.returncode == 0, result.stderr
-    console = result.stdout + result.stderr
-    noise = re.compile(r"oneDNN|cuda|cuInit|absl|cpu_feature_guard|I0000|rebuild TensorFlow", re.I)
-    assert "final loss" in console and not noise.search(console), console
-    assert "\x1b[K" not in console  # piped: no live line
-    for log in (only_run_dir(tmp / "runs") / "logs" / "attempt-0").glob("*.log"):
-        text = log.read_text()
-        assert "absl::InitializeLog" in text and "cpu_feature_guard" in text and "cuInit" in text
-
-
 # ---- status --watch and the live line, in a real terminal --------------------------------------
 
 
