@@ -2,10 +2,10 @@
 
 Real 2-worker MWMS runs of `dw.fit` on the local backend: SIGTERM to `up` and `distlaunch down`
 each make every worker save the same step and exit "preempted"; `up --resume` goes on from
-exactly that step; `down --now` skips the save; a data-loader child never gets the notice; a
-save that misses timeouts.save_s stops the run as before and names the tasks (that one, and a
-program that cannot save, on stand-ins that serve on their ports: the launcher's side). The policy's and
-the exit-code table's decisions are checked with scripted inputs.
+exactly that step; `down --now` skips the save; a data-loader child never gets the notice. A
+save that misses timeouts.save_s stops the run as before and names the tasks, and a program that
+cannot save is stopped at once (both on stand-ins serving on their ports: the launcher's side).
+The policy's and the exit-code table's decisions are checked with scripted inputs.
 """
 
 from __future__ import annotations
