@@ -361,8 +361,11 @@ def test_run_stop_from_python_saves_by_default_and_not_with_save_false(tmp, monk
     saved = _saved_steps(run.run_dir, 0)
     assert len(saved) == 2 and saved[0] == saved[1]
 
-    # save=False is `down --now`: stopped at once, no notice, no save.
-    now = distlaunch.launch({**spec, "shared_dir": str(tmp / "now" / "runs")}, console=None)
+    # save=False is `down --now`: stopped at once, no notice, no save. Shown on a stand-in that
+    # takes notices as dw.fit does (distlaunch.worker.preempt) and would say so.
+    (tmp / "steps.py").write_text(STEPS)
+    steps = {**spec, "program": {"script": "steps.py"}, "shared_dir": str(tmp / "now" / "runs")}
+    now = distlaunch.launch(steps, console=None)
     try:
         _training(tmp / "now")
         result = now.stop(save=False)
@@ -395,6 +398,22 @@ def test_a_save_that_misses_its_deadline_stops_the_run_and_names_the_tasks(tmp):
     assert record["state"] == "interrupted"
     assert "notice ignored" in (run_dir / "logs" / "attempt-0" / "worker-1.log").read_text()
     assert not processes_of_run(record["run_id"])
+
+
+# A stand-in for dw.fit's side of a notice: it logs a step every 20 ms and takes SIGTERM as a
+# notice as dw.fit does (preempt.watch: not when the launcher stops the attempt at once), and on
+# one says it saved and exits 75.
+STEPS = (
+    "from distlaunch.worker import preempt\n"
+    + SERVES
+    + """preempt.watch()
+for step in range(1, 10**6):
+    time.sleep(0.02)
+    print(f"epoch 1/1 step {step}", flush=True)
+    if preempt.noticed():
+        preempt.stop(step, 0.0)
+"""
+)
 
 
 # A plain MWMS script: no distlaunch, no handler of TensorFlow's or Keras's, so nothing in it can
