@@ -1,5 +1,8 @@
 """The warm pool of `distlaunch.run`: later calls of one process reuse the tasks of an earlier
-call (real TensorFlow processes), and any failure behaves as it does without the pool.
+call (real TensorFlow processes, a strategy made again in each call), and any failure behaves
+as it does without the pool. What the pool does with any interpreter (its close, its off switch,
+a failed or killed task, a killed caller) is shown on calls that import no TensorFlow: each
+TensorFlow start costs seconds and would show nothing more there.
 
 A task runs in its own PID namespace (os.getpid() is the same small number in every task), so
 an interpreter is told apart by a token it draws once and keeps in a module of its own (not in
@@ -58,18 +61,28 @@ def interpreter(label: str) -> dict[str, str]:
     return {"token": token, "run": os.environ["DISTLAUNCH_RUN_ID"]}
 
 
+def interpreter_only(label: str) -> dict[str, str]:
+    """`interpreter` without TensorFlow, for what the pool does with any interpreter (close,
+    off switch, failures, a killed caller): which interpreter this is, and its run."""
+    import uuid
+
+    token = os.__dict__.setdefault("pool_test_token", uuid.uuid4().hex)
+    print(f"{label} in {token}", flush=True)
+    return {"token": token, "run": os.environ["DISTLAUNCH_RUN_ID"]}
+
+
 def tokens(values: dict[str, dict[str, str]]) -> dict[str, str]:
     return {task: v["token"] for task, v in values.items()}
 
 
 def test_close_pool_ends_the_warm_cluster_and_the_next_call_starts_anew(here):
-    first = distlaunch.run(interpreter, "first", quiet=True)
+    first = distlaunch.run(interpreter_only, "first", quiet=True)
     run_id = first["worker-0"]["run"]
     assert processes_of_run(run_id)  # the idle cluster waits for the next call
     distlaunch.close_pool()
     assert not processes_of_run(run_id)
     assert json.loads((here / "runs" / run_id / "run.json").read_text())["state"] == "succeeded"
-    second = distlaunch.run(interpreter, "second", quiet=True)
+    second = distlaunch.run(interpreter_only, "second", quiet=True)
     assert second["worker-0"]["run"] != run_id
     assert set(tokens(second).values()).isdisjoint(tokens(first).values())
     distlaunch.close_pool()
@@ -105,7 +118,7 @@ def test_consecutive_calls_reuse_the_same_task_processes(here, capsys):
 def test_closing_the_pool_ends_its_run_as_a_one_shot_call_ends(here):
     # Its tasks return at the close (no TERM for TensorFlow to swallow, no grace waited out):
     # the run succeeds, as a one-shot call's does, and nothing of it is left.
-    values = distlaunch.run(interpreter, "once", quiet=True)
+    values = distlaunch.run(interpreter_only, "once", quiet=True)
     run_dir = here / "runs" / values["worker-0"]["run"]
     api_pool.close()
     record = json.loads((run_dir / "run.json").read_text())
@@ -116,8 +129,8 @@ def test_closing_the_pool_ends_its_run_as_a_one_shot_call_ends(here):
 
 def test_the_environment_variable_turns_the_pool_off(here, monkeypatch):
     monkeypatch.setenv(api_pool.POOL_ENV, "0")
-    first = distlaunch.run(interpreter, "one", quiet=True)
-    second = distlaunch.run(interpreter, "two", quiet=True)
+    first = distlaunch.run(interpreter_only, "one", quiet=True)
+    second = distlaunch.run(interpreter_only, "two", quiet=True)
     assert set(tokens(first).values()).isdisjoint(tokens(second).values())
     assert processes_of_run(first["worker-0"]["run"]) == []
 
@@ -132,7 +145,7 @@ def raise_on_worker_1() -> None:
 
 
 def test_a_raising_call_raises_its_exception_and_the_next_call_starts_fresh(here):
-    warm = distlaunch.run(interpreter, "warm", quiet=True)
+    warm = distlaunch.run(interpreter_only, "warm", quiet=True)
     with pytest.raises(PoolTestError, match="raised in a warm task") as caught:
         distlaunch.run(raise_on_worker_1, quiet=True)
     assert type(caught.value.__cause__).__name__ == "RemoteTraceback"
@@ -142,13 +155,13 @@ def test_a_raising_call_raises_its_exception_and_the_next_call_starts_fresh(here
     record = json.loads((here / "runs" / run_id / "run.json").read_text())
     assert record["state"] == "failed"
     assert processes_of_run(run_id) == []
-    fresh = distlaunch.run(interpreter, "fresh", quiet=True)
+    fresh = distlaunch.run(interpreter_only, "fresh", quiet=True)
     assert set(tokens(fresh).values()).isdisjoint(tokens(warm).values())
     assert fresh["worker-0"]["run"] != run_id
 
 
 def test_sigkill_of_a_pool_task_during_a_call_raises_task_error(here):
-    warm = distlaunch.run(interpreter, "warm", quiet=True)
+    warm = distlaunch.run(interpreter_only, "warm", quiet=True)
     run_id = warm["worker-0"]["run"]
 
     def wait_forever():
@@ -171,7 +184,7 @@ def test_sigkill_of_a_pool_task_during_a_call_raises_task_error(here):
     assert str(caught.value) == line
     assert line.startswith(f"run {run_id} failed: worker-1 signal SIGKILL after ")
     assert caught.value.failure.kind == "signal"
-    again = distlaunch.run(interpreter, "again", quiet=True)
+    again = distlaunch.run(interpreter_only, "again", quiet=True)
     assert again["worker-0"]["run"] != run_id
     assert set(tokens(again).values()).isdisjoint(tokens(warm).values())
 
@@ -179,10 +192,10 @@ def test_sigkill_of_a_pool_task_during_a_call_raises_task_error(here):
 CALLER = """
 import sys
 import distlaunch
-from test_api_pool import interpreter
+from test_api_pool import interpreter_only
 
-first = distlaunch.run(interpreter, "first", quiet=True)
-distlaunch.run(interpreter, "second", quiet=True)
+first = distlaunch.run(interpreter_only, "first", quiet=True)
+distlaunch.run(interpreter_only, "second", quiet=True)
 print(first["worker-0"]["run"], flush=True)
 import time
 time.sleep(600)

@@ -103,40 +103,6 @@ def test_mwms_worker_killed_twice_gang_restarts_and_finishes(tmp, launch):
     assert not processes_of_run(rec["run_id"])
 
 
-def test_mwms_both_workers_exit_at_once_gang_restarts_and_finishes(tmp, launch):
-    """MWMS peers die within milliseconds of each other: the launcher must take both exits of one
-    event-loop turn and restart the gang once (it crashed on a KeyError in supervisor.py)."""
-    epochs, steps = 3, 20
-    spec = write_spec(
-        tmp,
-        program=example("mnist_mlp", epochs, steps, "--checkpoint-every", str(INTERVAL)),
-        restart=ON_FAILURE,
-    )
-    launcher = launch(spec)
-    run_dir = wait_for_run_dir(tmp / "runs", launcher)
-    wait_for(
-        lambda: all_running(run_dir) and latest_checkpoint_step(run_dir) > 0,
-        "a first checkpoint",
-    )
-    pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
-    # Both exits are made to land in one select() batch: the launcher sleeps through them.
-    os.kill(launcher.pid, signal.SIGSTOP)
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    wait_for(
-        lambda: not any(os.path.exists(f"/proc/{pid}/fd/0") for pid in pids),
-        "both workers to be dead",
-    )
-    os.kill(launcher.pid, signal.SIGCONT)
-    launcher.wait(timeout=300)
-    assert launcher.returncode == 0
-    rec = run_record(run_dir)
-    assert rec["state"] == "succeeded"
-    metrics = json.loads((run_dir / "metrics" / "worker-0.json").read_text())
-    assert metrics[-1]["step"] == epochs * steps
-    assert not processes_of_run(rec["run_id"])
-
-
 NON_RETRYABLE = """
 import os, sys
 import distlaunch.worker as dw
@@ -306,9 +272,12 @@ sys.exit(1)
 """
 
 
-def test_two_workers_exiting_in_one_batch_gang_restart_once_and_succeed(tmp, launch):
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_two_workers_exiting_in_one_batch_gang_restart_once_and_succeed(tmp, launch, how):
     # Issue 14 item 1: both exits reach the launcher in one select() batch (it is stopped while
-    # they exit), as MWMS peers that fail within milliseconds of each other do.
+    # they exit or are killed), as MWMS peers that fail within milliseconds of each other do (it
+    # crashed on a KeyError in supervisor.py). Stand-ins: the launcher's side is the same for
+    # TensorFlow workers, and test_mwms_worker_killed_twice_... shows a real gang resuming.
     (tmp / "task.py").write_text(BOTH_EXIT)
     go = tmp / "go"
     spec = write_spec(tmp, program={"script": "task.py", "args": [str(go)]}, restart=ON_FAILURE)
@@ -322,7 +291,11 @@ def test_two_workers_exiting_in_one_batch_gang_restart_once_and_succeed(tmp, lau
     pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]
     os.kill(launcher.pid, signal.SIGSTOP)
     try:
-        go.touch()
+        if how == "exit":
+            go.touch()
+        else:
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
         wait_for(lambda: all(_ended(pid) for pid in pids), "both workers exited")
     finally:
         os.kill(launcher.pid, signal.SIGCONT)

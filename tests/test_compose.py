@@ -41,25 +41,25 @@ MNIST = {
     "args": ["--epochs", "1", "--steps-per-epoch", "5"],
 }
 
-# Joins its cluster, then only waits: a peer's death reaches it through TF's coordination
-# heartbeat (10 s) at the earliest, long after the launcher saw the container exit.
+# A stand-in task (no TensorFlow: what these tests check is the launcher's and the engine's, and
+# a TensorFlow start in each container costs seconds): it listens on its TF_CONFIG port in its
+# container as a server would (the launcher sees it join) and, as TensorFlow's handler does,
+# swallows SIGTERM (a stop kills it after grace_s), then waits; a task restarted in a later
+# attempt joins and ends. A peer's death would reach a real worker only through TF's
+# coordination heartbeat (10 s) at the earliest, so a waiting peer is what a real one shows.
 JOIN_AND_WAIT = """
-import time
-import distlaunch.worker as dw
-dw.strategy()
-print("joined", flush=True)
-time.sleep(3600)
-"""
-
-# Like JOIN_AND_WAIT in its first attempt; a restarted task joins and ends.
-JOIN_ONCE = """
-import os
-import time
-import distlaunch.worker as dw
-dw.strategy()
+import json, os, signal, socket, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+cfg = json.loads(os.environ["TF_CONFIG"])
+me = cfg["task"]
+port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("", port))
+server.listen()
 attempt = os.environ["DISTLAUNCH_ATTEMPT"]
 print(f"joined in attempt {attempt}", flush=True)
-if attempt == "0":
+if attempt == "0" or sys.argv[1:] != ["--once"]:
     time.sleep(3600)
 """
 
@@ -385,9 +385,11 @@ def test_killing_a_worker_container_fails_the_run_and_names_it(image, tmp):
 
 @pytest.mark.integration
 def test_a_restart_starts_new_containers_with_the_new_attempt(image, tmp):
-    (tmp / "task.py").write_text(JOIN_ONCE)
+    (tmp / "task.py").write_text(JOIN_AND_WAIT)
     spec = write_spec(
-        tmp, restart={"policy": "on-failure", "max_restarts": 1, "backoff": {"initial_s": 0}}
+        tmp,
+        program={"script": "task.py", "args": ["--once"]},
+        restart={"policy": "on-failure", "max_restarts": 1, "backoff": {"initial_s": 0}},
     )
     launcher = _start_up(tmp, spec)
     try:

@@ -1,5 +1,6 @@
-"""The default console holds what the program and distlaunch say, never a TensorFlow record's
-continuation lines (a ps or worker server's configuration dump); the log files keep everything."""
+"""The default console holds what the program and distlaunch say, never TensorFlow's start noise
+or a TensorFlow record's continuation lines (a ps or worker server's configuration dump); the log
+files keep everything."""
 
 from __future__ import annotations
 
@@ -82,6 +83,12 @@ _DUMP_LINE = re.compile(
 )
 
 
+# What TensorFlow writes at its start, in every task's log.
+_START_NOISE = re.compile(
+    r"oneDNN|cuda|cuInit|absl|cpu_feature_guard|I0000|rebuild TensorFlow", re.IGNORECASE
+)
+
+
 def _dump_lines(console: str) -> list[str]:
     return [line for line in console.splitlines() if _DUMP_LINE.match(line)]
 
@@ -115,10 +122,15 @@ def test_up_consoles_hold_no_line_of_a_tensorflow_dump(
     console = result.stdout + result.stderr
     assert result.returncode == 0, console
     assert _dump_lines(console) == [], console
+    # ...nor a line of TensorFlow's start (oneDNN, CUDA, absl), nor a live line (piped).
+    assert not _START_NOISE.search(console), console
+    assert "\x1b[K" not in console
     for task, text in printed:  # the program's own lines are still there
         assert re.search(rf"^{task} *\| .*{text}", console, re.MULTILINE), console
-    logs = "".join(
+    logs = [
         log.read_text() for log in (only_run_dir(tmp / "runs") / "logs" / "attempt-0").glob("*.log")
-    )
-    # The logs keep everything: here each server's dump.
-    assert ("goo.gle/debug" in logs and "device_count {" in logs) == dumped
+    ]
+    # The logs keep everything: each task's start noise, and here each server's dump.
+    for text in logs:
+        assert "absl::InitializeLog" in text and "cpu_feature_guard" in text and "cuInit" in text
+    assert ("goo.gle/debug" in "".join(logs) and "device_count {" in "".join(logs)) == dumped

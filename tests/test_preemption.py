@@ -2,9 +2,10 @@
 
 Real 2-worker MWMS runs of `dw.fit` on the local backend: SIGTERM to `up` and `distlaunch down`
 each make every worker save the same step and exit "preempted"; `up --resume` goes on from
-exactly that step; `down --now` skips the save; a data-loader child never gets the notice; a
-save that misses timeouts.save_s stops the run as before and names the tasks. The policy's and
-the exit-code table's decisions are checked with scripted inputs.
+exactly that step; `down --now` skips the save; a data-loader child never gets the notice. A
+save that misses timeouts.save_s stops the run as before and names the tasks, and a program that
+cannot save is stopped at once (both on stand-ins serving on their ports: the launcher's side).
+The policy's and the exit-code table's decisions are checked with scripted inputs.
 """
 
 from __future__ import annotations
@@ -60,16 +61,33 @@ from distlaunch.worker.examples.mnist_mlp import main
 main(sys.argv[1:])
 """
 
-# A program that takes the notice and never saves: the launcher's deadline must stop it.
-NEVER_SAVES = """
-import signal, time
-import distlaunch.worker as dw
-dw.strategy()
-signal.signal(signal.SIGTERM, lambda signum, frame: print("notice ignored", flush=True))
+# Stand-ins of the two programs below (no TensorFlow: what is tested there is the launcher's
+# deadline and its reading of the program, and a TensorFlow start costs seconds): each serves
+# on its task port as a TensorFlow server would (the launcher holds a notice until a task's
+# server is up), then prints "serving" and waits.
+SERVES = """
+import json, os, signal, socket, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+me = cfg["task"]
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("", int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])))
+server.listen()
+"""
+WAITS = """
 print("serving", flush=True)
 while True:
     time.sleep(1)
 """
+
+# A program that takes the notice and never saves: the launcher's deadline must stop it. It
+# imports distlaunch.worker (whose dw.fit saves on a notice: the launcher waits save_s for it).
+NEVER_SAVES = (
+    "import distlaunch.worker\n"
+    + SERVES
+    + 'signal.signal(signal.SIGTERM, lambda signum, frame: print("notice ignored", flush=True))\n'
+    + WAITS
+)
 
 
 # A user's own loop with TensorFlow's PreemptionCheckpointHandler (it takes SIGTERM over from
@@ -343,8 +361,11 @@ def test_run_stop_from_python_saves_by_default_and_not_with_save_false(tmp, monk
     saved = _saved_steps(run.run_dir, 0)
     assert len(saved) == 2 and saved[0] == saved[1]
 
-    # save=False is `down --now`: stopped at once, no notice, no save.
-    now = distlaunch.launch({**spec, "shared_dir": str(tmp / "now" / "runs")}, console=None)
+    # save=False is `down --now`: stopped at once, no notice, no save. Shown on a stand-in that
+    # takes notices as dw.fit does (distlaunch.worker.preempt) and would say so.
+    (tmp / "steps.py").write_text(STEPS)
+    steps = {**spec, "program": {"script": "steps.py"}, "shared_dir": str(tmp / "now" / "runs")}
+    now = distlaunch.launch(steps, console=None)
     try:
         _training(tmp / "now")
         result = now.stop(save=False)
@@ -379,16 +400,25 @@ def test_a_save_that_misses_its_deadline_stops_the_run_and_names_the_tasks(tmp):
     assert not processes_of_run(record["run_id"])
 
 
-# A plain MWMS script: no distlaunch, no handler of TensorFlow's or Keras's, so nothing in it can
-# save on a notice (and TensorFlow's own SIGTERM handler swallows the signal).
-PLAIN = """
-import time
-import tensorflow as tf
-tf.distribute.MultiWorkerMirroredStrategy()
-print("serving", flush=True)
-while True:
-    time.sleep(1)
+# A stand-in for dw.fit's side of a notice: it logs a step every 20 ms and takes SIGTERM as a
+# notice as dw.fit does (preempt.watch: not when the launcher stops the attempt at once), and on
+# one says it saved and exits 75.
+STEPS = (
+    "from distlaunch.worker import preempt\n"
+    + SERVES
+    + """preempt.watch()
+for step in range(1, 10**6):
+    time.sleep(0.02)
+    print(f"epoch 1/1 step {step}", flush=True)
+    if preempt.noticed():
+        preempt.stop(step, 0.0)
 """
+)
+
+
+# A plain MWMS script: no distlaunch, no handler of TensorFlow's or Keras's, so nothing in it can
+# save on a notice; it swallows SIGTERM as TensorFlow's own handler does (a stand-in, above).
+PLAIN = SERVES + "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + WAITS
 
 
 def test_a_program_that_cannot_save_is_stopped_at_once_as_before(tmp):

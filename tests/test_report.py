@@ -102,11 +102,13 @@ def _in_chromium(page: Path, shot: Path) -> _Svg:
     of the page's DOM as Chromium built it."""
     args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,1400"]
     url = page.resolve().as_uri()
-    subprocess.run(
-        [*args, f"--screenshot={shot}", url], capture_output=True, timeout=180, check=True
-    )
+    # One start of Chromium does both (each start costs seconds).
     dom = subprocess.run(
-        [*args, "--dump-dom", url], capture_output=True, text=True, timeout=180, check=True
+        [*args, f"--screenshot={shot}", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
     )
     assert shot.stat().st_size > 10_000  # a picture, not a blank page
     svg = _Svg()

@@ -132,7 +132,7 @@ WRONG: list[Any] = [
 
 # YAML scalars as written, read as YAML 1.2 (or refused): each replaces one value of a base.
 YAML_SCALARS = [
-    "02222",
+    "0222",  # YAML 1.2: decimal 222 (YAML 1.1: octal); 1025 (WRONG) is the big cluster exported
     "0o17",
     "0x10",
     "010",

@@ -1,4 +1,5 @@
-"""`distlaunch up` end to end with real 2-process MWMS clusters on localhost ports."""
+"""`distlaunch up` end to end with real 2-process MWMS clusters on localhost ports (a stand-in where
+only the launcher's own teardown is tested)."""
 
 from __future__ import annotations
 
@@ -122,8 +123,25 @@ def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp, launch
     assert len(set(_final_losses(run_dir, attempt=1))) == 1
 
 
+# A stand-in task (no TensorFlow: what dies with the launcher is the launcher's business): it
+# serves on its task port as a TensorFlow server does and, as TensorFlow's handler does, swallows
+# SIGTERM, so only the launcher's own teardown (a kill) can end it.
+SWALLOWS_SIGTERM = """
+import json, os, signal, socket, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+cfg = json.loads(os.environ["TF_CONFIG"])
+me = cfg["task"]
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("", int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])))
+server.listen()
+time.sleep(3600)
+"""
+
+
 def test_killing_the_launcher_leaves_no_task_behind(tmp, launch):
-    spec = write_spec(tmp, program=example("mnist_mlp", 1000, 1000))
+    (tmp / "task.py").write_text(SWALLOWS_SIGTERM)
+    spec = write_spec(tmp)
     launcher = launch(spec)
     run_dir = _running_run(tmp, launcher)
     pids = [t["pid"] for t in run_record(run_dir)["tasks"].values()]

@@ -204,6 +204,8 @@ def _ended_mid_call(run: api.Run, task: str) -> None:
 
 def _settle(run: api.Run) -> None:
     """Let the call's last lines reach its console, then detach it (see the module docstring)."""
+    if run.console is None:
+        return  # a quiet call: its lines go to the run dir only, there is nothing to wait for
     start = time.monotonic()
     while True:
         now = time.monotonic()
