@@ -60,9 +60,10 @@ import sys
 import time
 from typing import Any
 
-# Bumped whenever the request format or the worker contract changes; the launcher's preflight
-# refuses a host whose helper speaks another protocol.
-PROTOCOL = 3
+# Bumped whenever the request format, the agent's lines (distlaunch.worker.agent, which has the
+# same number) or the worker contract changes; preflight refuses a host that speaks another.
+# 4: one agent per host runs every task of the host under this helper.
+PROTOCOL = 4
 STOP = b"stop"
 NOTICE = b"notice"
 # Exit codes for a task that could not be started, as POSIX shells use them.

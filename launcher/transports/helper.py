@@ -41,7 +41,7 @@ HELPER_MODULE = "distlaunch.worker.remote"
 # After `stop`, the helper takes grace_s to end the task; this is added for the network.
 STOP_MARGIN_S = 5.0
 JOIN_CONNECT_TIMEOUT_S = 0.5
-# How much of a task's log end is read for the helper's last line (`_log_ends_with_death`).
+# How much of a task's log end is read for the helper's last line (`log_ends_with_death`).
 _TAIL_BYTES = 4096
 # Run files a task writes; on machines that do not share the run dir the helper creates their folders.
 _TASK_FILES = (contract.ERROR_FILE, contract.STATUS_FILE, contract.METRICS_FILE)
@@ -88,7 +88,7 @@ class HelperHandle(procs.TaskProcess):
         would read as a program that saved on its own SIGTERM handler (contract.EXIT_CODES). The
         helper's last line in the log tells the two apart."""
         code = super().exit_status()
-        if code == 128 + signal.SIGTERM and _log_ends_with_death(self.task.log_file):
+        if code == 128 + signal.SIGTERM and log_ends_with_death(self.task.log_file):
             return -signal.SIGTERM
         return code
 
@@ -112,7 +112,7 @@ class HelperHandle(procs.TaskProcess):
         super().close()
 
 
-def _log_ends_with_death(log_file: str) -> bool:
+def log_ends_with_death(log_file: str) -> bool:
     """Whether the helper's last line in ``log_file`` says its task died of SIGTERM."""
     try:
         with open(log_file, "rb") as log:
@@ -120,6 +120,25 @@ def _log_ends_with_death(log_file: str) -> bool:
             return remote.ended_by(log.read(), signal.SIGTERM)
     except OSError:
         return False
+
+
+def request_of(task: TaskPlan, umask: int | None, grace_s: float) -> dict:
+    """The JSON request a task's remote helper (`distlaunch.worker.remote`) reads: the task as
+    data, with the folders of its run files to create there."""
+    folders = {str(Path(task.env[name]).parent) for name in _TASK_FILES if name in task.env}
+    folders |= {
+        task.env[name] for name in (contract.RUN_DIR, contract.CHECKPOINT_DIR) if name in task.env
+    }
+    return {
+        "argv": list(task.argv),
+        "env": dict(task.env),
+        "cwd": task.cwd or None,
+        "mkdirs": sorted(folders),
+        "umask": umask,
+        "grace_s": grace_s,
+        "heartbeat_s": HEARTBEAT_TIMEOUT_S,
+        "cpus": list(task.cpus.ids),
+    }
 
 
 class HelperTransport(ABC):
@@ -163,22 +182,7 @@ class HelperTransport(ABC):
 
     def request(self, task: TaskPlan) -> dict:
         """The JSON request the remote helper (`distlaunch.worker.remote`) reads: the task as data."""
-        folders = {str(Path(task.env[name]).parent) for name in _TASK_FILES if name in task.env}
-        folders |= {
-            task.env[name]
-            for name in (contract.RUN_DIR, contract.CHECKPOINT_DIR)
-            if name in task.env
-        }
-        return {
-            "argv": list(task.argv),
-            "env": dict(task.env),
-            "cwd": task.cwd or None,
-            "mkdirs": sorted(folders),
-            "umask": self.umask,
-            "grace_s": self.grace_s,
-            "heartbeat_s": HEARTBEAT_TIMEOUT_S,
-            "cpus": list(task.cpus.ids),
-        }
+        return request_of(task, self.umask, self.grace_s)
 
     def stop(self, handles: Sequence[HelperHandle], grace_s: float) -> None:
         """Ask every task's helper to stop it (SIGTERM, ``grace_s``, SIGKILL where it runs), wait

@@ -10,8 +10,8 @@ all reported together in one HostError (exit 2: nothing was started).
 
 `probe_all` is that check; a `Probe` says how one kind of machine is reached: `SshProbe` here
 (over the run's ssh session), the node probe in slurm.py (a job step). `check` is the SSH hosts'
-preflight. The SSH probe's ssh is also the host's first connection of the run: it becomes the
-master that the tasks' sessions share.
+preflight. The SSH probe runs on a connection of its own; the host's agent (or its guard, which
+starts first) opens the run's master connection.
 """
 
 from __future__ import annotations
@@ -241,7 +241,11 @@ class SshProbe:
         command = f"exec {remote_python(host.python)} - {shlex.quote(json.dumps(request))}"
         timeout = host.connect_timeout_s + PROBE_TIMEOUT_S
         try:
-            done = self.session.run(name, command, stdin=probe_source().encode(), timeout=timeout)
+            # On a connection of its own: the run's master is the one its agent rides (a probe
+            # that fails leaves none behind).
+            done = self.session.run(
+                name, command, stdin=probe_source().encode(), timeout=timeout, shared=False
+            )
         except subprocess.TimeoutExpired:
             return f"no answer within {timeout:g} s"
         stderr = done.stderr.decode(errors="replace")

@@ -64,14 +64,15 @@ def main():
 
 def check_distlaunch(problems, facts):
     try:
-        from distlaunch.worker import remote
+        from distlaunch.worker import agent, remote
     except Exception as exc:  # noqa: BLE001 - any failure to import means the same thing here
         problems.append(
-            f"{sys.executable} cannot import distlaunch.worker.remote ({type(exc).__name__}: {exc}); "
+            f"{sys.executable} cannot import distlaunch.worker.agent ({type(exc).__name__}: {exc}); "
             "install distlaunch in this interpreter or set the host's python"
         )
         return
-    facts["protocol"] = remote.PROTOCOL
+    # The agent and the helper it runs each task under change together: one number for both.
+    facts["protocol"] = remote.PROTOCOL if agent.PROTOCOL == remote.PROTOCOL else -1
     # Where this interpreter finds the helper: a Slurm step runs it by path (see slurm.py).
     facts["helper"] = remote.__file__
     try:

@@ -25,22 +25,23 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.launcher.spec.model import Host
-from distlaunch.launcher.transports import procs
-from distlaunch.launcher.transports.helper import (
-    HELPER_MODULE,
-    HelperCommand,
-    HelperHandle,
-    HelperTransport,
+from distlaunch.launcher.transports.agent import (
+    AGENT_MODULE,
+    AgentCommand,
+    AgentHandle,
+    AgentTransport,
 )
+from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.worker import contract
 
-# Tasks per master connection: sshd refuses sessions past MaxSessions (10 by default) on one
-# connection; one is kept spare for preflight and `collect`.
+# Sessions one master connection carries at most at once: sshd refuses sessions past MaxSessions
+# (10 by default) on one connection. The run's master carries the agent and the guard, so the
+# stacks queries (up to this many at once) ride a master of their own (STACKS_SLOT).
 MUX_SESSIONS = 8
 # How long an idle master outlives its last session when nobody ends it (`ssh -O exit`).
 CONTROL_PERSIST_S = 30
@@ -87,7 +88,7 @@ class Session:
     def argv(self, name: str, remote_command: str, slot: int = 0) -> list[str]:
         """The ssh command line that runs ``remote_command`` (POSIX shell text) on host ``name``.
 
-        ``slot`` picks the master connection: slot k carries tasks k*MUX_SESSIONS onwards.
+        ``slot`` picks the master connection: 0 is the run's (the agent's and the guard's).
         """
         return [
             "ssh",
@@ -105,14 +106,19 @@ class Session:
         stdin: bytes = b"",
         timeout: float | None = None,
         slot: int = 0,
+        shared: bool = True,
     ) -> subprocess.CompletedProcess:
         """Run ``remote_command`` on host ``name`` and wait; output is captured as bytes.
 
-        The first call for a host (and slot) opens its master connection, which stays for the run.
+        The first call for a host (and slot) opens its master connection, which stays for the run;
+        with ``shared`` False it runs on a connection of its own, closed when it ends.
         """
         host = self.hosts[name]
+        argv = self.argv(name, remote_command, slot)
+        if not shared:
+            argv = ["ssh", "-T", *self._options(name, slot, control=False), *argv[-3:]]
         return subprocess.run(
-            self.argv(name, remote_command, slot),
+            argv,
             input=stdin,
             capture_output=True,
             timeout=timeout if timeout is not None else host.connect_timeout_s + 60,
@@ -218,49 +224,29 @@ def task_stacks(
     return stacks.helper(argv, run_id, task, native, f"on {session.target(host)}")
 
 
-class SshTransport(HelperTransport):
-    """Starts tasks on SSH hosts through `session` and stops them (remotely: TERM, grace, KILL)."""
+class SshTransport(AgentTransport):
+    """Starts tasks on SSH hosts through one agent per host, each behind one ssh session."""
 
     def __init__(self, session: Session, grace_s: float, umask: int | None) -> None:
-        super().__init__(grace_s, umask, heartbeat="ssh-heartbeat")
+        super().__init__(grace_s, umask)
         self.session = session
-        self._slots: dict[str, int] = {}
-        self._per_host: dict[str, int] = {}
-        self._opened: set[tuple[str, int]] = set()
 
-    def helper_command(self, task: TaskPlan) -> HelperCommand:
-        """The task's ssh client, on the master connection of its slot (opened first if new)."""
-        slot = self._slot(task)
-        if slot > 0 and (task.host_name, slot) not in self._opened:
-            # Opened before the slot's first task, so that its tasks do not race to be master.
-            self._opened.add((task.host_name, slot))
-            try:
-                self.session.run(task.host_name, "true", slot=slot)
-            except subprocess.TimeoutExpired:
-                pass  # the task's own ssh then reports what is wrong
-        command = (
-            f"exec {remote_python(self.session.hosts[task.host_name].python)} -m {HELPER_MODULE}"
-        )
-        # The client gets the launcher's environment (agent socket, ssh config) plus the run id that
-        # `distlaunch down` looks for; the task's own environment travels in the request.
-        env = {contract.RUN_ID: task.env.get(contract.RUN_ID, "")}
-        return HelperCommand(tuple(self.session.argv(task.host_name, command, slot)), env)
+    def agent_command(self, machine: str) -> AgentCommand:
+        """The host's agent, on the host's master connection (opened by it if it is the first)."""
+        python = remote_python(self.session.hosts[machine].python)
+        # The client gets the launcher's environment (agent socket, ssh config) plus the run id
+        # that `distlaunch down` looks for; the tasks' own environments travel in the requests.
+        env = {contract.RUN_ID: self.run_id}
+        argv = self.session.argv(machine, f"exec {python} -m {AGENT_MODULE}")
+        return AgentCommand(tuple(argv), env, self.session.target(machine))
 
-    def kill(self, handles: Sequence[HelperHandle]) -> None:
-        """Kill the tasks' local ssh clients: the helpers see EOF and SIGKILL their tasks at once."""
-        procs.kill_groups(h.proc for h in handles)
+    def start(self, task: TaskPlan) -> AgentHandle:
+        """Start one task through its host's agent."""
+        self.run_id = task.env.get(contract.RUN_ID, "")
+        return super().start(task)
 
-    def stacks(self, handle: HelperHandle, native: bool) -> stacks.Source:
+    def stacks(self, handle: AgentHandle, native: bool) -> stacks.Source:
         """The task's program, read on its host (see `task_stacks`)."""
         task = handle.task
         run_id = task.env.get(contract.RUN_ID, "")
         return task_stacks(self.session, task.host_name, run_id, task.name, native, STACKS_SLOT)
-
-    def _slot(self, task: TaskPlan) -> int:
-        """The master connection a task uses, stable across restarts of the task."""
-        key = f"{task.host_name}/{task.name}"
-        if key not in self._slots:
-            count = self._per_host.get(task.host_name, 0)
-            self._per_host[task.host_name] = count + 1
-            self._slots[key] = count // MUX_SESSIONS
-        return self._slots[key]
