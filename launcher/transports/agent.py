@@ -38,7 +38,7 @@ from distlaunch.launcher.transports import procs
 from distlaunch.launcher.transports.helper import (
     JOIN_CONNECT_TIMEOUT_S,
     STOP_MARGIN_S,
-    log_ends_with_death,
+    relayed_status,
     request_of,
 )
 from distlaunch.worker import agent
@@ -89,12 +89,9 @@ class AgentHandle:
         return self._ended_r
 
     def exit_status(self) -> int | None:
-        """The task's exit code as its keeper relayed it, with a death by SIGTERM as -15 (see
-        `helper.HelperHandle.exit_status`); LOST_EXIT when the channel ended under it."""
-        code = self.code
-        if code == 128 + signal.SIGTERM and log_ends_with_death(self.task.log_file):
-            return -signal.SIGTERM
-        return code
+        """The task's exit code as its keeper relayed it, with a death by SIGTERM as -15
+        (`helper.relayed_status`); LOST_EXIT when the channel ended under it."""
+        return relayed_status(self.code, self.task.log_file)
 
     def joined(self) -> bool:
         """Whether the task's TensorFlow server accepts connections on host:port (a TCP connect
