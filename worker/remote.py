@@ -107,12 +107,15 @@ def main() -> int:
     try:
         for path in request["mkdirs"]:
             os.makedirs(path, exist_ok=True)
+        bound = os.sched_getaffinity(0)
         if request["cpus"] and not (
-            request["keep_bound"] and len(os.sched_getaffinity(0)) <= len(request["cpus"])
+            request["keep_bound"]
+            and (len(bound) <= len(request["cpus"]) or not set(request["cpus"]) <= bound)
         ):
             # Pinned here, before the start: the task inherits the mask, so TensorFlow sizes its
             # thread pools to it from its first line (this helper only waits, on any CPU). A
-            # Slurm step already bound to its share (``keep_bound``) keeps Slurm's CPUs.
+            # Slurm step already bound to its share (``keep_bound``) keeps Slurm's CPUs, and so
+            # does a node's agent step that Slurm bound to CPUs other than the plan's.
             os.sched_setaffinity(0, request["cpus"])
         child = _start(request)
     except OSError as exc:
