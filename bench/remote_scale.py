@@ -1,0 +1,153 @@
+"""How a run over many SSH hosts scales: 4, 8 and 16 test hosts with 8 stand-in tasks each.
+
+    sudo python bench/remote_scale.py [--hosts 4 8 16] [--tasks 8]
+
+The hosts are the test suite's (tests/sshhosts.py: network namespaces with an sshd each, on this
+machine), so this needs root and openssh-server. Each task is a stand-in that needs no
+TensorFlow: it listens on its task port (so the launcher sees it join) and waits. Per host count,
+one `distlaunch up` and, printed:
+- started: from the first task's `started` event to the last one's;
+- joined: from `up`'s start to the last task's `joined` event (preflight included);
+- gone: from the stop request (SIGTERM to the launcher) to every process of the run gone, on
+  every host and here;
+- the launcher's peak RSS and open fds, sampled every 50 ms while it runs;
+- the ssh clients it ran, seen while sampling: those that carry the hosts' agents (the tasks'
+  sessions), and all of them (with the preflight probes, the firewall guards, ``ssh -G``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+import sshhosts  # noqa: E402
+
+STAND_IN = """
+import json, os, socket, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+me = cfg["task"]
+port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", port))
+server.listen()
+time.sleep(600)
+"""
+SAMPLE_S = 0.05
+
+
+def main() -> None:
+    """One line per host count."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--tasks", type=int, default=8, help="stand-in tasks per host")
+    args = parser.parse_args()
+    reason = sshhosts.unavailable_reason()
+    if reason:
+        sys.exit(f"remote_scale: cannot make SSH test hosts: {reason}")
+    print(
+        f"{'hosts':>5} {'tasks':>5} {'started s':>9} {'joined s':>9} {'gone s':>7} "
+        f"{'RSS MB':>7} {'fds':>5} {'agent ssh':>9} {'all ssh':>7}"
+    )
+    for count in args.hosts:
+        with sshhosts.HostLab(count) as lab, tempfile.TemporaryDirectory() as tmp:
+            row = _measure(lab, Path(tmp), args.tasks)
+            print(
+                f"{count:>5} {count * args.tasks:>5} {row['started']:>9.2f} "
+                f"{row['joined']:>9.2f} {row['gone']:>7.2f} "
+                f"{row['rss'] / 2**20:>7.1f} {row['fds']:>5} {row['agents']:>9} {row['ssh']:>7}",
+                flush=True,
+            )
+
+
+def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
+    (folder / "task.py").write_text(STAND_IN)
+    spec = {
+        "name": "scale",
+        "strategy": "multi_worker_mirrored",
+        "program": {"script": "task.py"},
+        "hosts": {h.name: lab.host_entry(h) for h in lab.hosts},
+        "tasks": {"worker": [{"host": h.name} for h in lab.hosts for _ in range(per_host)]},
+        "shared_dir": "runs",
+        "timeouts": {"grace_s": 2, "startup_s": 300},
+    }
+    (folder / "spec.json").write_text(json.dumps(spec))
+    total = len(lab.hosts) * per_host
+    began = time.time()
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "distlaunch.launcher", "up", "spec.json"],
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    me = psutil.Process(launcher.pid)
+    rss = fds = 0
+    clients: dict[int, str] = {}
+
+    def sample() -> None:
+        nonlocal rss, fds
+        try:
+            rss = max(rss, me.memory_info().rss)
+            fds = max(fds, me.num_fds())
+            for proc in me.children(recursive=True):
+                if proc.name() == "ssh":
+                    clients.setdefault(proc.pid, " ".join(proc.cmdline()))
+        except psutil.Error:
+            pass
+
+    joined_at = None
+    while joined_at is None:
+        sample()
+        joined = _times(folder / "runs", "joined")
+        if len(joined) == total:
+            joined_at = max(joined)
+        if launcher.poll() is not None:
+            sys.exit(f"remote_scale: the launcher exited with {launcher.returncode} first")
+        time.sleep(SAMPLE_S)
+    stop = time.monotonic()
+    launcher.send_signal(signal.SIGTERM)
+    while launcher.poll() is None or any(lab.processes(h) for h in lab.hosts):
+        sample()
+        time.sleep(SAMPLE_S / 5)
+    gone = time.monotonic() - stop
+    started = _times(folder / "runs", "started")
+    return {
+        "started": max(started) - min(started),
+        "joined": joined_at - began,
+        "gone": gone,
+        "rss": rss,
+        "fds": fds,
+        "agents": sum("distlaunch.worker.agent" in c for c in clients.values()),
+        "ssh": len(clients),
+    }
+
+
+def _times(shared: Path, kind: str) -> list[float]:
+    """The times of the run's events of ``kind`` so far."""
+    found = list(shared.glob("*/events.jsonl"))
+    if not found:
+        return []
+    times = []
+    for line in found[0].read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        if event.get("event") == kind:
+            times.append(float(event["time"]))
+    return times
+
+
+if __name__ == "__main__":
+    main()
