@@ -13,8 +13,9 @@ EOF and nothing of the run is left on the host, exactly as when a per-task clien
 
 The launcher's side (stdin), one line each:
 
-- first: ``{"agent": PROTOCOL, "heartbeat_s": 20, "term_is_notice": false}`` (true: SIGTERM is
-  a Slurm step's stop notice, which each keeper passes to its program); an agent of another protocol says so and
+- first: ``{"agent": PROTOCOL, "heartbeat_s": 20, "term_is_notice": false, "beat_s": 2}``
+  (``term_is_notice``: SIGTERM is a Slurm step's stop notice, which each keeper passes to its
+  program; ``beat_s``: send an ``h`` frame that often, the agent's own heartbeat); an agent of another protocol says so and
   exits with EXIT_PROTOCOL (preflight refuses such a host before anything starts);
 - ``{"start": ID, "request": {...}}``: start a task; the request is `remote.py`'s first line;
 - ``{"stop": ID}``, ``{"notice": ID}``: passed to that task's keeper as its ``stop`` and
@@ -24,7 +25,8 @@ The launcher's side (stdin), one line each:
 
 The agent's side (stdout), frames (`frame`): ``o`` a chunk of the task's output, ``s`` the task
 has started (its keeper's pid), ``x`` the task ended (the keeper's
-exit code: the task's, 128+N for signal N), sent after the last of its output.
+exit code: the task's, 128+N for signal N), sent after the last of its output; ``h`` (task 0):
+the agent lives.
 
 SIGTERM (unless it is a notice), SIGHUP or SIGINT to the agent stops every task (its keeper's stop: TERM, grace, KILL).
 It imports neither launcher code nor anything outside the standard library.
@@ -109,8 +111,11 @@ class _Keeper:
 class Agent:
     """The select loop: the launcher's lines, the keepers' output and exits, stop signals."""
 
-    def __init__(self, heartbeat_s: float | None, term_is_notice: bool = False) -> None:
+    def __init__(
+        self, heartbeat_s: float | None, term_is_notice: bool = False, beat_s: float | None = None
+    ) -> None:
         self.heartbeat_s = heartbeat_s
+        self.beat_s = beat_s
         self.keepers: dict[int, _Keeper] = {}
         self.sel = selectors.DefaultSelector()
         self.out = sys.stdout.buffer
@@ -131,12 +136,21 @@ class Agent:
         """Serve the launcher until its channel ends; return 0 (or 1 when it was lost)."""
         self._buffer = pending
         self._lines([])
-        last_heard = time.monotonic()
+        last_heard = next_beat = time.monotonic()
         while True:
+            if self.beat_s is not None and time.monotonic() >= next_beat:
+                # The launcher's side of a cut link learns of it from this silence, sooner than
+                # from TCP or ssh's keepalives.
+                self._emit(b"h", 0, b"")
+                next_beat = time.monotonic() + self.beat_s
             timeout = DRAIN_S / 4 if self._draining() else None
-            if self.heartbeat_s is not None:
-                left = last_heard + self.heartbeat_s - time.monotonic()
-                timeout = max(0.0, left if timeout is None else min(timeout, left))
+            for deadline in (
+                last_heard + self.heartbeat_s if self.heartbeat_s is not None else None,
+                next_beat if self.beat_s is not None else None,
+            ):
+                if deadline is not None:
+                    left = max(0.0, deadline - time.monotonic())
+                    timeout = left if timeout is None else min(timeout, left)
             for key, _ in self.sel.select(timeout):
                 kind, keeper = key.data
                 if kind == "launcher":
@@ -258,6 +272,7 @@ def main() -> int:
         wanted = int(hello["agent"])
         heartbeat_s = float(hello["heartbeat_s"]) if hello.get("heartbeat_s") else None
         term_is_notice = bool(hello.get("term_is_notice"))
+        beat_s = float(hello["beat_s"]) if hello.get("beat_s") else None
     except (ValueError, TypeError, KeyError) as exc:
         sys.stderr.write(f"distlaunch agent: bad first line from the launcher: {exc}\n")
         return EXIT_PROTOCOL
@@ -267,7 +282,7 @@ def main() -> int:
             f"the launcher {wanted}; install the same distlaunch version on every host\n"
         )
         return EXIT_PROTOCOL
-    return Agent(heartbeat_s, term_is_notice).run(rest)
+    return Agent(heartbeat_s, term_is_notice, beat_s).run(rest)
 
 
 if __name__ == "__main__":

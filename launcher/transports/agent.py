@@ -50,6 +50,9 @@ LOST_EXIT = 255
 KILL_WAIT_S = 10.0
 # After its stdin closes, how long an agent's client has to exit before it is killed.
 CLOSE_WAIT_S = 10.0
+# An agent beats every HEARTBEAT_S; this long without a word from it (a cut link: TCP and ssh's
+# keepalives take 15 s or more to say so) ends its client, and its tasks are lost.
+AGENT_SILENCE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -148,10 +151,15 @@ class AgentLink:
         self.lost: str | None = None
         self._frames = b""
         self._err_tail = b""
+        self.death_signal = command.death_signal
+        # When the agent last said anything (None: not yet; a Slurm step may wait for its CPUs).
+        self.heard: float | None = None
+        self._silent: str | None = None  # why the hub ended the client, if it did
         hello = {
             "agent": agent.PROTOCOL,
             "heartbeat_s": HEARTBEAT_TIMEOUT_S,
             "term_is_notice": term_is_notice,
+            "beat_s": HEARTBEAT_S,
         }
         self.send(hello)
 
@@ -166,6 +174,17 @@ class AgentLink:
                 self.proc.stdin.flush()
             except (BrokenPipeError, OSError, ValueError):
                 pass
+
+    def silent(self) -> bool:
+        """End the client of an agent silent for AGENT_SILENCE_S (the hub's thread): its
+        channel's end follows, naming the silence. True when it did."""
+        if self._silent is not None or self.heard is None:
+            return False
+        if time.monotonic() - self.heard <= AGENT_SILENCE_S:
+            return False
+        self._silent = f"no word from the agent for {AGENT_SILENCE_S:g} s (the link is down?)"
+        procs.signal_group(self.proc.pid, self.death_signal)
+        return True
 
     def heartbeat(self) -> None:
         """A heartbeat, unless a command is being written (which says as much)."""
@@ -193,6 +212,7 @@ class AgentLink:
             return False
         if not chunk:
             return False
+        self.heard = time.monotonic()
         self._frames += chunk
         while True:
             header, newline, rest = self._frames.partition(b"\n")
@@ -237,7 +257,7 @@ class AgentLink:
                 return
             said = [x for x in self._err_tail.decode(errors="replace").splitlines() if x.strip()]
             why = said[-1].strip() if said else f"its client exited with {self.proc.returncode}"
-            self.lost = why
+            self.lost = self._silent or why
             line = self._lost_line().encode()
             for handle in self.tasks.values():
                 handle.output(line)
@@ -320,6 +340,7 @@ class _Hub:
             if time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + HEARTBEAT_S
                 for link in self._links:
+                    link.silent()
                     link.heartbeat()
 
     def _drain_errors(self, link: AgentLink) -> None:
