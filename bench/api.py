@@ -14,7 +14,13 @@ without (DISTLAUNCH_POOL=0: every call a cluster of its own); each round runs bo
 the other; the ratio of the median per call over all rounds is printed (target <= 0.30), and the
 memory of a warm task (RSS and USS, read with psutil after the 10 calls).
 
-    python bench/api.py [--rounds 5] [--series-rounds 2] [--calls 10]
+A large argument: one Python process makes a 300 MB NumPy array and passes it to
+`distlaunch.run` twice, one-shot then pooled (a cold call, then a first call of the pool); the
+caller's peak RSS (ru_maxrss) is printed over the argument's size (target <= 2x: the argument
+itself plus at most as much again), with each call's seconds.
+
+    python bench/api.py [--rounds 5] [--series-rounds 2] [--calls 10] [--large-mb 300]
+                        [--parts first,series,large]
 """
 
 from __future__ import annotations
@@ -107,6 +113,31 @@ print(json.dumps({"times": times, "memory": memory}))
 )
 
 
+# One large argument, one-shot then pooled; prints the argument's size, the caller's peak RSS
+# before and after the calls, and each call's seconds, as JSON.
+LARGE = """
+import json, resource, sys, time
+
+import numpy as np
+
+import distlaunch
+
+def size(array):
+    return int(array.nbytes)
+
+array = np.ones(int(sys.argv[1]) << 20, dtype=np.uint8)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+times = []
+for pool in (False, True):
+    start = time.perf_counter()
+    values = distlaunch.run(size, array, workers=2, quiet=True, pool=pool)
+    times.append(time.perf_counter() - start)
+    assert values == {"worker-0": array.nbytes, "worker-1": array.nbytes}, values
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+print(json.dumps({"bytes": array.nbytes, "before": before, "peak": peak, "times": times}))
+"""
+
+
 def _series(work: Path, calls: int, pool: bool) -> dict:
     out = subprocess.run(
         [sys.executable, "series.py", str(calls)],
@@ -125,27 +156,60 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds of first calls")
     parser.add_argument("--series-rounds", type=int, default=2, help="rounds of consecutive calls")
     parser.add_argument("--calls", type=int, default=10, help="calls per series")
+    parser.add_argument("--large-mb", type=int, default=300, help="the large argument's size")
+    parser.add_argument(
+        "--parts", default="first,series,large", help="which comparisons to run (comma list)"
+    )
     options = parser.parse_args()
+    parts = set(options.parts.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "api_call.py").write_text(API)
         (work / "hand.py").write_text(HAND)
         (work / "series.py").write_text(SERIES)
+        (work / "large.py").write_text(LARGE)
         api_times, hand_times, warm, cold, memory = [], [], [], [], []
-        for _ in range(options.rounds):
+        for _ in range(options.rounds if "first" in parts else 0):
             hand_times.append(timed([sys.executable, "hand.py"], cwd=work))
             api_times.append(timed([sys.executable, "api_call.py"], cwd=work))
-        for _ in range(options.series_rounds):
+        for _ in range(options.series_rounds if "series" in parts else 0):
             with_pool = _series(work, options.calls, pool=True)
             warm += with_pool["times"]
             memory += with_pool["memory"]
             cold += _series(work, options.calls, pool=False)["times"]
+        if "large" in parts:
+            out = subprocess.run(
+                [sys.executable, "large.py", str(options.large_mb)],
+                cwd=work,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            large = json.loads(out.stdout.splitlines()[-1])
+    if "first" in parts:
+        _print_first(api_times, hand_times)
+    if "series" in parts:
+        _print_series(warm, cold, memory)
+    if "large" in parts:
+        mib = 1 << 20
+        print(
+            f"a {large['bytes'] / mib:.0f} MiB argument: caller peak RSS {large['peak'] / mib:.0f}"
+            f" MiB ({large['before'] / mib:.0f} MiB before the calls); peak / argument "
+            f"{large['peak'] / large['bytes']:.2f} (target <= 2); one-shot call "
+            f"{large['times'][0]:.2f} s, pooled first call {large['times'][1]:.2f} s"
+        )
+
+
+def _print_first(api_times: list[float], hand_times: list[float]) -> None:
     api_s, hand_s = median(api_times), median(hand_times)
     print(
         f"hand-written harness:      median {hand_s:.2f} s of {[round(t, 2) for t in hand_times]}"
     )
     print(f"distlaunch.run first call: median {api_s:.2f} s of {[round(t, 2) for t in api_times]}")
     print(f"ratio first call / hand: {api_s / hand_s:.3f} (target <= 1.10)")
+
+
+def _print_series(warm: list[float], cold: list[float], memory: list[list[int]]) -> None:
     warm_s, cold_s = median(warm), median(cold)
     print(f"calls with the pool:  median {warm_s:.3f} s of {[round(t, 3) for t in warm]}")
     print(f"calls without it:     median {cold_s:.3f} s of {[round(t, 2) for t in cold]}")

@@ -19,13 +19,18 @@ carry the steps over to the resume):
 
 Each round starts the run (`up`, then `up --resume`), waits until every training task has
 printed a step, then a random 0-3 s more, sends the stop notice and waits for the run to end.
+Two more ways to send it (local backend): ``--double`` runs `distlaunch down` and a second
+`distlaunch down` 0.5 s later, during the save (the second must join it, not cut it: both say
+the step saved); ``--early`` sends it at a random time in the first 5 s of the attempt (from its
+log folder's creation: TensorFlow's import, the strategy's build, the restore), when it must be
+held until the tasks can take it.
 Steps lost in a round: the last step any training task completed in that round (the latest step
 line of its logs, or the step it saved) minus the step the next round's resume starts from
 (``resumed from ... at step R`` on every training task; 0 when a task printed none: it started
 over). Notice-to-stopped: from the notice to `up` exiting (every task gone).
 
     python bench/preemption.py [--case mwms|tf_keras|handler|pss|all] [--backend local|slurm]
-        [--notices 20]
+        [--notices 20] [--double | --early]
 
 prints one line per case and backend:
 ``local <case>: steps lost: N of 20 notices; median notice-to-stopped X s``. With ``--backend
@@ -222,6 +227,8 @@ class Outcome:
     lost_rounds: int
     stopped_s: list[float]
     exit_codes: list[int]
+    joined: int = 0  # --double: rounds whose `up` took the second notice as joining the save
+    said_saving: int = 0  # --double: rounds whose second `down` said which save it joined
 
 
 def _logs(case: Case, run_dir: Path, attempt: int) -> list[str]:
@@ -243,39 +250,81 @@ def _resumed_at(logs: list[str]) -> int:
     return min(starts, default=0)
 
 
+@dataclass(frozen=True)
+class Round:
+    """What one `up` and its notice did."""
+
+    run_dir: Path
+    stopped_s: float  # from the notice to `up` exiting
+    exit_code: int
+    joined: bool = False  # --double: `up` took the second notice as joining the save
+    said_saving: bool = False  # --double: the second `down` said which save it joined
+
+
+def _started(case: Case, run_dir: Path | None, attempt: int, how: str) -> bool:
+    """Whether the round may send its notice: the attempt has begun (``early``), else every
+    training task has printed a step."""
+    if run_dir is None:
+        return False
+    if how == "early":
+        return (run_dir / "logs" / f"attempt-{attempt}").is_dir()
+    logs = _logs(case, run_dir, attempt)
+    return len(logs) == case.trainers and all(STEP_LINE.search(text) for text in logs)
+
+
 def _local_round(
-    case: Case, spec: Path, attempt: int, wrap: Callable[[list[str]], list[str]] = list, env=None
-) -> tuple[Path, float, int]:
-    """One `up` (a resume after the first) and a SIGTERM to it: the run dir, notice-to-stopped
-    seconds, `up`'s exit code. (``wrap``, ``env``: how `up` runs elsewhere, e.g. in a Slurm
-    allocation.)"""
+    case: Case,
+    spec: Path,
+    attempt: int,
+    wrap: Callable[[list[str]], list[str]] = list,
+    env=None,
+    how: str = "random",
+) -> Round:
+    """One `up` (a resume after the first) and a stop notice to it (``how``: "random", "double"
+    or "early", see the module docstring). (``wrap``, ``env``: how `up` runs elsewhere, e.g. in
+    a Slurm allocation.)"""
     args = wrap([*DISTLAUNCH, "up", *(["--resume"] if attempt else []), str(spec)])
-    with open(spec.parent / "up.log", "a") as log:
+    up_log = spec.parent / "up.log"
+    before = up_log.stat().st_size if up_log.exists() else 0
+    with open(up_log, "a") as log:
         up = subprocess.Popen(args, cwd=spec.parent, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             run_dir = None
-            while run_dir is None or not (
-                len(logs := _logs(case, run_dir, attempt)) == case.trainers
-                and all(STEP_LINE.search(text) for text in logs)
-            ):
+            while not _started(case, run_dir, attempt, how):
                 if up.poll() is not None:
                     raise SystemExit(f"up ended early ({up.returncode}); see {spec.parent}/up.log")
-                time.sleep(0.2)
+                time.sleep(0.05 if how == "early" else 0.2)
                 runs = sorted((spec.parent / "runs").glob("*/run.json"))
                 run_dir = runs[0].parent if runs else None
-            time.sleep(random.uniform(0, 3))
+            assert run_dir is not None
+            time.sleep(random.uniform(0, 5 if how == "early" else 3))
             sent = time.perf_counter()
-            up.send_signal(signal.SIGTERM)
+            if how != "double":
+                up.send_signal(signal.SIGTERM)
+                code = up.wait(timeout=300)
+                return Round(run_dir, time.perf_counter() - sent, code)
+            down = [*DISTLAUNCH, "down", run_dir.name, "--shared-dir", str(run_dir.parent)]
+            first = subprocess.Popen(down, stdout=subprocess.PIPE, text=True)
+            time.sleep(0.5)
+            second = subprocess.run(down, stdout=subprocess.PIPE, text=True, check=False)
+            said = [first.communicate(timeout=300)[0], second.stdout]
             code = up.wait(timeout=300)
-            return run_dir, time.perf_counter() - sent, code
+            with open(spec.parent / "down.log", "a") as out:
+                out.write("".join(said))
+            with open(up_log, errors="replace") as f:
+                f.seek(before)
+                joined = "stop notice again" in f.read()
+            saving = "saving " in second.stdout and all("saved step" in s for s in said)
+            return Round(run_dir, time.perf_counter() - sent, code, joined, saving)
         finally:
             up.kill()
 
 
-def run_local(case: Case, notices: int) -> Outcome:
-    """``notices`` stop notices (SIGTERM to `up`) to one run of ``case``, each round resumed."""
+def run_local(case: Case, notices: int, how: str = "random") -> Outcome:
+    """``notices`` stop notices (SIGTERM to `up`, or `down`s) to one run of ``case``, each
+    round resumed."""
     with tempfile.TemporaryDirectory(prefix=f"bench-preempt-{case.name}-") as tmp:
-        return _rounds(case, case.write(Path(tmp)), notices)
+        return _rounds(case, case.write(Path(tmp)), notices, how=how)
 
 
 def _rounds(
@@ -284,12 +333,14 @@ def _rounds(
     notices: int,
     wrap: Callable[[list[str]], list[str]] = list,
     env: dict[str, str] | None = None,
+    how: str = "random",
 ) -> Outcome:
-    """The rounds of one case (`_local_round`, with ``wrap`` and ``env``): a start and
+    """The rounds of one case (`_local_round`, with ``wrap``, ``env`` and ``how``): a start and
     ``notices`` resumes, each ended by a notice but the last; what each resume lost."""
-    lost_rounds, lost_steps, times, codes = 0, 0, [], []
+    lost_rounds, lost_steps, times, codes, joined, said = 0, 0, [], [], 0, 0
     for attempt in range(notices + 1):
-        run_dir, stopped_s, code = _local_round(case, spec, attempt, wrap, env)
+        done = _local_round(case, spec, attempt, wrap, env, how)
+        run_dir, stopped_s, code = done.run_dir, done.stopped_s, done.exit_code
         if attempt:
             before = _last_completed(_logs(case, run_dir, attempt - 1))
             lost = before - _resumed_at(_logs(case, run_dir, attempt))
@@ -299,7 +350,9 @@ def _rounds(
         if attempt < notices:
             times.append(stopped_s)
             codes.append(code)
-    return Outcome(lost_steps, lost_rounds, times, codes)
+            joined += done.joined
+            said += done.said_saving
+    return Outcome(lost_steps, lost_rounds, times, codes, joined, said)
 
 
 def run_slurm(case: Case, notices: int) -> Outcome:
@@ -335,7 +388,7 @@ def run_slurm(case: Case, notices: int) -> Outcome:
 
 
 # Backend name -> how it runs the notices of one case.
-BACKENDS: dict[str, Callable[[Case, int], Outcome]] = {"local": run_local, "slurm": run_slurm}
+BACKENDS: dict[str, Callable[..., Outcome]] = {"local": run_local, "slurm": run_slurm}
 
 
 def main() -> None:
@@ -343,17 +396,33 @@ def main() -> None:
     parser.add_argument("--case", choices=[*CASES, "all"], default="all")
     parser.add_argument("--backend", choices=[*BACKENDS], default="local")
     parser.add_argument("--notices", type=int, default=20)
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--double", action="store_true", help="two `down`s, 0.5 s apart (local)")
+    how.add_argument("--early", action="store_true", help="notices in an attempt's first 5 s")
     options = parser.parse_args()
+    mode = "double" if options.double else "early" if options.early else "random"
+    if mode != "random" and options.backend != "local":
+        parser.error("--double and --early run on the local backend")
     cases = list(CASES.values()) if options.case == "all" else [CASES[options.case]]
     for case in cases:
-        outcome = BACKENDS[options.backend](case, options.notices)
+        run = BACKENDS[options.backend]
+        outcome = (
+            run(case, options.notices, mode) if mode != "random" else run(case, options.notices)
+        )
+        name = f"{options.backend} {case.name}" + ("" if mode == "random" else f" --{mode}")
         print(
-            f"{options.backend} {case.name}: exit codes {sorted(set(outcome.exit_codes))} "
+            f"{name}: exit codes {sorted(set(outcome.exit_codes))} "
             f"(75: preempted); notices that lost any step: {outcome.lost_rounds}",
             flush=True,
         )
+        if mode == "double":
+            print(
+                f"{name}: second notices that joined the save: {outcome.joined}; second downs "
+                f"that said which save they joined: {outcome.said_saving}",
+                flush=True,
+            )
         print(
-            f"{options.backend} {case.name}: steps lost: {outcome.lost_steps} of "
+            f"{name}: steps lost: {outcome.lost_steps} of "
             f"{options.notices} notices; median notice-to-stopped {median(outcome.stopped_s):.2f} s",
             flush=True,
         )

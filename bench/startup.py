@@ -8,13 +8,18 @@ spec is one local task, default isolation, a program that exits at once).
 
 Python's bytecode cache is on, as an installed distlaunch has it (`_common.bytecode_on`).
 
-    python bench/startup.py [--rounds 10]
+    python bench/startup.py [--rounds 10] [--beside DIR]
+
+--beside DIR times another distlaunch too (DIR on PYTHONPATH holds its `distlaunch` package, e.g.
+an older checkout's), alternating with this one in the same rounds, and prints the ratios: a
+before/after on a busy machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,26 +37,42 @@ def main() -> None:
     """Time both figures with a bare interpreter beside them and print them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
-    rounds = parser.parse_args().rounds
+    parser.add_argument("--beside", type=Path, help="PYTHONPATH of another distlaunch to time")
+    args = parser.parse_args()
     bytecode_on()
+    launchers = {"this": dict(os.environ)}
+    if args.beside is not None:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(args.beside)], check=True)
+        launchers["beside"] = {**os.environ, "PYTHONPATH": str(args.beside.resolve())}
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    bare: list[float] = []
+    helps: dict[str, list[float]] = {name: [] for name in launchers}
+    firsts: dict[str, list[float]] = {name: [] for name in launchers}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         spec = _spec(work)
-        bare, helps, firsts = [], [], []
-        timed([*COMMAND, "up", str(spec)], cwd=work, **quiet)  # warms the disk cache
-        for _ in range(rounds):
+        for env in launchers.values():
+            timed([*COMMAND, "up", str(spec)], cwd=work, env=env, **quiet)  # warms the caches
+        for _ in range(args.rounds):
             bare.append(timed([sys.executable, "-c", "pass"]))
-            helps.append(timed([*COMMAND, "--help"], **quiet))
-            firsts.append(_first_start(spec))
+            for name, env in launchers.items():
+                helps[name].append(timed([*COMMAND, "--help"], env=env, **quiet))
+                firsts[name].append(_first_start(spec, env))
     print(f"python -c pass:           median {median(bare):.3f} s of {_shown(bare)}")
-    print(
-        f"distlaunch --help:        median {median(helps):.3f} s of {_shown(helps)} (target <= 0.06 s)"
-    )
-    print(
-        f"up: start to first task:  median {median(firsts):.3f} s of {_shown(firsts)} "
-        "(target <= 0.10 s)"
-    )
+    for name in launchers:
+        label = "" if len(launchers) == 1 else f" [{name}]"
+        print(
+            f"distlaunch --help{label}: median {median(helps[name]):.3f} s of "
+            f"{_shown(helps[name])} (target <= 0.06 s)"
+        )
+        print(
+            f"up: start to first task{label}: median {median(firsts[name]):.3f} s of "
+            f"{_shown(firsts[name])} (target <= 0.10 s)"
+        )
+    if "beside" in launchers:
+        for what, times in (("--help", helps), ("up to first task", firsts)):
+            ratio = median(times["this"]) / median(times["beside"])
+            print(f"{what}: this / beside = {ratio:.2f}")
 
 
 def _spec(work: Path) -> Path:
@@ -71,7 +92,7 @@ def _spec(work: Path) -> Path:
     return spec
 
 
-def _first_start(spec: Path) -> float:
+def _first_start(spec: Path, env: dict[str, str]) -> float:
     """Run `up`; seconds from its command to the first task's `started` event."""
     runs = spec.parent / "runs"
     known = set(runs.glob("*")) if runs.exists() else set()
@@ -79,6 +100,7 @@ def _first_start(spec: Path) -> float:
     subprocess.run(
         [*COMMAND, "up", str(spec)],
         cwd=spec.parent,
+        env=env,
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -387,7 +387,11 @@ def up(
         resume = _offer_resume(loaded, console)
     target = choose_run(loaded, run_id, resume)
     # The one path `distlaunch.launch` takes too (launcher/api/child.py).
-    claim_and_up(loaded, target, console, UpOptions(image, base_image, requeue))
+    try:
+        claim_and_up(loaded, target, console, UpOptions(image, base_image, requeue))
+    except RunFailed:
+        _say_report(console, target.run_dir)
+        raise
 
 
 @cli.command("compose")
@@ -734,12 +738,12 @@ def down(settings: Settings, run: str, grace: float | None, now: bool) -> None:
     from distlaunch.launcher.control.down import down as run_down
     from distlaunch.launcher.record import rundir
 
-    result = run_down(rundir.resolve_run(run, settings.shared_dir), grace, now)
+    result = run_down(rundir.resolve_run(run, settings.shared_dir), grace, now, say=click.echo)
     done = []
     if result.launcher_pid is not None:
         done.append(f"stopped its launcher (pid {result.launcher_pid})")
-    if result.preempted:
-        done.append(result.preempted)
+        if result.ended:
+            done.append(result.ended)
     if result.stopped:
         done.append(
             f"stopped {result.stopped} leftover process{'es' if result.stopped != 1 else ''}"
@@ -748,7 +752,10 @@ def down(settings: Settings, run: str, grace: float | None, now: bool) -> None:
         done.append(f"cancelled {result.backend} {' '.join(result.cancelled)}")
     if result.marked:
         done.append("marked it interrupted")
-    click.echo(f"run {result.run_id}: {'; '.join(done) or 'nothing was left running'}")
+    said = "; ".join(done) or "nothing was left running"
+    if result.launcher_pid is None and result.ended:
+        said += f"; it had ended: {result.ended}"
+    click.echo(f"run {result.run_id}: {said}")
 
 
 @cli.command()
@@ -762,6 +769,31 @@ def collect(settings: Settings, run: str) -> None:
 
     for got in run_collect(rundir.resolve_run(run, settings.shared_dir)):
         click.echo(f"{got.host}: {got.files} files, {got.bytes} bytes into {got.into}")
+
+
+@cli.command()
+@click.argument("run", required=False)
+@SHARED_DIR
+@click.pass_obj
+def report(settings: Settings, run: str | None) -> None:
+    """Write RUN/report.html: the run told as a picture (a timeline of every task's attempts,
+    restarts, notices, saves, hangs and the root cause; loss and steps/s over time). RUN is a
+    run id or directory (default: the latest run); a running run's report shows it so far."""
+    from distlaunch.launcher.record import rundir
+    from distlaunch.launcher.report.write import write_report
+
+    click.echo(write_report(rundir.resolve_run(run, settings.shared_dir)))
+
+
+def _say_report(console: Console, run_dir: Path) -> None:
+    """After a failed run: write its report and say where (best effort: the failure's own
+    summary is already out, and a report that cannot be written must not hide it)."""
+    from distlaunch.launcher.report.write import write_report
+
+    try:
+        console.say(f"the run as a picture: {write_report(run_dir)}")
+    except LaunchError:
+        pass
 
 
 def _shell_join(argv: list[str]) -> str:

@@ -2,7 +2,8 @@
 call (real TensorFlow processes), and any failure behaves as it does without the pool.
 
 A task runs in its own PID namespace (os.getpid() is the same small number in every task), so
-an interpreter is told apart by a token it draws once and keeps in its environment.
+an interpreter is told apart by a token it draws once and keeps in a module of its own (not in
+its environment: each pooled call sees the caller's environment of that call).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def interpreter(label: str) -> dict[str, str]:
 
     import tensorflow as tf
 
-    token = os.environ.setdefault("POOL_TEST_TOKEN", uuid.uuid4().hex)
+    token = os.__dict__.setdefault("pool_test_token", uuid.uuid4().hex)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     task = strategy.cluster_resolver.task_id
     print(f"{label} on task {task}", flush=True)
@@ -209,7 +210,7 @@ def test_a_caller_killed_with_a_live_pool_leaves_nothing_behind(here):
     finally:
         caller.kill()
         caller.wait()
-    # The launcher sees its stdin close and stops the run as on SIGTERM.
+    # The launcher sees its caller end (its pidfd) and stops the run as on SIGTERM.
     wait_for(
         lambda: json.loads((run_dir / "run.json").read_text())["state"] == "interrupted",
         "the run to be stopped",
@@ -232,7 +233,7 @@ def chief_steps(steps: int) -> dict[str, object]:
 
     import tensorflow as tf
 
-    token = os.environ.setdefault("POOL_TEST_TOKEN", uuid.uuid4().hex)
+    token = os.__dict__.setdefault("pool_test_token", uuid.uuid4().hex)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)

@@ -162,7 +162,7 @@ def test_the_sysfs_readers_over_a_scripted_machine(tmp: Path) -> None:
         (
             {"worker": {"count": 2, "cpus": [HERE[0]]}},
             "$.tasks.worker.cpus",
-            "a CPU list with a count > 1",
+            "a CPU list for several tasks on one host",
         ),
         (
             {"worker": [{"cpus": len(HERE)}, {"cpus": 1}]},

@@ -110,7 +110,7 @@ def test_a_yaml_spec_is_the_same_spec_as_its_json(tmp: Path) -> None:
         (
             GOOD_YAML.replace('args: ["--epochs", "2"]', "args: [--epochs, 2]"),
             "spec.yaml:5: $.program.args[1]",
-            "valid string",
+            "expected a string, got 2",
         ),
         (GOOD_YAML + "name: again\n", "spec.yaml:10: $.name", "appears twice"),
         (GOOD_YAML.replace("tasks:", "tasks: [oops"), "spec.yaml:7: $", "invalid YAML"),
@@ -164,7 +164,7 @@ def test_overrides_change_the_spec_before_validation(tmp: Path) -> None:
     [
         (
             ["--set", "tasks.worker.count=0"],
-            "$.tasks.worker.count: expected an integer >= 1, got 0 (set by --set tasks.worker.count=0)",
+            "$.tasks.worker.count: expected an integer from 1 to 4096, got 0 (set by --set tasks.worker.count=0)",
         ),
         (["--set", "program.args=[1]"], "(set by --set program.args=[1])"),
         (["--set", "strategy"], "--set 'strategy': expected KEY.PATH=VALUE"),

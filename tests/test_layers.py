@@ -67,6 +67,10 @@ LAYERS = (
         "control",
         ("distlaunch.launcher.control",),
     ),
+    (  # a run told as a picture: report.html
+        "report",
+        ("distlaunch.launcher.report",),
+    ),
     (  # up, the supervisor and its policy
         "run",
         ("distlaunch.launcher.run",),

@@ -80,3 +80,50 @@ def test_a_notebook_runs_a_cell_function_on_two_workers(tmp_path: Path):
     for run_json in runs:
         record = json.loads(run_json.read_text())
         assert processes_of_run(record["run_id"]) == []
+
+
+# The warm pool across cells: a function that leaves a thread printing and its last line without
+# a newline; a cell that changes os.environ between calls; a cell that only waits.
+POOL_CELLS = [
+    "import os, threading, time\nimport distlaunch",
+    """\
+def ticking():
+    def tick():
+        while True:
+            print("tick", flush=True)
+            time.sleep(0.01)
+
+    threading.Thread(target=tick, daemon=True).start()
+    print("no newline at the end", end="")
+    return os.environ.get("NB_DATA")
+
+distlaunch.run(ticking, workers=1)""",
+    'os.environ["NB_DATA"] = "set in a cell"\ntime.sleep(1.0)',
+    "distlaunch.run(lambda: os.environ.get('NB_DATA'), workers=1)",
+    "distlaunch.close_pool()",
+]
+
+
+def test_a_notebooks_pooled_calls_see_its_environment_and_print_only_in_their_cells(
+    tmp_path: Path,
+):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in POOL_CELLS]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    client = nbclient.NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
+    client.execute()
+    _, first, between, second, _ = notebook.cells
+    # (the thread's lines may cut into it: print writes "tick" and its newline apart)
+    assert "no newline at the end" in _text(first.outputs, "stream")
+    assert _text(first.outputs, "result") == "{'worker-0': None}"
+    # The task's thread printed all along: into the run dir, not into the cell that ran then.
+    assert between.outputs == []
+    assert _text(second.outputs, "result") == "{'worker-0': 'set in a cell'}"
+    (run_json,) = tmp_path.glob("runs/*/run.json")  # one warm cluster for both calls
+    assert "tick" in (run_json.parent / "logs/attempt-0/worker-0.log").read_text()
+    assert processes_of_run(json.loads(run_json.read_text())["run_id"]) == []

@@ -180,3 +180,68 @@ def test_the_end_of_the_evaluators_drain_ends_the_run_as_done():
         event = TaskEvent("evaluator-0", "evaluator", code, kind=EventKind.DRAINED, detail="why")
         d = RestartPolicy(PSS, ON_FAILURE).decide(event, {}, History(), 0.0)
         assert d.action is Action.DONE and d.reason == "why"
+
+
+# ---- stop notices: every way one meets a run is an event decided here (issue 36) ----------
+
+
+def notice(history: History, cluster=MWMS) -> Action:
+    event = TaskEvent("run", "", None, kind=EventKind.NOTICE, detail="SIGTERM")
+    return RestartPolicy(cluster, ON_FAILURE).decide(event, {}, history, 0.0).action
+
+
+def test_a_first_notice_is_sent_a_second_joins_it_a_third_stops_at_once():
+    assert notice(History()) is Action.NOTIFY
+    assert notice(History(notices=1)) is Action.CONTINUE  # `down` twice: the same save
+    assert notice(History(notices=2)) is Action.STOP
+
+
+def test_a_notice_after_training_is_done_ends_the_run_as_done():
+    assert notice(History(training_done=True)) is Action.DONE
+
+
+def test_a_notice_that_cannot_be_kept_stops_at_once():
+    assert notice(History(unkeepable="the program cannot save on a stop notice")) is Action.STOP
+
+
+def after_notice(exits: dict[str, int], cluster=MWMS, history=History()) -> Action:
+    """Feed the exits after a notice one by one; the last decision."""
+    exited: dict[str, int] = {}
+    action = Action.CONTINUE
+    for name, code in exits.items():
+        exited[name] = code
+        event = TaskEvent(name, name.rsplit("-", 1)[0], code, kind=EventKind.PREEMPTED)
+        action = RestartPolicy(cluster, ON_FAILURE).decide(event, exited, history, 0.0).action
+    return action
+
+
+@pytest.mark.parametrize("saved", [75, 42, 143])
+@pytest.mark.parametrize("first", ["finished", "saved"])
+def test_a_mix_of_finished_and_saved_after_a_notice_ends_preempted(saved, first):
+    # One rank was in its last step and finished, the other saved: both ended well.
+    exits = {"worker-0": 0, "worker-1": saved}
+    if first == "saved":
+        exits = {"worker-1": saved, "worker-0": 0}
+    assert after_notice(exits) is Action.PREEMPTED
+
+
+def test_after_a_notice_every_task_finished_or_training_was_done_is_done():
+    assert after_notice({"worker-0": 0, "worker-1": 0}) is Action.DONE
+    done = History(training_done=True)
+    assert after_notice({"worker-0": 0, "worker-1": 75}, history=done) is Action.DONE
+    assert after_notice({"worker-0": 75, "worker-1": 1}) is Action.STOP
+
+
+def test_after_a_notice_the_pss_chief_decides():
+    assert after_notice({"worker-0": 75}, PSS) is Action.CONTINUE
+    assert after_notice({"chief-0": 0}, PSS) is Action.DONE
+    assert after_notice({"chief-0": 75}, PSS) is Action.PREEMPTED
+
+
+def test_a_save_deadline_with_a_notice_still_held_ends_preempted():
+    # A task never took the notice (still starting): no step of the attempt ran.
+    event = TaskEvent("worker-0", "worker", None, kind=EventKind.SAVE_TIMEOUT, detail="late")
+    policy = RestartPolicy(MWMS, ON_FAILURE)
+    held = History(held=frozenset({"worker-1"}))
+    assert policy.decide(event, {}, held, 0.0).action is Action.PREEMPTED
+    assert policy.decide(event, {}, History(), 0.0).action is Action.STOP

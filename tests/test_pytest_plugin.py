@@ -16,11 +16,10 @@ pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.integration
 
 
-def readme_block(section: str) -> str:
-    """The first ```python block of the README section titled ``section``."""
-    text = (REPO / "README.md").read_text()
-    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", body, re.S)[1]
+def docs_block(page: str) -> str:
+    """The first ```python block of the docs page ``page`` (docs/)."""
+    text = (REPO / "docs" / page).read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S)[1]
 
 
 def runs_under(folder: Path) -> list[Path]:
@@ -36,8 +35,8 @@ def assert_nothing_left(runs: list[Path]) -> None:
         assert record["state"] != "running", run_dir
 
 
-def test_the_readme_example_passes_and_leaves_nothing(pytester: pytest.Pytester):
-    pytester.makepyfile(test_user=readme_block("Testing your multi-worker code with pytest"))
+def test_the_docs_example_passes_and_leaves_nothing(pytester: pytest.Pytester):
+    pytester.makepyfile(test_user=docs_block("pytest-plugin.md"))
     result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     runs = runs_under(pytester.path)
@@ -119,4 +118,34 @@ def test_failing_user_tests_name_their_run_dirs_and_leave_nothing(pytester: pyte
     # (the restarted run was stopped at its test's end)
     assert states == ["failed", "interrupted", "failed", "interrupted"]
     assert "tf_cluster: " not in out  # the fixture found nothing left to clean up
+    assert_nothing_left(runs)
+
+
+KWARGS_TEST = """
+import pytest
+
+
+def options(workers=1, env=None, strategy=None, timeout_s=None, spec=None, quiet=None, pool=None):
+    return [workers, env, strategy, timeout_s, spec, quiet, pool]
+
+
+@pytest.mark.tf_cluster(workers=2)
+def test_kwargs(tf_cluster):
+    given = [5, {"A": "b"}, "mine", 3, "spec.json", "loud", "deep"]
+    names = ["workers", "env", "strategy", "timeout_s", "spec", "quiet", "pool"]
+    values = tf_cluster.run(options, **dict(zip(names, given)))
+    assert values == {"worker-0": given, "worker-1": given}
+    assert tf_cluster.start(options, workers=7).result()["worker-1"][0] == 7
+"""
+
+
+def test_the_functions_keyword_arguments_are_never_taken_for_launch_options(
+    pytester: pytest.Pytester,
+):
+    pytester.makepyfile(test_user=KWARGS_TEST)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    runs = runs_under(pytester.path)
+    assert len(runs) == 2  # each a cluster of the marker's 2 workers
+    assert all(len(json.loads((r / "run.json").read_text())["tasks"]) == 2 for r in runs)
     assert_nothing_left(runs)

@@ -1,7 +1,8 @@
-"""The README stands on the repository alone: every link and path it gives stays inside it.
+"""The README and the documentation pages stand on the repository alone, and the README stays a
+short front page whose test command is the one CI runs.
 
-A reader has the repository and nothing beside it, so a figure or document the README relies on
-must be in the README or in the project. Checked: markdown links (the target must exist in the
+A reader has the repository and nothing beside it, so a figure or document the README (or a
+page of docs/) relies on must be in it or in the project. Checked: markdown links (the target must exist in the
 repo), and every ``../`` or absolute path in the text, inline code and code blocks (it must not
 resolve to a place beside the repo). Paths in JSON/YAML blocks are spec values: they resolve
 against the spec's folder (cluster_specs/), as `up` resolves them.
@@ -12,9 +13,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 SPECS = REPO / "cluster_specs"
+PAGES = sorted((REPO / "docs").rglob("*.md"))
+# The README is a front page: what distlaunch is, install, the two commands, one spec, the
+# commands, where each topic lives in the docs. The rest is in docs/.
+README_MAX_LINES = 200
 
 _FENCE = re.compile(r"^```(\w*)")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -60,6 +67,24 @@ def outside_references(text: str, folder: Path = REPO) -> list[str]:
 
 def test_the_readme_links_and_paths_stay_inside_the_repository() -> None:
     assert outside_references(README.read_text()) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_the_docs_links_and_paths_stay_inside_the_repository(page: Path) -> None:
+    assert outside_references(page.read_text(), page.parent) == []
+
+
+def test_the_readme_is_a_short_front_page() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+
+
+def test_ci_runs_the_readmes_test_command_verbatim_as_its_last_step() -> None:
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.strip()]
+    readme = README.read_text()
+    two = readme.split("\n## Two commands\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", two, re.S)[1].splitlines()
+    assert ci[-1] in block and ci[-1] == "pip install -e '.[test]' && pytest"
 
 
 def test_a_link_or_path_out_of_the_repository_is_named() -> None:

@@ -104,7 +104,7 @@ def test_a_set_value_that_expands_within_bounds_still_works(tmp: Path) -> None:
     ok = _validate(tmp, "spec.yaml", "--set", 'program.args=[&a "--x", *a]')
     assert ok.returncode == 0, ok.stderr
     wrong = _validate(tmp, "spec.yaml", "--set", f"name={_tree(4)}")
-    _one_short_line(wrong, "$.name: input should be a valid string")
+    _one_short_line(wrong, "$.name: expected a string")
 
 
 @pytest.mark.parametrize("slots", ["²", "١", "9" * 5000])

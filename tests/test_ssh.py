@@ -320,7 +320,7 @@ def _ssh_spec(folder: Path, hosts: dict, tasks: dict, **fields) -> Path:
             {"node1": {"address": "-oProxyCommand=x"}},
             {"worker": {"host": "node1"}},
             "$.hosts.node1.address",
-            "pattern",
+            "expected a host name or IPv4 address",
         ),
         (
             {"node1": {"identity_file": "missing_key"}},

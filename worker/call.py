@@ -9,18 +9,31 @@ file, which the caller reads after the run:
 - ``{"ok": False, "kind": "exception", "type", "message", "traceback", "exception": <cloudpickle
   of the exception, or None when it cannot be pickled>}``; the exception is then raised again, so
   that the task fails as a script would (the bootstrap's hook writes its error file, exit code 1)
+- ``{"ok": False, "kind": "exit", "code"}``: the function ended the process (``sys.exit``,
+  ``exit()`` in a library); the task exits with that status and the caller raises a TaskError
+  naming it ("worker-0 exited with status 0 before returning")
 - ``{"ok": False, "kind": "result", "type", "message"}``: the return value cannot be pickled; the
   task exits with code 1.
 
-The result file is a plain pickle of that dict, written atomically.
+The result file is a plain pickle of that dict, written atomically. The payload is two pickles
+in one file, read as a stream (a large argument is never held twice): the call's context (the
+caller's ``sys.path``, and for the pool its ``os.environ`` and working directory of the moment
+of the call), then the cloudpickled ``(fn, args, kwargs)``.
+
+A function that returns while it leaves a thread running does not hold the task: once its
+result is written and its output flushed, the task ends (as the pool's task moves on).
 
 A task of the warm pool (launcher/api/pool.py; run with ``--serve``) serves call after call in
-the same interpreter: call 0 as above, then it waits on its wake pipe (a FIFO in
-the run dir, ``call/wake/<task>``, made before call 0) for the number N of the next call, whose
-payload is ``call/payload-N.pkl`` and result ``<task>.call-N.pkl``. After each call it flushes
-its output and prints ``distlaunch.run: call N done`` (the caller swallows that line and knows
-the task's lines of call N have all reached it). A call that fails ends the task exactly as a
-one-shot task ends; the caller then drops the pool entry.
+the same interpreter: call 0 as above, then it waits on its wake pipe (a FIFO in the run dir,
+``call/wake/<task>``, made before call 0) for the number N of the next call, whose payload is
+``call/payload-N.pkl`` and result ``<task>.call-N.pkl``. It tells the caller on a channel of
+its own, never in its output (which is the user's): a FIFO ``call/done/<task>`` that it holds
+open for writing as long as it lives. It writes ``open`` once, then ``N`` after call N's result
+is written and its output flushed; the caller reads EOF there when the task has ended, however
+it ended (``os._exit(0)`` in the function included). Each call sees what a one-shot call would:
+the caller's environment (plus what the launcher sets for the task) and working directory of
+that call, the task's own ``sys.argv``. A call that fails ends the task exactly as a one-shot
+task ends; the caller then drops the pool entry.
 
 A MultiWorkerMirroredStrategy made again in a warm task re-enables TensorFlow's collective ops,
 which drops the task's collective state: a peer that made its strategy first and already sent
@@ -36,9 +49,12 @@ the launcher then runs its own server on the ps and worker tasks and this module
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
+import stat
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -57,10 +73,12 @@ _RUN_DIR, _ROLE, _INDEX, _ATTEMPT = (
 PAYLOAD = "call/payload.pkl"
 RESULTS = "call/results"
 WAKE = "call/wake"
+DONE = "call/done"
 # A task of the warm pool serves calls until the pool closes (CLOSE) or its run is stopped.
 SERVE_ARG = "--serve"
-# The line a serving task prints after each call; the caller's echo swallows it.
-DONE = "distlaunch.run: call {} done"
+# What a serving task writes first on its done FIFO: the caller then knows that EOF there means
+# the task has ended (before it, EOF only means the task has not opened the FIFO yet).
+OPEN = "open"
 # What the caller writes on a task's wake pipe instead of a call number when the pool closes: the
 # task returns, and its run ends as a one-shot call's does, with no signal to wait out.
 CLOSE = "close"
@@ -85,10 +103,23 @@ def wake_path(run_dir: Path, task: str) -> Path:
     return run_dir / WAKE / task
 
 
+def done_path(run_dir: Path, task: str) -> Path:
+    """The FIFO a serving ``task`` tells the caller on: ``open``, then each call it finished."""
+    return run_dir / DONE / task
+
+
 def type_name(kind: type) -> str:
     """A class's name as a traceback prints it: ``ValueError``, ``mymodule.MyError``."""
     module = kind.__module__
     return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def exit_status(exc: SystemExit) -> int:
+    """The status a process exits with on ``exc``, as the interpreter computes it (None: 0; a
+    message: 1)."""
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
 
 
 def main() -> None:
@@ -97,29 +128,103 @@ def main() -> None:
     task = f"{os.environ.get(_ROLE) or 'worker'}-{int(os.environ.get(_INDEX) or 0)}"
     attempt = int(os.environ.get(_ATTEMPT) or 0)
     if SERVE_ARG not in sys.argv[1:]:
-        _call(payload_path(run_dir), result_path(run_dir, attempt, task), task)
+        _call(payload_path(run_dir), result_path(run_dir, attempt, task), task, None)
+        _end_if_threads_left()
         return
+    # The function sees the argv a one-shot task has (a wrapped script's argparse would reject
+    # --serve).
+    argv = [a for a in sys.argv if a != SERVE_ARG]
+    sys.argv[:] = argv
     wake = wake_path(run_dir, task)
-    wake.parent.mkdir(parents=True, exist_ok=True)
-    os.mkfifo(wake, 0o600)
+    done = done_path(run_dir, task)
+    for fifo in (wake, done):
+        fifo.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(fifo, 0o600)
     # Read and write: opening never blocks, and the pipe never reads EOF while this task lives,
-    # so the caller's write of a call number always finds a reader.
+    # so the caller's write of a call number always finds a reader. The done FIFO likewise, and
+    # this process is its only writer: when it ends, however, the caller reads EOF.
+    told = os.open(done, os.O_RDWR)
+    os.write(told, f"{OPEN}\n".encode())
+    serving = _Serving(argv)
     with os.fdopen(os.open(wake, os.O_RDWR), "rb") as calls:
         number = 0
         while True:
-            _call(payload_path(run_dir, number), result_path(run_dir, attempt, task, number), task)
+            _call(
+                payload_path(run_dir, number),
+                result_path(run_dir, attempt, task, number),
+                task,
+                serving,
+            )
+            sys.stdout.flush()
             sys.stderr.flush()
-            print(DONE.format(number), flush=True)
+            _end_partial_line()
+            os.write(told, f"{number}\n".encode())
             line = calls.readline().decode().strip()
             if line == CLOSE:
                 # Every call's result is written and its output flushed: nothing is left to do,
                 # and TensorFlow's own exit (the coordination service's shutdown barrier, about
                 # 0.7 s here) would only delay the caller's exit, which waits for the run's end.
-                sys.stdout.flush()
-                sys.stderr.flush()
                 os._exit(0)
             number = int(line)
             _Barrier.arm(run_dir / BARRIERS, number)
+
+
+class _Serving:
+    """What a serving task restores before each call: the caller's environment of that call
+    with what the launcher set for this task, the caller's working directory, the task's argv."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = list(argv)
+        self.own: dict[str, str] | None = None  # what the launcher set, learnt at call 0
+        self.dropped: set[str] = set()  # what the launcher removed from the caller's
+
+    def enter(self, context: dict[str, Any]) -> None:
+        """Make this task's process look as a one-shot task of this call would."""
+        environ = context.get("environ")
+        if environ is not None:
+            if self.own is None:  # call 0: this environment is the caller's plus the launcher's
+                self.own = {k: v for k, v in os.environ.items() if environ.get(k) != v}
+                self.dropped = {k for k in environ if k not in os.environ}
+            wanted = {k: v for k, v in environ.items() if k not in self.dropped}
+            wanted.update(self.own)
+            for key in [k for k in os.environ if k not in wanted]:
+                del os.environ[key]
+            os.environ.update(wanted)
+        if context.get("cwd"):
+            os.chdir(context["cwd"])
+        sys.argv[:] = self.argv
+
+
+def _end_partial_line() -> None:
+    """End the call's last line if the function left it unfinished (``print(..., end="")``):
+    the launcher echoes complete lines, and this one would otherwise wait for the next call's
+    output (a one-shot task's end would have echoed it). Only where the output is the log file."""
+    try:
+        if not stat.S_ISREG(os.fstat(1).st_mode):
+            return
+        with open("/proc/self/fd/1", "rb") as log:
+            if log.seek(0, os.SEEK_END) == 0:
+                return
+            log.seek(-1, os.SEEK_END)
+            if log.read(1) != b"\n":
+                os.write(1, b"\n")
+    except OSError:
+        pass
+
+
+def _end_if_threads_left() -> None:
+    """A one-shot task whose function returned (its result is written) ends now, as a script's
+    last line would not if it left a thread running: the interpreter would wait for that thread
+    forever. The exit handlers still run (TensorFlow's among them)."""
+    main_thread = threading.main_thread()
+    if not any(
+        t.is_alive() and not t.daemon and t is not main_thread for t in threading.enumerate()
+    ):
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class _Barrier:
@@ -164,19 +269,27 @@ class _Barrier:
             time.sleep(_BARRIER_POLL_S)
 
 
-def _call(payload_file: Path, out: Path, task: str) -> None:
+def _call(payload_file: Path, out: Path, task: str, serving: _Serving | None) -> None:
     """Run the call of ``payload_file``; write its outcome to ``out`` (see the module
     docstring); a failure ends the task."""
-    payload = pickle.loads(payload_file.read_bytes())
-    # The caller's import path: a function of a module it imported (a test file, a package
-    # beside its notebook) is pickled by reference and imported again here.
-    sys.path.extend(p for p in payload["sys_path"] if p not in sys.path)
-    fn, args, kwargs = cloudpickle.loads(payload["call"])
+    with payload_file.open("rb") as stream:
+        context = pickle.load(stream)
+        # The caller's import path: a function of a module it imported (a test file, a package
+        # beside its notebook) is pickled by reference and imported again here.
+        sys.path.extend(p for p in context["sys_path"] if p not in sys.path)
+        if serving is not None:
+            serving.enter(context)
+        fn, args, kwargs = cloudpickle.load(stream)
     try:
         value = fn(*args, **kwargs)
+    except SystemExit as exc:
+        _write(out, {"ok": False, "kind": "exit", "code": exit_status(exc)})
+        raise
     except BaseException as exc:
         _write(out, _exception(exc))
         raise
+    finally:
+        del args, kwargs  # a large argument is not held while the task waits for the next call
     try:
         data = cloudpickle.dumps(value)
     except Exception as exc:  # noqa: BLE001 - whatever pickling raised, it is reported as data

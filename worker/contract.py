@@ -64,7 +64,7 @@ class ExitMeaning(enum.StrEnum):
 
 
 # The exit-code contract between every task and the launcher, on every backend: one table, also
-# in the README ("Preemption"). A task that saved on a stop notice exits EXIT_PREEMPTED (sysexits'
+# in the docs (docs/preemption.md). A task that saved on a stop notice exits EXIT_PREEMPTED (sysexits'
 # EX_TEMPFAIL: "try again later"). TensorFlow's PreemptionCheckpointHandler exits 42 by default,
 # and a program's own SIGTERM handler often exits 143: after a notice those mean preempted too,
 # before one they are failures. Death by SIGTERM itself (-15) means the program did not handle the

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from . import contract, preempt, progress, ps, runtime
+from . import contract, preempt, progress, ps, resume, runtime
 
 if TYPE_CHECKING:
     import keras
@@ -87,7 +87,7 @@ def fit(
             # Build the slots now, under the strategy, so that restore fills them directly.
             model.optimizer.build(model.trainable_variables)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer, step=step)
-    start = _restore(checkpoint, step, ctx)
+    start, keep_all = _restore(checkpoint, step, ctx)
 
     scheduled = ps.is_parameter_server(strategy)
     train_step = _make_train_step(
@@ -101,7 +101,7 @@ def fit(
     else:
         _check_workers_agree_on_step(strategy, start)
         steps = _LocalSteps(train_step, iter(_distribute(strategy, dataset)), start)
-    saver = _Saver(checkpoint, ctx)
+    saver = _Saver(checkpoint, ctx, keep_all)
     log = _EpochLog(ctx, start)
     heartbeat = progress.Heartbeat(total_steps=epochs * steps_per_epoch)
     every = checkpoint_every or steps_per_epoch
@@ -322,18 +322,24 @@ def _distribute(
     raise TypeError(f"dataset must be a tf.data.Dataset or a function, not {type(dataset)}")
 
 
-def _restore(checkpoint: tf.train.Checkpoint, step: tf.Variable, ctx: runtime.TaskContext) -> int:
-    """Restore the chief's latest checkpoint, if any, and return the step to continue from."""
+def _restore(
+    checkpoint: tf.train.Checkpoint, step: tf.Variable, ctx: runtime.TaskContext
+) -> tuple[int, bool]:
+    """Restore the chief's latest checkpoint, if any; return the step to continue from and
+    whether the checkpoint index was damaged (`resume`: the newest whole checkpoint is used,
+    and this attempt then deletes none: the index no longer says which are whose)."""
     if ctx.checkpoint_dir is None:
-        return 0
-    path = tf.train.latest_checkpoint(str(ctx.checkpoint_dir))
-    if path is None:
-        return 0
+        return 0, False
+    point = resume.find(ctx.checkpoint_dir)  # CheckpointDamaged: nothing whole to resume from
+    if point.path is None:
+        return 0, False
+    if point.damage:
+        print(f"distlaunch: {point.damage}; no checkpoint is deleted in this attempt", flush=True)
     # Fails loudly if the model or optimizer no longer matches what the checkpoint holds.
-    checkpoint.restore(path).assert_existing_objects_matched()
+    checkpoint.restore(str(point.path)).assert_existing_objects_matched()
     start = int(step.numpy())
-    print(f"distlaunch: resumed from {path} at step {start}", flush=True)
-    return start
+    print(f"distlaunch: resumed from {point.path} at step {start}", flush=True)
+    return start, bool(point.damage)
 
 
 def _check_workers_agree_on_step(strategy: tf.distribute.Strategy, start: int) -> None:
@@ -366,12 +372,16 @@ def _check_workers_agree_on_step(strategy: tf.distribute.Strategy, start: int) -
 class _Saver:
     """Checkpoints following the chief-vs-others rule of `checkpoint_dir_for_this_task`."""
 
-    def __init__(self, checkpoint: tf.train.Checkpoint, ctx: runtime.TaskContext) -> None:
+    def __init__(
+        self, checkpoint: tf.train.Checkpoint, ctx: runtime.TaskContext, keep_all: bool = False
+    ) -> None:
         self._dir = runtime.checkpoint_dir_for_this_task(ctx)
         self._is_chief = ctx.is_chief
+        # keep_all (a damaged index): max_to_keep=None deletes nothing.
+        keep = None if keep_all else _CHECKPOINTS_TO_KEEP
         self._manager = (
             tf.train.CheckpointManager(
-                checkpoint, str(self._dir), max_to_keep=_CHECKPOINTS_TO_KEEP, checkpoint_name="ckpt"
+                checkpoint, str(self._dir), max_to_keep=keep, checkpoint_name="ckpt"
             )
             if self._dir is not None
             else None

@@ -1,21 +1,28 @@
 """`distlaunch.run(fn, *args, workers=2, ...)`: call a function on every task of a cluster.
 
 The function and its arguments travel as one cloudpickle payload (functions of ``__main__`` and
-notebook cells, closures and lambdas by value), written into the run dir before any task starts;
-every task runs `distlaunch.worker.call`, which calls it and writes the task's result file; the
-caller reads them once the run has ended. Everything in between is `launch`: the same spec
-validation, plan, supervision and teardown as `distlaunch up`. A call without a spec of its own
-takes a lease on the warm pool instead (launcher/api/pool.py): the same run, kept for the next
-call of the same shape, its result files numbered by call.
+notebook cells, closures and lambdas by value), streamed into a file (a large argument is never
+copied in memory) that the launcher moves into the run dir before any task starts; every task
+runs `distlaunch.worker.call`, which calls it and writes the task's result file; the caller reads
+them once the run has ended, then removes the call's files (``keep=True`` keeps them).
+Everything in between is `launch`: the same spec validation, plan, supervision and teardown as
+`distlaunch up`. A call without a spec of its own takes a lease on the warm pool instead
+(launcher/api/pool.py): the same run, kept for the next call of the same shape, its files
+numbered by call.
+
+The run's tasks have no server deadline (timeouts.startup_s) unless a spec asks for one: a
+function may never make a strategy, or work long before it does.
 """
 
 from __future__ import annotations
 
 import json
 import linecache
+import os
 import pickle
 import re
 import sys
+import tempfile
 import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,12 +34,14 @@ from distlaunch.launcher.api import launch as api
 from distlaunch.launcher.api import pool as api_pool
 from distlaunch.launcher.api.results import PicklingError, RemoteTraceback, RunResult, TaskError
 from distlaunch.worker import contract
-from distlaunch.worker.call import PAYLOAD, SERVE_ARG, result_path
+from distlaunch.worker.call import PAYLOAD, SERVE_ARG, payload_path, result_path
 
 # The program of every task.
 CALL_MODULE = "distlaunch.worker.call"
 # The roles that train, and so get `gpus=`: ps servers and the evaluator stay on the CPU.
 _GPU_ROLES = (contract.CHIEF, contract.WORKER)
+# timeouts.startup_s of a call's own cluster: no deadline (ten years), see the module docstring.
+NO_STARTUP_DEADLINE_S = 10 * 365 * 86400.0
 
 
 def run(
@@ -50,27 +59,34 @@ def run(
     env: Mapping[str, str] | None = None,
     quiet: bool = False,
     pool: bool | None = None,
+    keep: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)`` on every task of a local cluster and return what they returned.
 
     The cluster: ``workers``, ``chief``, ``ps`` and ``evaluator`` tasks under ``strategy``
     ("multi_worker_mirrored" or "parameter_server"), each chief and worker with ``gpus`` GPUs of
-    this machine of its own (0: CPU only; SpecError when the machine has fewer), run dirs under
+    this machine of its own (0: CPU only; StartError when the machine has fewer), run dirs under
     ./runs; or, with ``spec`` (a spec file, dict or typed Spec), that spec's tasks, strategy,
     hosts and settings, its program replaced by the call (the counts, strategy and GPUs given
-    here are then not used). Each task runs
-    ``fn`` with its TF_CONFIG set and no strategy made yet: ``fn`` builds its strategy as a
-    script would. Under ParameterServerStrategy ``fn`` runs on the chief only; the ps and worker
-    tasks serve.
+    here are then not used). Each task runs ``fn`` with its TF_CONFIG set and no strategy made
+    yet: ``fn`` builds its strategy as a script would. Under ParameterServerStrategy ``fn`` runs
+    on the chief only; the ps and worker tasks serve. Each task sees this process's environment
+    and working directory of the moment of the call (plus TF_CONFIG and the run's own
+    variables), and a ``sys.argv`` of its own (``[<path of distlaunch/worker/call.py>]``), pooled
+    or not.
 
     Returns ``{"worker-0": v0, "worker-1": v1}`` in TF_CONFIG order (chief, workers, evaluator),
-    or under ParameterServerStrategy the chief's value alone.
+    or under ParameterServerStrategy the chief's value alone. The call returns once ``fn`` has
+    returned on every task: what it left running (a thread) ends with its task.
 
     ``timeout_s`` limits the whole run (timeouts.run_s); ``restart`` is the spec's restart
     setting (a policy name such as "on-failure", or the whole mapping); ``env`` is added to each
-    task's environment. Each task's lines are printed with its prefix on sys.stdout (``quiet``:
-    the run dir's logs only).
+    task's environment. Each task's lines are printed with its prefix on sys.stdout while the
+    call runs (``quiet``: the run dir's logs only). The call's payload (the function and its
+    arguments, sent as a file) and its result files are removed from the run dir once read;
+    ``keep=True`` keeps them. Launch options are these keyword names; an argument of ``fn``
+    that has one of these names goes through ``functools.partial``.
 
     ``pool``: whether the call may take its tasks from the warm pool of this process (a live
     cluster of the same shape whose interpreters imported TensorFlow in an earlier call;
@@ -80,33 +96,42 @@ def run(
     Raises: PicklingError (before anything starts) naming the function or argument that cannot
     be pickled; the first failed task's own exception (same type; the remote traceback chained as
     its cause, the task named in a note); TaskError when that exception does not unpickle here,
-    or the task was killed (a signal, the OOM killer, a hang), with the CLI's root-cause line;
-    PicklingError naming the task and the type of a return value that cannot be pickled;
-    RunFailed when the run could not start or was stopped. Interrupting the wait (Ctrl-C)
-    stops the run.
+    when a task ended before ``fn`` returned there (``sys.exit``, ``os._exit``, ``exit()`` in a
+    library, whatever the status: "worker-0 exited with status 0 before returning"), or when
+    the task was killed (a signal, the OOM killer, a hang), with the CLI's root-cause line;
+    PicklingError naming the task and the type of a return value that cannot be pickled, or
+    that does not unpickle here; RunFailed when the run was stopped or could not finish;
+    StartError, SpecError when it could not start. An interrupt (Ctrl-C), at any moment, stops
+    the call's run before it goes on up: nothing of it is left running.
     """
-    call = start(
-        fn, *args, workers=workers, chief=chief, ps=ps, evaluator=evaluator, strategy=strategy,
-        gpus=gpus, spec=spec, timeout_s=timeout_s, restart=restart, env=env, quiet=quiet,
-        pool=pool, **kwargs,
-    )  # fmt: skip
-    return call.result()
+    with api.owning():
+        call = start(
+            fn, *args, workers=workers, chief=chief, ps=ps, evaluator=evaluator,
+            strategy=strategy, gpus=gpus, spec=spec, timeout_s=timeout_s, restart=restart,
+            env=env, quiet=quiet, pool=pool, keep=keep, **kwargs,
+        )  # fmt: skip
+        return call.result()
 
 
 class Call:
     """A `distlaunch.run` call in flight: its `Run`, and its tasks' values once it has ended."""
 
     def __init__(
-        self, handle: api.Run, fn: Callable[..., Any], lease: api_pool.Lease | None = None
+        self,
+        handle: api.Run,
+        fn: Callable[..., Any],
+        lease: api_pool.Lease | None = None,
+        keep: bool = False,
     ) -> None:
         self.run = handle
         self._fn = fn
         self._lease = lease  # a call on the warm pool's run: it goes on after this call
+        self._keep = keep
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait for the end (TimeoutError after ``timeout`` s; the run goes on) and return the
         tasks' values, or raise the first failure, as `run` does. Any other interruption of the
-        wait (Ctrl-C) stops the run."""
+        wait (Ctrl-C) stops the run, as `Run.stop` does."""
         number = 0 if self._lease is None else self._lease.number
         try:
             if self._lease is None:
@@ -114,14 +139,15 @@ class Call:
             else:
                 ended = self._lease.wait(timeout)
                 if ended is None:  # every task finished the call; the run serves on
-                    return _collect(self.run, number)
+                    return _collect(self.run, number, self._keep)
                 result = ended
-        except TimeoutError:
+        except (TimeoutError, TaskError):
             raise
         except BaseException:
-            self.run.stop()
+            api.stop_interrupted(self.run)
+            api_pool.forget(self.run)
             raise
-        return _values(self.run, result, self._fn, number)
+        return _values(self.run, result, self._fn, number, self._keep)
 
 
 def start(
@@ -139,10 +165,41 @@ def start(
     env: Mapping[str, str] | None = None,
     quiet: bool = False,
     pool: bool | None = None,
+    keep: bool = False,
     **kwargs: Any,
 ) -> Call:
-    """`run` without the wait: start the call and return it (`Call.result` waits)."""
-    payload = _payload(fn, args, kwargs)
+    """`run` without the wait: start the call and return it (`Call.result` waits). An
+    interrupt before it returns stops what it started."""
+    with api.owning():
+        return submit(
+            fn, args, kwargs, workers=workers, chief=chief, ps=ps, evaluator=evaluator,
+            strategy=strategy, gpus=gpus, spec=spec, timeout_s=timeout_s, restart=restart,
+            env=env, quiet=quiet, pool=pool, keep=keep,
+        )  # fmt: skip
+
+
+def submit(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    workers: int = 2,
+    chief: int = 0,
+    ps: int = 0,
+    evaluator: int = 0,
+    strategy: str = contract.MWMS,
+    gpus: int = 0,
+    spec: api.SpecInput | None = None,
+    timeout_s: float | None = None,
+    restart: Mapping[str, Any] | str | None = None,
+    env: Mapping[str, str] | None = None,
+    quiet: bool = False,
+    pool: bool | None = None,
+    keep: bool = False,
+) -> Call:
+    """`start` with the function's arguments apart from the launch options (``kwargs`` may
+    use any name: ``workers``, ``env``...), for callers that pass a user's arguments on (the
+    pytest fixture)."""
     program: dict[str, Any] = {"module": CALL_MODULE, "workdir": str(Path.cwd())}
     if env:
         program["env"] = dict(env)
@@ -150,25 +207,30 @@ def start(
     warm = spec is None and restart is None and timeout_s is None and api_pool.enabled(pool)
     if spec is None:
         spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy, gpus=gpus)
-    if warm:
-        assert isinstance(spec, dict)
-        lease = _lease(spec, {**program, "args": [SERVE_ARG]}, payload, console)
-        if lease is not None:
-            return Call(lease.run, fn, lease)
-    overrides = [f"program={json.dumps(program)}"]
-    if timeout_s is not None:
-        overrides.append(f"timeouts.run_s={timeout_s}")
-    if restart is not None:
-        policy = {"policy": restart} if isinstance(restart, str) else dict(restart)
-        overrides.append(f"restart={json.dumps(policy)}")
-    handle = api.launch_with_files(
-        spec, None, None, False, tuple(overrides), console, {PAYLOAD: payload}
-    )
-    return Call(handle, fn)
+    payload = write_payload(fn, tuple(args), dict(kwargs), pooled=warm)
+    try:
+        if warm:
+            assert isinstance(spec, dict)
+            lease = _lease(spec, {**program, "args": [SERVE_ARG]}, payload, console)
+            if lease is not None:
+                return Call(lease.run, fn, lease, keep)
+        overrides = [f"program={json.dumps(program)}"]
+        if timeout_s is not None:
+            overrides.append(f"timeouts.run_s={timeout_s}")
+        if restart is not None:
+            policy = {"policy": restart} if isinstance(restart, str) else dict(restart)
+            overrides.append(f"restart={json.dumps(policy)}")
+        handle = api.launch_with_files(
+            spec, None, None, False, tuple(overrides), console, {PAYLOAD: payload}
+        )
+    except BaseException:
+        payload.unlink(missing_ok=True)  # the run was refused, or never asked for
+        raise
+    return Call(handle, fn, keep=keep)
 
 
 def _lease(
-    spec: dict[str, Any], program: dict[str, Any], payload: bytes, console: api.ConsoleTarget
+    spec: dict[str, Any], program: dict[str, Any], payload: Path, console: api.ConsoleTarget
 ) -> api_pool.Lease | None:
     """The call on the warm pool: its entry of this shape (the tasks, strategy, program and
     working directory; not the function's name), or a new one started with this call."""
@@ -190,16 +252,32 @@ def _lease(
     return api_pool.take(key, tasks, payload, console, start)
 
 
-def _payload(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """The call as the tasks load it; PicklingError naming what cannot be pickled."""
+def write_payload(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pooled: bool
+) -> Path:
+    """The call as the tasks load it (worker/call.py), streamed into a file of its own (its
+    path is returned); PicklingError naming what cannot be pickled. A ``pooled`` call carries
+    this process's environment and working directory of now, which a serving task takes on (a
+    one-shot task has them from its start)."""
     if not callable(fn):
         raise TypeError(f"distlaunch.run: expected a function, got a {type(fn).__name__}")
+    context: dict[str, Any] = {"sys_path": [p for p in sys.path if p]}
+    if pooled:
+        context.update(environ=dict(os.environ), cwd=os.getcwd())
+    fd, name = tempfile.mkstemp(prefix="distlaunch-call-", suffix=".pkl")
+    path = Path(name)
     try:
-        call = cloudpickle.dumps((fn, args, kwargs))
+        with os.fdopen(fd, "wb") as stream:
+            pickle.dump(context, stream)
+            cloudpickle.dump((fn, args, kwargs), stream)
     except Exception:  # noqa: BLE001 - find out which part it was, below
+        path.unlink(missing_ok=True)
         _name_unpicklable(fn, args, kwargs)
         raise
-    return pickle.dumps({"sys_path": [p for p in sys.path if p], "call": call})
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def _name_unpicklable(
@@ -251,6 +329,7 @@ def cluster_spec(
             for role, n in counts.items()
             if n
         },
+        "timeouts": {"startup_s": NO_STARTUP_DEADLINE_S},
         "shared_dir": str(shared_dir),
     }
 
@@ -262,27 +341,61 @@ def _run_name(fn: Callable[..., Any]) -> str:
     return f"run-{name or 'fn'}"
 
 
-def _values(handle: api.Run, result: RunResult, fn: Callable[..., Any], call: int) -> Any:
+def _values(
+    handle: api.Run, result: RunResult, fn: Callable[..., Any], call: int, keep: bool
+) -> Any:
     """Every task's return value; or the first failure raised, as the module docstring says."""
     if not result.ok:
         if result.failure is not None:
             _raise_task_failure(handle, result, fn, call)
         api.check(handle, result)
-    return _collect(handle, call)
+    return _collect(handle, call, keep)
 
 
-def _collect(handle: api.Run, call: int) -> Any:
-    """Every task's return value of the run's ``call`` (0: a one-shot run's)."""
+def _collect(handle: api.Run, call: int, keep: bool) -> Any:
+    """Every task's return value of the run's ``call`` (0: a one-shot run's); then the call's
+    files are removed unless ``keep``."""
     strategy, tasks = api.reads().task_attempts(handle.run_dir)
     pss = strategy == contract.PSS
     names = [n for n, (role, _) in tasks.items() if not pss or role == contract.CHIEF]
-    values = {n: _value(result_path(handle.run_dir, tasks[n][1], n, call)) for n in names}
+    paths = {n: result_path(handle.run_dir, tasks[n][1], n, call) for n in names}
+    values = {n: _value(handle, n, paths[n]) for n in names}
+    if not keep:
+        payload_path(handle.run_dir, call).unlink(missing_ok=True)
+        for path in paths.values():
+            path.unlink(missing_ok=True)
     return values[names[0]] if pss else values
 
 
-def _value(path: Path) -> Any:
-    data = pickle.loads(path.read_bytes())
-    return cloudpickle.loads(data["value"])
+def _value(handle: api.Run, task: str, path: Path) -> Any:
+    """``task``'s return value from its result file; TaskError when it ended without one (it
+    exited before its function returned), PicklingError when the value does not unpickle."""
+    try:
+        data = pickle.loads(path.read_bytes())
+    except FileNotFoundError:
+        data = None
+    if not isinstance(data, dict) or not data.get("ok"):
+        if isinstance(data, dict) and data.get("kind") == "exit":
+            _raise_exit(handle, task, data["code"])
+        code = api.reads().exit_code_of(handle.run_dir, task)
+        _raise_exit(handle, task, code)
+    try:
+        return cloudpickle.loads(data["value"])
+    except Exception as exc:  # noqa: BLE001 - a class this process cannot import or rebuild
+        raise PicklingError(
+            f"distlaunch.run: the return value of {task} does not unpickle here: "
+            f"{type(exc).__name__}: {exc} (run dir {handle.run_dir})"
+        ) from exc
+
+
+def _raise_exit(handle: api.Run, task: str, code: int | None) -> None:
+    status = f"status {code}" if code is not None else "no recorded status"
+    raise TaskError(
+        f"{task} exited with {status} before returning (run {handle.run_id}, run dir "
+        f"{handle.run_dir})",
+        task=task,
+        run_dir=str(handle.run_dir),
+    )
 
 
 def _raise_task_failure(
@@ -300,6 +413,8 @@ def _raise_task_failure(
     if not isinstance(data, dict) or data.get("ok") is not False:
         # Killed (a signal, the OOM killer, a hang) or failed outside the function.
         raise TaskError(failure.summary, task=task, run_dir=run_dir, failure=failure)
+    if data["kind"] == "exit":
+        _raise_exit(handle, task, data["code"])
     if data["kind"] == "result":
         raise PicklingError(
             f"distlaunch.run: {task} returned a {data['type']}, which cannot be pickled: "

@@ -1,9 +1,13 @@
 """What the Python API's caller and its launcher process (api_child) say to each other.
 
 The caller writes one request line on the launcher's stdin (and keeps the pipe open: EOF means
-the caller is gone). The launcher loads the spec and chooses the run, then answers one line on
-its reply pipe: accepted (the run's id, dir and grace) or refused (the error, typed, with the
-CLI's text; nothing was started). Everything after that is the launcher's output and run.json.
+the caller closed it). The request names the caller's process, which the launcher watches (a
+pidfd): its end, even by SIGKILL while processes forked from it live on, stops the run. Files
+for the run dir travel as paths of files the launcher moves there, never inside the line (a
+large argument is never held as text). The launcher loads the spec and chooses the run, then
+answers one line on its reply pipe: accepted (the run's id and dir, and the deadlines its stop
+takes, as `distlaunch down` counts them) or refused (the error, typed, with the CLI's text;
+nothing was started). Everything after that is the launcher's output and run.json.
 
 This module imports nothing heavy: the caller side of the API stays as light as the standard
 library and cloudpickle, and the launcher's own imports happen in its process.
@@ -11,8 +15,8 @@ library and cloudpickle, and the launcher's own imports happen in its process.
 
 from __future__ import annotations
 
-import base64
 import json
+import os
 from typing import Any
 
 from distlaunch.launcher.api.results import StartError
@@ -30,31 +34,35 @@ def request_line(
     overrides: tuple[str, ...],
     run_id: str | None,
     resume: bool,
-    files: dict[str, bytes],
+    files: dict[str, str],
 ) -> bytes:
     """The request: the spec (a file, or data with relative paths against ``base``), its
-    overrides, the run to start or resume (as `up --run-id/--resume` choose it), and files to
-    put in the run dir (relative paths) before any task starts."""
+    overrides, the run to start or resume (as `up --run-id/--resume` choose it), files to move
+    into the run dir (relative path: the file's path here) before any task starts, and this
+    process (the caller the launcher watches)."""
     data = {
+        "caller_pid": os.getpid(),
         "spec_file": spec_file,
         "spec_data": spec_data,
         "base": base,
         "overrides": list(overrides),
         "run_id": run_id,
         "resume": resume,
-        "files": {k: base64.b64encode(v).decode() for k, v in files.items()},
+        "files": files,
     }
     return json.dumps(data).encode() + b"\n"
 
 
-def files_of(request: dict[str, Any]) -> dict[str, bytes]:
-    """The files a request carries, by relative path."""
-    return {k: base64.b64decode(v) for k, v in request["files"].items()}
-
-
-def accepted(run_id: str, run_dir: str, grace_s: float) -> bytes:
-    """The reply of a launcher that is starting the run."""
-    data = {"event": "accepted", "run_id": run_id, "run_dir": run_dir, "grace_s": grace_s}
+def accepted(run_id: str, run_dir: str, stop_s: float, stop_now_s: float) -> bytes:
+    """The reply of a launcher that is starting the run: what it will be given to stop, with
+    a save (``stop_s``) and without (``stop_now_s``), before it is killed."""
+    data = {
+        "event": "accepted",
+        "run_id": run_id,
+        "run_dir": run_dir,
+        "stop_s": stop_s,
+        "stop_now_s": stop_now_s,
+    }
     return json.dumps(data).encode() + b"\n"
 
 

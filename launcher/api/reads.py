@@ -59,13 +59,21 @@ def task_attempts(run_dir: Path) -> tuple[str, dict[str, tuple[str, int]]]:
     return record.strategy, {n: (t.role, t.attempt) for n, t in record.tasks.items()}
 
 
+def exit_code_of(run_dir: Path, task: str) -> int | None:
+    """The exit code run.json records for ``task``'s latest attempt; None while it runs (or
+    before run.json exists)."""
+    record = RunRecord.find(run_dir)
+    entry = record.tasks.get(task) if record is not None else None
+    return entry.exit_code if entry is not None else None
+
+
 def result_of(run_dir: Path | None, returncode: int) -> RunResult:
     """The result of the run whose launcher exited with ``returncode``, from its run.json (None:
     the launcher refused it)."""
     code = returncode if returncode >= 0 else 128 - returncode  # killed by a signal: 128+N
     record = RunRecord.find(run_dir) if run_dir is not None else None
-    if record is None:  # it never started (the launcher's error says why)
-        return RunResult("failed", code, None)
+    if record is None:  # it never started: stopped first (a signal), or the launcher's error
+        return RunResult("interrupted" if code > 128 else "failed", code, None)
     return RunResult(run_state(record), code, failure_of(run_dir, record))
 
 

@@ -75,8 +75,9 @@ class RunResult:
 
 
 class RunFailed(_CliRunFailed):
-    """A run did not succeed (`distlaunch.up`, `Run.wait(check=True)`); ``.result`` says how and
-    ``.failure`` is its root cause (None when it was interrupted or could not start)."""
+    """A run did not succeed (`distlaunch.up`; `distlaunch.run` when its run was stopped);
+    ``.result`` says how and ``.failure`` is its root cause (None when it was interrupted or
+    could not finish)."""
 
     def __init__(self, message: str, result: RunResult, run_dir: str) -> None:
         super().__init__(message)

@@ -2,7 +2,11 @@
 
 A launcher that is alive is sent a stop notice (SIGTERM: its tasks save and stop, within the
 spec's timeouts.save_s, and the run is recorded as preempted; or, where they cannot, it tears them
-down and records the run as interrupted); with ``now`` it is stopped at once (SIGINT, no save). What a dead launcher leaves behind is found by what every task and everything a
+down and records the run as interrupted); with ``now`` it is stopped at once (SIGINT, no save).
+Users run `down` twice (a retried command, a script and a person, two terminals): a `down` during
+the save another one started joins it (the launcher takes the second notice as that same one),
+says so, and waits for it like the first; both report how the run ended, as run.json has it.
+What a dead launcher leaves behind is found by what every task and everything a
 task forks carry in their environment: the run id and the run dir's path (DISTLAUNCH_RUN_ID and
 DISTLAUNCH_RUN_DIR), plus the rest of the recorded task process groups those processes are in.
 The run id alone is not enough: two projects may both use `--run-id nightly` in their own shared
@@ -16,12 +20,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from distlaunch.launcher.control.liveness import live_launcher
+from distlaunch.launcher.record import rundir
 from distlaunch.launcher.record.state import RunRecord, RunState, TaskState
 from distlaunch.launcher.transports.base import load_backend
 from distlaunch.worker import contract
@@ -42,14 +48,23 @@ class DownResult:
     marked: bool  # whether run.json was changed to interrupted
     cancelled: tuple[str, ...] = ()  # what the backend's cleanup cancelled (job steps, a job)
     backend: str = ""  # the backend as messages name it (`Backend.title`)
-    preempted: str = ""  # how the launcher's tasks saved, when they did ("saved step N")
+    # How the live launcher's run ended, in `down`'s words ("its tasks saved step N; ...",
+    # or why nothing was saved); without a live launcher, where a preempted run saved (a
+    # second `down` that came as the run ended); else "".
+    ended: str = ""
 
 
-def down(run_dir: Path, grace_s: float | None = None, now: bool = False) -> DownResult:
+def down(
+    run_dir: Path,
+    grace_s: float | None = None,
+    now: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> DownResult:
     """Stop the run in ``run_dir``: its launcher if alive, then every leftover process, then
     what its backend left elsewhere (`Backend.cleanup`: job steps on other nodes, containers).
 
-    A live launcher gets a stop notice (its tasks save first) or, with ``now``, SIGINT.
+    A live launcher gets a stop notice (its tasks save first) or, with ``now``, SIGINT; when
+    a save is under way already, the notice joins it and ``say`` is told which and since when.
     Leftovers get SIGTERM, ``grace_s`` (default: the spec's timeouts.grace_s), then SIGKILL.
     A run recorded as running or stopping is then marked interrupted.
     """
@@ -59,6 +74,9 @@ def down(run_dir: Path, grace_s: float | None = None, now: bool = False) -> Down
         grace_s = float(timeouts.get("grace_s", DEFAULT_GRACE_S))
     launcher = live_launcher(record)
     if launcher is not None:
+        saving = None if now else _save_under_way(run_dir, record)
+        if saving and say is not None:
+            say(saving)
         save_s = 0.0 if now else float(timeouts.get("save_s", DEFAULT_SAVE_S))
         sig = signal.SIGINT if now else signal.SIGTERM
         _stop([launcher], save_s + grace_s + LAUNCHER_SLACK_S, sig)
@@ -70,7 +88,6 @@ def down(run_dir: Path, grace_s: float | None = None, now: bool = False) -> Down
     marked = record.state.live
     if marked:
         _mark_interrupted(run_dir, record)
-    saved = record.preempted if record.state is RunState.PREEMPTED else None
     return DownResult(
         record.run_id,
         launcher.pid if launcher else None,
@@ -78,15 +95,54 @@ def down(run_dir: Path, grace_s: float | None = None, now: bool = False) -> Down
         marked,
         tuple(cancelled),
         backend.title,
-        _saved_words(saved) if isinstance(saved, dict) else "",
+        _ended_words(record, now) if launcher or record.state is RunState.PREEMPTED else "",
     )
 
 
-def _saved_words(saved: dict) -> str:
-    """How a preempted run saved, in `down`'s words."""
-    if saved.get("step") is None:
-        return "its tasks stopped on the notice"
-    return f"its tasks saved step {saved['step']}; `up --resume` continues"
+def _save_under_way(run_dir: Path, record: RunRecord) -> str | None:
+    """The line for a `down` that joins a save under way (run.json's ``notice``, which the
+    launcher writes when it sends one); None when no save is under way."""
+    notice = record.notice
+    if not record.state.live or not isinstance(notice, dict):
+        return None
+    if "stopped" in notice or "done" in notice or not isinstance(notice.get("at"), (int, float)):
+        return None
+    steps = []
+    for task in record.tasks.values():
+        status = rundir.read_json(contract.status_path(run_dir, task.role, task.index))
+        if isinstance(status, dict) and status.get("attempt") == record.attempt:
+            step = status.get(contract.SAVED_STEP, status.get("step"))
+            if isinstance(step, int):
+                steps.append(step)
+    what = f"step {max(steps)}" if steps else "its tasks"
+    since = max(0.0, time.time() - notice["at"])
+    return (
+        f"run {record.run_id}: saving {what}, started {since:.0f} s ago; waiting for it "
+        f"(`distlaunch down --now {record.run_id}` stops without saving)"
+    )
+
+
+def _ended_words(record: RunRecord, now: bool) -> str:
+    """How the run of a live launcher ended, in `down`'s words: where it saved, or why not."""
+    notice = record.notice if isinstance(record.notice, dict) else {}
+    if record.state is RunState.PREEMPTED:
+        saved = record.preempted or {}
+        if saved.get("step") is None:
+            return "its tasks stopped on the notice; `up --resume` continues"
+        late = " (after timeouts.save_s, within grace_s)" if saved.get("late") else ""
+        return f"its tasks saved step {saved['step']}{late}; `up --resume` continues"
+    if record.state is RunState.SUCCEEDED:
+        done = notice.get("done")
+        return f"it succeeded ({done})" if done else "it had succeeded"
+    if record.state is RunState.FAILED:
+        why = record.failure.summary if record.failure else "a task failed"
+        return f"nothing saved: it failed ({why})"
+    if now:
+        return "stopped at once (--now): nothing saved"
+    stopped = notice.get("stopped")
+    if stopped:
+        return f"nothing saved: {stopped}"
+    return "nothing saved: the program cannot save on a notice"
 
 
 def _processes_of(record: RunRecord, run_dir: Path) -> list[psutil.Process]:

@@ -4,7 +4,22 @@ from __future__ import annotations
 
 
 class LaunchError(Exception):
-    """Base of every error the launcher reports to the user as one line."""
+    """Base of every error the launcher reports to the user as one line.
+
+    Every one pickles and unpickles as itself, fields and notes included, whatever its
+    ``__init__`` takes (a sweep's ProcessPoolExecutor or multiprocessing.Pool sends it back to
+    its parent that way): it is rebuilt from its ``args`` and ``__dict__``, not by calling
+    ``__init__`` again."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuilt, (type(self), self.args), self.__dict__)
+
+
+def _rebuilt(kind: type[LaunchError], args: tuple[object, ...]) -> LaunchError:
+    """An unpickled LaunchError of ``kind`` with ``args`` (its fields follow as its state)."""
+    error = kind.__new__(kind)
+    error.args = args
+    return error
 
 
 class SpecError(LaunchError):

@@ -3,8 +3,8 @@
 Each entry is a recogniser (the exception's type and a pattern of its message, as the task's
 error file or the end of its log shows them) and one line saying what happened and how to fix it.
 The failure summary prints the first matching entry's line under its root-cause line. Adding a
-known failure is one entry here and one test in tests/test_hints.py; the README's Troubleshooting
-table lists the catalog.
+known failure is one entry here and one test in tests/test_hints.py; the docs' Troubleshooting
+page (docs/troubleshooting.md) lists the catalog, generated from it.
 
 Decides nothing about the run and reads no file: it only matches text it is given.
 """

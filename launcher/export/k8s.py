@@ -221,6 +221,12 @@ def _hostname(name: str, role: str, index: int, jobset: bool) -> str:
     return f"{name}-{role}-0-{index}" if jobset else f"{name}-{role}-{index}"
 
 
+def seconds_text(seconds: float) -> str:
+    """Seconds as an argument writes them: every digit (``:g`` writes 1234567 as 1.23457e+06),
+    to the millisecond."""
+    return f"{seconds:.3f}".rstrip("0").rstrip(".")
+
+
 def end_with_chief(loaded: LoadedSpec) -> chief_result.EndRule | None:
     """How a PSS run's servers end with the chief in plain Jobs, where nothing else stops them:
     the chief Job's retries and the exit codes it never retries (None for MWMS)."""
@@ -267,7 +273,7 @@ def _pod_template(
         env.append({"name": contract.END_WITH_CHIEF, "value": _literal(end.to_env())})
     umask = ["--umask", f"{rundir.PRIVATE_UMASK:03o}"] if spec.permissions == "private" else []
     notice = notice_of(saves_on_notice, spec.strategy, task.role)
-    save = ["--save-s", f"{spec.timeouts.save_s:g}"] if notice == Notice.CHIEF else []
+    save = ["--save-s", seconds_text(spec.timeouts.save_s)] if notice == Notice.CHIEF else []
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,

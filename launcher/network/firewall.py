@@ -259,7 +259,7 @@ class Protection:
         if self.mode == OFF and self.hosts:
             lines.append(
                 f'note: "network": {{"protect": "off"}}: {_open_ports(self.hosts)} stay open to anyone who '
-                "reaches those hosts: TensorFlow's gRPC servers have no authentication (README: Security)"
+                "reaches those hosts: TensorFlow's gRPC servers have no authentication (see docs/security.md)"
             )
             return lines
         for host in self.open_hosts():
@@ -267,7 +267,7 @@ class Protection:
                 f"note: ports {', '.join(str(p) for p in host.ports)} stay open to anyone who reaches "
                 f"{host.host}: {host.why}. "
                 'Give the user the tasks run as root or CAP_NET_ADMIN there, or set "network": {"protect": "required"} '
-                "to refuse such runs (README: Security)"
+                "to refuse such runs (see docs/security.md)"
             )
         return lines
 

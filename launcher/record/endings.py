@@ -18,4 +18,5 @@ class EventKind(enum.StrEnum):
     DRAINED = "drained"  # training was done and the evaluator finished or ran out of drain time
     # After a stop notice: it exited (``returncode``; contract.EXIT_CODES says if it saved first)
     PREEMPTED = "preempted"
+    NOTICE = "notice"  # the run got a stop notice (``detail``: the signal's name)
     SAVE_TIMEOUT = "save timeout"  # a stop notice's save did not end within timeouts.save_s

@@ -180,7 +180,7 @@ class RunFailure:
 
 
 # Optional fields that only some backends or commands set; left out of run.json while None.
-_OPTIONAL = ("netns_holder_pid", "network", "stopped_by", "standbys", "preempted")
+_OPTIONAL = ("netns_holder_pid", "network", "stopped_by", "standbys", "preempted", "notice")
 
 
 @dataclass
@@ -214,6 +214,9 @@ class RunRecord:
     standbys: dict | None = None
     # A run stopped on a notice: the step its tasks saved and how long the save took (up.py).
     preempted: dict | None = None
+    # The attempt's stop notice (supervisor.py): its signal, wall time and save_s; once it ended
+    # other than preempted, ``stopped`` (why nothing was saved) or ``done`` (training was done).
+    notice: dict | None = None
     version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)  # keys this version does not know, kept as they are
 

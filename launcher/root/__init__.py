@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from distlaunch.launcher.api.call import run
-    from distlaunch.launcher.api.launch import Run, launch, up
+    from distlaunch.launcher.api.launch import Run, SpecInput, launch, up
     from distlaunch.launcher.api.pool import close as close_pool
     from distlaunch.launcher.api.results import (
         Failure,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         StartError,
         TaskError,
     )
-    from distlaunch.launcher.core.errors import LaunchError, SpecError
+    from distlaunch.launcher.core.errors import LaunchError, SpecError, UsageError
 
 # Public name -> module that defines it (with the name there, where it differs).
 _EXPORTS = {
@@ -53,6 +53,8 @@ _EXPORTS = {
     "StartError": "distlaunch.launcher.api.results",
     "SpecError": "distlaunch.launcher.core.errors",
     "LaunchError": "distlaunch.launcher.core.errors",
+    "UsageError": "distlaunch.launcher.core.errors",
+    "SpecInput": "distlaunch.launcher.api.launch",
 }
 
 __all__ = [
@@ -63,8 +65,10 @@ __all__ = [
     "RunFailed",
     "RunResult",
     "SpecError",
+    "SpecInput",
     "StartError",
     "TaskError",
+    "UsageError",
     "close_pool",
     "launch",
     "run",

@@ -73,20 +73,26 @@ class TfCluster:
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call ``fn(*args, **kwargs)`` on every task and return their values, or raise the first
-        failure, as `distlaunch.run` does."""
-        return self.start(fn, *args, **kwargs).result()
+        failure, as `distlaunch.run` does. Every keyword argument is ``fn``'s (``workers=``,
+        ``env=`` too): the cluster's shape is the marker's (or `sized`'s)."""
+        from distlaunch.launcher.api import launch as api
+
+        with api.owning():
+            return self.start(fn, *args, **kwargs).result()
 
     def start(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Call:
         """Start the call and return it at once (``.result()`` waits): ``kill`` and ``restart``
-        act on it meanwhile."""
+        act on it meanwhile. Every keyword argument is ``fn``'s, as for `run`."""
         from distlaunch.launcher.api import call as api_call
+        from distlaunch.launcher.api import launch as api
 
         s = self.shape
         spec = api_call.cluster_spec(
             "tf_cluster", s.workers, s.chief, s.ps, s.evaluator, s.strategy_name, self.shared_dir
         )
-        call = api_call.start(fn, *args, spec=spec, timeout_s=s.timeout_s, **kwargs)
-        self.calls.append(call)
+        with api.owning():
+            call = api_call.submit(fn, args, kwargs, spec=spec, timeout_s=s.timeout_s)
+            self.calls.append(call)
         return call
 
     def sized(self, **shape: Any) -> TfCluster:

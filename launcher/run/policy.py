@@ -1,8 +1,10 @@
 """What a task's exit means for the run: one small object that returns a decision and says why.
 
 The supervisor feeds it events (a task exited, stopped making progress, a user asked for a
-restart, a deadline passed, the cluster never formed, the evaluator's drain ended: every way a
-run ends is an event decided here) and the run's history; it answers with an action, the tasks
+restart, a deadline passed, the cluster never formed, the evaluator's drain ended, a stop
+notice came, a first or a second one, while tasks started or after training was done, a save
+missed its deadline: every way a run ends is an event decided here) and the run's history
+(which holds the facts a notice is decided on); it answers with an action, the tasks
 it concerns, a delay and a reason, which the supervisor logs to events.jsonl. Nothing here
 touches a process, so scripted inputs test every branch.
 """
@@ -24,6 +26,8 @@ NON_RETRYABLE_ERRORS = (
     "TabError",
     "ImportError",
     "ModuleNotFoundError",
+    # dw.fit's resume found checkpoints but none whole (worker/resume.py)
+    "distlaunch.worker.resume.CheckpointDamaged",
 )
 
 
@@ -37,6 +41,7 @@ class Action(enum.Enum):
     # After a stop notice: every training task saved and stopped; stop whatever still runs
     PREEMPTED = "preempted"
     STOP = "stop"  # after a stop notice, a task did not save: stop everything, as a signal does
+    NOTIFY = "notify"  # a stop notice: ask every training task to save and stop
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,15 @@ class History:
     restart_times: Sequence[float] = ()
     peer_lost: frozenset[str] = frozenset()
     last_fingerprint: str | None = None
+    # Stop notices (and the facts they are decided on; see `RestartPolicy._on_notice`):
+    notices: int = 0  # how many stop notices the run had before this event
+    training_done: bool = False  # the chief marked this attempt's training done
+    # Why a notice cannot be kept, "" when it can: the program cannot save on one, the transport
+    # cannot deliver one, a task is down waiting to restart.
+    unkeepable: str = ""
+    # Training tasks whose notice is still held: they have not started far enough to take it
+    # (importing TensorFlow, building the strategy), so no step of this attempt has run.
+    held: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -152,9 +166,14 @@ class RestartPolicy:
     The evaluator is a sidecar: its success changes nothing, its failure restarts only itself.
     The run's own deadlines (startup_s, formation_s, run_s) fail it whatever the rules; the end
     of the evaluator's drain after training (it finished, or its time ran out) is DONE.
-    After a stop notice nothing restarts: once every training task (PSS: the chief) exited
-    "preempted" (contract.EXIT_CODES) the run is PREEMPTED; a task that exits otherwise, or a
-    save that misses timeouts.save_s, STOPs it.
+    A stop notice (NOTICE) is a state of the run, not an accident: the first one is sent to the
+    training tasks (NOTIFY), unless training is done (DONE: the run succeeded; an evaluator still
+    draining is cut) or it cannot be kept (STOP); a second one joins the save under way
+    (CONTINUE); a third stops at once (STOP). After a notice nothing restarts: once every
+    training task (PSS: the chief) exited "preempted" or done (contract.EXIT_CODES) the run is
+    PREEMPTED (DONE when none saved: training had finished); a task that exits otherwise STOPs
+    it, and so does a save that misses timeouts.save_s, unless a task's notice was still held
+    then: nothing of that attempt had trained, so it is PREEMPTED where it resumed.
     """
 
     def __init__(self, cluster: Cluster, rules: RestartRules) -> None:
@@ -186,10 +205,19 @@ class RestartPolicy:
         if event.kind is EventKind.DRAINED:
             # Training was done before: the evaluator finished, or its drain time ran out.
             return Decision(Action.DONE, event.detail)
+        if event.kind is EventKind.NOTICE:
+            return _on_notice(event, history)
         if event.kind is EventKind.SAVE_TIMEOUT:
+            if history.held:
+                held = ", ".join(sorted(history.held))
+                return Decision(
+                    Action.PREEMPTED,
+                    f"{held} never started far enough to take the notice: nothing was trained "
+                    "in this attempt, so nothing is lost",
+                )
             return Decision(Action.STOP, f"{event.name} {event.detail}")
         if event.kind is EventKind.PREEMPTED:
-            return self._after_notice(event, exited)
+            return self._after_notice(event, exited, history)
         if event.kind in _DEADLINES:
             # The limits the user set for the whole run: the run ends, whatever the policy.
             return Decision(Action.FAIL, f"{event.name} {event.detail}")
@@ -245,35 +273,55 @@ class RestartPolicy:
             return Decision(Action.DONE, "every training task finished")
         return Decision(Action.CONTINUE, f"{event.name} finished; waiting for the others")
 
-    def _after_notice(self, event: TaskEvent, exited: Mapping[str, int]) -> Decision:
-        """A task exited after the stop notice: did every training task save?"""
+    def _after_notice(
+        self, event: TaskEvent, exited: Mapping[str, int], history: History
+    ) -> Decision:
+        """A task exited after the stop notice: did every training task save, or finish?
+
+        Saved (75, or 42/143 after a notice) and finished (0) both count as stopped well: ranks
+        of a program with its own handler need not be at the same place (one in its last step
+        exits 0, another saves), and waiting for all of one kind would never end.
+        """
         assert event.returncode is not None
         fatal = self.rules.non_retryable_exit_codes
-        meaning = contract.exit_meaning(event.returncode, noticed=True, fatal=fatal)
-        if meaning is contract.ExitMeaning.DONE:
-            return self._clean_exit(event, exited)
-        if event.role == "evaluator":
+
+        def meaning(code: int) -> contract.ExitMeaning:
+            return contract.exit_meaning(code, noticed=True, fatal=fatal)
+
+        ended_well = (contract.ExitMeaning.DONE, contract.ExitMeaning.PREEMPTED)
+        if event.role == contract.EVALUATOR:
             return Decision(Action.CONTINUE, "the evaluator stopped on the notice")
-        if meaning is not contract.ExitMeaning.PREEMPTED:
+        if meaning(event.returncode) not in ended_well:
             return Decision(
                 Action.STOP, f"{event.name} {_describe(event)} after the stop notice, unsaved"
             )
-        if self.cluster.strategy == contract.PSS:
-            if event.role == "chief":
-                return Decision(Action.PREEMPTED, "the chief saved and stopped")
+        server = self.cluster.strategy == contract.PSS and event.role != contract.CHIEF
+        if server:
             return Decision(Action.CONTINUE, f"{event.name} stopped; waiting for the chief")
-        waiting = [
-            name
-            for name in self.cluster.training()
-            if name not in exited
-            or contract.exit_meaning(exited[name], noticed=True, fatal=fatal)
-            is not contract.ExitMeaning.PREEMPTED
-        ]
-        if not waiting:
-            return Decision(Action.PREEMPTED, "every training task saved and stopped")
-        return Decision(
-            Action.CONTINUE, f"{event.name} saved and stopped; waiting for {', '.join(waiting)}"
+        deciders = (
+            list(self.cluster.roles.get(contract.CHIEF, ()))
+            if self.cluster.strategy == contract.PSS
+            else self.cluster.training()
         )
+        waiting = [n for n in deciders if n not in exited or meaning(exited[n]) not in ended_well]
+        if waiting:
+            how = "finished" if event.returncode == 0 else "saved and stopped"
+            return Decision(
+                Action.CONTINUE, f"{event.name} {how}; waiting for {', '.join(waiting)}"
+            )
+        saved = [n for n in deciders if meaning(exited[n]) is contract.ExitMeaning.PREEMPTED]
+        if history.training_done or not saved:
+            return Decision(Action.DONE, "training was done when the notice came")
+        if len(saved) < len(deciders):
+            finished = ", ".join(n for n in deciders if n not in saved)
+            return Decision(
+                Action.PREEMPTED,
+                f"{', '.join(saved)} saved and stopped, {finished} finished: resume continues "
+                "from the saved step",
+            )
+        if self.cluster.strategy == contract.PSS:
+            return Decision(Action.PREEMPTED, "the chief saved and stopped")
+        return Decision(Action.PREEMPTED, "every training task saved and stopped")
 
     def _restart_set(self, event: TaskEvent) -> tuple[str, ...]:
         roles = self.cluster.roles
@@ -285,6 +333,24 @@ class RestartPolicy:
             chief = tuple(roles.get(contract.CHIEF, ()))
             return (event.name, *chief) if event.role == contract.PS else chief
         return tuple(self.cluster.training())
+
+
+def _on_notice(event: TaskEvent, history: History) -> Decision:
+    """A stop notice (``event.detail``: the signal's name) came: send it, join the one under way,
+    or end the run."""
+    if history.notices == 1:
+        return Decision(
+            Action.CONTINUE, f"another stop notice ({event.detail}) joins the save under way"
+        )
+    if history.notices > 1:
+        return Decision(
+            Action.STOP, f"a third stop signal ({event.detail}) during the save: stopping at once"
+        )
+    if history.training_done:
+        return Decision(Action.DONE, "training was done when the notice came")
+    if history.unkeepable:
+        return Decision(Action.STOP, history.unkeepable)
+    return Decision(Action.NOTIFY, f"stop notice ({event.detail})")
 
 
 def _cause(event: TaskEvent, exited: Mapping[str, int], history: History) -> str | None:

@@ -6,11 +6,18 @@ SIGUSR1 are handled between events, never in the middle of bookkeeping), and a s
 pumps the tasks' logs to the terminal and checks deadlines, heartbeats and due restarts.
 
 A stop notice (SIGTERM or SIGUSR2 to the launcher: `distlaunch down`, Slurm's `--signal`, a
-container stop) is not a stop: every training task's program is asked to save and stop (the
-transport's `notify`), and the policy hears each exit as a PREEMPTED event; when all have saved,
-the run ends PREEMPTED, else, at the first task that exits unsaved or at timeouts.save_s, it is
-stopped as a signal stops it (Interrupted), naming the tasks that did not save. A second stop
-signal, Ctrl-C, or a transport that cannot notify stops at once.
+container stop) is not a stop: it is a NOTICE event, and the policy says what it means. The
+first is sent to every training task's program (the transport's `notify`) and the policy hears
+each exit as a PREEMPTED event; when all have saved (or finished), the run ends PREEMPTED, else,
+at the first task that exits unsaved, it is stopped as a signal stops it (Interrupted). A task
+still starting (no "ready" in its status: importing TensorFlow, building the strategy, where a
+SIGTERM would kill it) gets its notice held until it can take it. At timeouts.save_s the tasks
+still saving get timeouts.grace_s more (SIGTERM, which they take as the notice they already
+have, then SIGKILL): a save that ends then still counts, reported late; the others are named.
+A second notice joins the save under way (and says which step, since when); a third, Ctrl-C,
+or a notice the run cannot keep stops at once. A notice after training was done ends the run
+succeeded (an evaluator still draining is cut). When the run ends, the ``ckpt-N_temp/`` folders
+of saves cut short are removed.
 
 What an event means is not decided here: every ending of a task or of the run (an exit, a hang,
 a restart request, a deadline, a cluster that never formed, the evaluator's drain) becomes a
@@ -32,7 +39,7 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distlaunch.launcher.core.console import Console, LogFollower
@@ -43,7 +50,7 @@ from distlaunch.launcher.diagnosis.progress_view import live_line, task_progress
 from distlaunch.launcher.diagnosis.summary import Failure, evidence_of
 from distlaunch.launcher.diagnosis.watchdog import Sample, Watchdog
 from distlaunch.launcher.plan.plan import Plan, TaskPlan, for_attempt
-from distlaunch.launcher.record import rundir
+from distlaunch.launcher.record import checkpoints, rundir
 from distlaunch.launcher.record.endings import EventKind
 from distlaunch.launcher.record.state import RunBook, RunRecord, RunState, TaskLedger, TaskState
 from distlaunch.launcher.run.policy import (
@@ -85,6 +92,7 @@ class Preemption:
 
     step: int | None
     save_s: float | None
+    late: bool = False  # the save ended after timeouts.save_s, in the grace period
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,8 @@ class _Notice:
     signum: int
     deadline: float  # time.monotonic()
     send: Callable[[list[TaskHandle]], bool]  # the transport's notify
+    at: float  # time.monotonic() of the notice
+    step: int | None  # the latest checkpoint's step when it came (the checkpoint index's)
 
 
 class _Task:
@@ -176,8 +186,9 @@ class Supervisor:
         self._standbys_for: int | None = None  # the attempt the standbys were last made for
         self._signals: list[int] = []
         self.notice: _Notice | None = None
-        # Tasks that were building their strategy at the notice: sent it again once built.
-        self._notify_again: set[str] = set()
+        self._notices = 0  # stop notices so far
+        # Training tasks whose notice is held until they can take it (see _takes_notice).
+        self._held: set[str] = set()
         self._sel = selectors.DefaultSelector()
         self._next_check = self._next_live = 0.0  # when the loop checks deadlines, redraws
 
@@ -206,6 +217,12 @@ class Supervisor:
             self._teardown()
             signal.set_wakeup_fd(previous_fd)
             for sig, handler in previous.items():
+                if self.notice is not None and sig in NOTICE_SIGNALS:
+                    # A notice that comes now (a second `down` as the run ends) has nothing
+                    # left to save: it must not turn the launcher's exit code (75) into a death
+                    # by SIGTERM. The supervisor runs in a launcher process (the CLI's, the
+                    # API's child), which exits once the run's end is recorded.
+                    handler = signal.SIG_IGN
                 signal.signal(sig, handler)
             self._sel.close()
             os.close(wake_r)
@@ -274,52 +291,121 @@ class Supervisor:
         return timeout
 
     def _check_stop_signals(self) -> None:
-        stops = [s for s in self._signals if s in STOP_SIGNALS]
+        """While tasks start: a stop signal stops at once; a notice waits for the loop (it is
+        held for the tasks that cannot take it yet)."""
+        stops = [s for s in self._signals if s in STOP_SIGNALS and s not in NOTICE_SIGNALS]
         if stops:
             raise Interrupted(stops[0])
 
     def _check_signals(self) -> RunResult | None:
         while self._signals:
             signum = self._signals.pop(0)
-            if signum in NOTICE_SIGNALS and self.notice is None and self._notify(signum):
-                continue
-            if signum in STOP_SIGNALS:
+            if signum in NOTICE_SIGNALS:
+                result = self._on_notice(signum)
+            elif signum in STOP_SIGNALS:
                 raise Interrupted(signum)
-            result = self._on_control_requests()
+            else:
+                result = self._on_control_requests()
             if result is not None:
                 return result
         return None
 
-    def _notify(self, signum: int) -> bool:
-        """Send every training task a stop notice; False (nothing sent) where it cannot be kept:
-        a program that cannot save on one (program_scan: no dw.fit, no TensorFlow or Keras
-        handler, so the run stops at once as it always did), a task down waiting to restart,
-        training already done, a transport without notices."""
-        notify = getattr(self.transport, "notify", None)
-        training = [self.tasks[name] for name in self.policy.cluster.savers()]
-        if not self.plan.program.saves_on_notice:
-            return False
-        if notify is None or self.pending or self.drain_until is not None:
-            return False
-        alive = all(t.alive for t in self.tasks.values() if t.plan.role != "evaluator")
-        if not alive or not notify([t.handle for t in training]):
-            return False
-        # While dw.strategy() builds the strategy (status "starting"), TensorFlow's own SIGTERM
-        # handler is in place and swallows the notice (worker/preempt.py): a task that has not
-        # built it yet gets the notice again once it has ("ready": distlaunch's handler is in).
-        self._notify_again = {t.name for t in training if not self._built(t)}
+    def _on_notice(self, signum: int) -> RunResult | None:
+        """A stop notice: the policy sends it, joins the one under way, or ends the run."""
+        name = signal.Signals(signum).name
+        event = TaskEvent("run", "", None, kind=EventKind.NOTICE, detail=name)
+        decision = self._decide(event)
+        self._notices += 1
+        if decision.action is Action.NOTIFY:
+            self._notify(signum)
+            return None
+        if decision.action is Action.CONTINUE:
+            assert self.notice is not None
+            self._join(name)
+            return None
+        if decision.action is Action.DONE:
+            self.book.event("run", "notice", self.attempt, signal=name, reason=decision.reason)
+            self.record.notice = {"signal": name, "at": time.time(), "done": decision.reason}
+            return self._done(cut=decision.reason)
+        if self.notice is not None:
+            self.console.say(f"{decision.reason}: stopping the run")
+            self._notice_ended(stopped=decision.reason)
+        # Else the notice cannot be kept (the program cannot save on one, a task is down
+        # waiting to restart): the run stops at once, as it always did.
+        raise Interrupted(signum)
+
+    def _notify(self, signum: int) -> None:
+        """Send every running training task a stop notice, or hold it for those still starting."""
+        notify = self.transport.notify  # type: ignore[attr-defined]  # the policy checked it
+        savers = [t for n in self.policy.cluster.savers() if (t := self.tasks[n]).alive]
+        self._held = {t.name for t in savers if not self._takes_notice(t)}
+        now = time.monotonic()
         save_s = self.timeouts.save_s
-        self.notice = _Notice(signum, time.monotonic() + save_s, notify)
+        index = checkpoints.latest(contract.checkpoint_dir(self.run_dir))
+        self.notice = _Notice(signum, now + save_s, notify, now, index.step if index else None)
+        ready = [t.handle for t in savers if t.name not in self._held]
+        if ready and not notify(ready):
+            self.console.say("the transport cannot deliver a stop notice: stopping the run")
+            raise Interrupted(signum)
         if self.standbys is not None:
             self.standbys.close()  # nothing restarts after a notice
             self._record_standbys()
         name = signal.Signals(signum).name
+        held = ""
+        if self._held:
+            held = (
+                f"; {', '.join(sorted(self._held))} still starting: "
+                "its notice waits until it can take it"
+            )
         self.console.say(
-            f"stop notice ({name}): asking {len(training)} tasks to save and stop within "
-            f"{save_s:g} s ({self.save_why})"
+            f"stop notice ({name}): asking {len(savers)} tasks to save and stop within "
+            f"{save_s:g} s ({self.save_why}){held}"
         )
-        self.book.event("run", "notice", self.attempt, signal=name, save_s=save_s)
-        return True
+        self.record.notice = {"signal": name, "at": time.time(), "save_s": save_s}
+        self.book.save()
+        self.book.event(
+            "run", "notice", self.attempt, signal=name, save_s=save_s, held=sorted(self._held)
+        )
+
+    def _join(self, name: str) -> None:
+        """A second notice: the save under way goes on; say which step, since when."""
+        assert self.notice is not None
+        step = self._saving_step()
+        since = time.monotonic() - self.notice.at
+        left = max(0.0, self.notice.deadline - time.monotonic())
+        at = f"step {step}" if step is not None else "its tasks"
+        self.console.say(
+            f"stop notice again ({name}): saving {at}, started {since:.0f} s ago, due within "
+            f"{left:.0f} s; joining it (Ctrl-C or `distlaunch down --now` stops without saving)"
+        )
+        self.book.event("run", "notice", self.attempt, signal=name, joined=True)
+
+    def _saving_step(self) -> int | None:
+        """The step the savers are saving, or the latest they reported (their status files)."""
+        steps = []
+        for name in self.policy.cluster.savers():
+            status = self._status_of(self.tasks[name])
+            step = status.get(contract.SAVED_STEP, status.get("step"))
+            if isinstance(step, int):
+                steps.append(step)
+        return max(steps) if steps else None
+
+    def _takes_notice(self, task: _Task) -> bool:
+        """Whether the task's program can take a notice now: distlaunch's or the program's own
+        handler is in (status "ready" or later: dw.strategy() built the strategy); or, for a
+        program that reports no status, its TensorFlow server is up. Before that (importing
+        TensorFlow, building the strategy) a SIGTERM would kill it, or TensorFlow's own handler
+        would swallow it (worker/preempt.py)."""
+        state = self._status_of(task).get("state")
+        if state is not None:
+            return state != contract.STATE_STARTING
+        assert task.handle is not None
+        return task.ledger.state is TaskState.RUNNING or task.handle.joined()
+
+    def _notice_ended(self, **how: object) -> None:
+        """Record how the notice ended in run.json (`distlaunch down` reports it)."""
+        self.record.notice = {**(self.record.notice or {}), **how}
+        self.book.save()
 
     # ---- events ---------------------------------------------------------------------------
 
@@ -331,7 +417,34 @@ class Supervisor:
         history = History(
             tuple(self.restart_times), frozenset(self.peer_lost), self.last_fingerprint
         )
+        if event.kind in (EventKind.NOTICE, EventKind.PREEMPTED, EventKind.SAVE_TIMEOUT):
+            history = replace(
+                history,
+                notices=self._notices,
+                training_done=self._training_done(),
+                unkeepable=self._unkeepable() if event.kind is EventKind.NOTICE else "",
+                held=frozenset(n for n in self._held if self.tasks[n].alive),
+            )
         return self.policy.decide(event, self._exited(), history, time.monotonic())
+
+    def _training_done(self) -> bool:
+        """Whether this attempt's training is done: the evaluator's drain is under way, or the
+        chief wrote the "training done" marker (contract.training_done_path)."""
+        if self.drain_until is not None:
+            return True
+        marker = rundir.read_json(contract.training_done_path(self.run_dir))
+        return isinstance(marker, dict) and marker.get("attempt") == self.attempt
+
+    def _unkeepable(self) -> str:
+        """Why a stop notice cannot be kept now ("" when it can)."""
+        if not self.plan.program.saves_on_notice:
+            # program_scan: no dw.fit, no TensorFlow or Keras handler; it stops as it always did
+            return "the program cannot save on a stop notice"
+        if getattr(self.transport, "notify", None) is None:
+            return "the transport cannot deliver a stop notice"
+        if self.pending:
+            return "a task is down, waiting to restart"
+        return ""
 
     def _on_exit(self, task: _Task) -> RunResult | None:
         assert task.handle is not None and task.follower is not None
@@ -500,14 +613,21 @@ class Supervisor:
     ) -> RunResult | None:
         """Carry out the policy's decision about ``event`` of ``task`` (logged by the caller)."""
         if decision.action is Action.DONE:
-            return self._done()
+            return self._done(cut=decision.reason if self.notice is not None else "")
         if decision.action is Action.PREEMPTED:
             alive = [t for t in self.tasks.values() if t.alive]
+            if self.notice is not None and event.kind is EventKind.SAVE_TIMEOUT:
+                # Nothing trained in this attempt: it ends where it resumed.
+                self.console.say(decision.reason)
+                _mark_stop_now(self.run_dir, self.attempt)
+                self._stop(alive, TaskState.STOPPED, "the run was preempted")
+                return RunResult(RunState.PREEMPTED, None, Preemption(self.notice.step, None))
             self._stop(alive, TaskState.STOPPED, "the run was preempted")
             return RunResult(RunState.PREEMPTED, None, self._preemption())
         if decision.action is Action.STOP:
             assert self.notice is not None
-            self.console.say(f"{decision.reason}: stopping the run")
+            self.console.say(f"{decision.reason}: stopping the run; {self._what_was_saved()}")
+            self._notice_ended(stopped=decision.reason)
             raise Interrupted(self.notice.signum)
         if decision.action is Action.FAIL:
             return RunResult(RunState.FAILED, self._fail(task, event, decision, how, where))
@@ -548,9 +668,21 @@ class Supervisor:
         note = "; ".join(x for x in (note, follow_on) if x)
         return self._failure(cause, cause_how, note, where, kind, code)
 
-    def _done(self) -> RunResult | None:
+    def _done(self, cut: str = "") -> RunResult | None:
         """Training succeeded: stop the servers; give a running evaluator time to finish. After
-        the drain (the evaluator finished, or its time ran out) the run has succeeded."""
+        the drain (the evaluator finished, or its time ran out) the run has succeeded.
+
+        ``cut``: why the run ends now (a stop notice after training was done): whatever still
+        runs is stopped, an evaluator's drain included, and the run has succeeded."""
+        if cut:
+            alive = [t for t in self.tasks.values() if t.alive]
+            cut_short = [t.name for t in alive if t.plan.role == contract.EVALUATOR]
+            more = f"; {', '.join(cut_short)} cut short of its drain" if cut_short else ""
+            self.console.say(f"stop notice: {cut}: the run succeeded{more}")
+            self._stop(alive, TaskState.STOPPED, cut)
+            if self.notice is not None:
+                self._notice_ended(done=cut)
+            return RunResult(RunState.SUCCEEDED, None)
         if self.drain_until is not None:
             return RunResult(RunState.SUCCEEDED, None)
         if self.standbys is not None:
@@ -676,12 +808,15 @@ class Supervisor:
         """The stop notice's deadline (timeouts.save_s): the policy stops the run if a training
         task is still running by then, naming every such task."""
         assert self.notice is not None
-        for name in sorted(self._notify_again):
+        for name in sorted(self._held):
             task = self.tasks[name]
-            if not task.alive or self._built(task):
-                self._notify_again.discard(name)
-                if task.alive:
-                    self.notice.send([task.handle])
+            if not task.alive:
+                self._held.discard(name)
+            elif self._takes_notice(task):
+                self._held.discard(name)
+                if not self.notice.send([task.handle]):
+                    self.console.say("the transport cannot deliver a stop notice: stopping")
+                    raise Interrupted(self.notice.signum)
         savers = (self.tasks[name] for name in self.policy.cluster.savers())
         unsaved = [t for t in savers if t.alive]
         if now < self.notice.deadline or not unsaved:
@@ -694,7 +829,50 @@ class Supervisor:
         event = TaskEvent(
             first.name, first.plan.role, None, kind=EventKind.SAVE_TIMEOUT, detail=how
         )
-        return self._apply(first, event, self._decide(event), how)
+        decision = self._decide(event)
+        if decision.action is Action.STOP:
+            return self._late_save(unsaved, decision)
+        return self._apply(first, event, decision, how)
+
+    def _late_save(self, unsaved: list[_Task], missed: Decision) -> RunResult | None:
+        """The save missed timeouts.save_s: the tasks get timeouts.grace_s more (SIGTERM, which
+        a task that took the notice takes as that notice again, then SIGKILL). The policy then
+        hears each one's exit as after any notice: a save that ended in the grace counts."""
+        grace = self.timeouts.grace_s
+        self.console.say(
+            f"{missed.reason}: stopping the run (timeouts.grace_s: {grace:g} s for a save "
+            "under way to end)"
+        )
+        alive = [t for t in self.tasks.values() if t.alive]
+        self._stop(alive, TaskState.STOPPED, missed.reason)
+        decision, last = missed, unsaved[-1]
+        for task in unsaved:
+            assert task.exit_code is not None
+            last = task
+            event = TaskEvent(task.name, task.plan.role, task.exit_code, kind=EventKind.PREEMPTED)
+            decision = self._decide(event)
+            if decision.action is Action.STOP:
+                break
+        if decision.action is Action.PREEMPTED:
+            saved = self._preemption()
+            return RunResult(RunState.PREEMPTED, None, replace(saved, late=True))
+        if decision.action is Action.DONE:
+            return self._done(cut=decision.reason)
+        assert self.notice is not None
+        self.console.say(f"{last.name} did not save in time: {self._what_was_saved()}")
+        self._notice_ended(stopped=missed.reason)
+        raise Interrupted(self.notice.signum)
+
+    def _what_was_saved(self) -> str:
+        """What a resume would start from, from the checkpoint index (what the tasks saved even
+        when they could not say so)."""
+        assert self.notice is not None
+        index = checkpoints.latest(contract.checkpoint_dir(self.run_dir))
+        if index is None:
+            return "no checkpoint: `up --resume` starts over"
+        if self.notice.step is None or index.step > self.notice.step:
+            return f"{index.name} was saved after the notice: `up --resume` continues from it"
+        return f"nothing saved on the notice: `up --resume` continues from {index.name}"
 
     def _preemption(self) -> Preemption:
         """The step the training tasks saved (the chief's, which is everyone's) and the longest
@@ -717,12 +895,6 @@ class Supervisor:
         if not isinstance(status, dict) or status.get("attempt") != task.ledger.entry.attempt:
             return {}
         return status
-
-    def _built(self, task: _Task) -> bool:
-        """Whether the task's dw.strategy() is built (any status past "starting")."""
-        return (
-            self._status_of(task).get("state", contract.STATE_STARTING) != contract.STATE_STARTING
-        )
 
     def _saved_status(self, task: _Task) -> dict | None:
         """The task's status file if this incarnation reported saving on the notice."""
@@ -914,6 +1086,10 @@ class Supervisor:
             if task.handle is not None:
                 task.handle.close()
         self.book.save()
+        # Every task is gone: what a save cut short left is nobody's any more.
+        removed = checkpoints.remove_cut_saves(contract.checkpoint_dir(self.run_dir))
+        if removed:
+            self.console.say(f"removed what saves cut short left: {', '.join(removed)}")
 
     # ---- records ----------------------------------------------------------------------------
 

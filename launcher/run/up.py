@@ -186,9 +186,17 @@ def _supervise(supervisor: Supervisor, console: Console, spec_file: Path) -> Non
     if result.preemption is not None:
         saved = result.preemption
         preempted = {"step": saved.step, "save_s": saved.save_s}
+        if saved.late:
+            preempted["late"] = True
         line = preempted_line(plan.run_id, preempted, str(spec_file))
         book.record.update({"preempted": preempted})
         book.set_state(RunState.PREEMPTED, exit_code=contract.EXIT_PREEMPTED, ended_at=time.time())
+        if saved.late:
+            late = supervisor.timeouts.save_s
+            console.say(
+                f"the save took longer than timeouts.save_s ({late:g} s) and ended within "
+                "timeouts.grace_s"
+            )
         console.say(line)
         raise Preempted(line)
     if result.failure is None:

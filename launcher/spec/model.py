@@ -1,450 +1,262 @@
-"""The cluster spec: a typed, validated, frozen model of the JSON file a user writes.
+"""The cluster spec: a typed, validated, frozen model of the JSON or YAML file a user writes.
 
-`load_spec` is the one way in: it reads the file, validates it and resolves relative paths
-against the spec file's folder. Every problem becomes a `SpecError` naming the file, the JSON
-path and what was expected, so the CLI can print one line and exit 2.
+`load_spec` is the one way in: it reads the file, applies `--set` overrides, checks the data
+against the spec's JSON Schema (spec/schema.py, compiled into spec/checker.py: what `distlaunch
+schema` publishes is what is checked), spreads host files and `per_host` (bounded before
+anything is built), builds the typed model and checks what no schema can state: the sum of all
+tasks, ports and GPUs shared between tasks, hosts a task names, files that must exist. Every
+problem becomes a `SpecError` naming the file, the JSON path and what was expected, so the CLI can
+print one line and exit 2.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 from distlaunch.launcher.core import backends
 from distlaunch.launcher.core.errors import SpecError
-from distlaunch.launcher.spec.records import Field, Invalid, Parsed, Record, after, before
-from distlaunch.launcher.spec.records import json_schema as record_schema
+from distlaunch.launcher.spec import checker, schema
+from distlaunch.launcher.spec.invalid import Invalid, json_path, short_path, shown, spec_error
+from distlaunch.launcher.spec.schema import (
+    IMAGE_REF,
+    K8S_LABEL,
+    LOCAL_HOSTS,
+    MAX_CPUS,
+    MAX_GPUS,
+    MAX_TASKS,
+    OWNED_SSH_OPTIONS,
+)
 from distlaunch.launcher.spec.sources import (
+    MAX_INT_DIGITS,
     Source,
     SpecOptions,
     apply_overrides,
     expand,
-    json_path,
+    huge_int_message,
     preview,
     read_yaml,
-    short_path,
 )
 from distlaunch.worker import contract
 
+__all__ = [
+    "IMAGE_REF",
+    "K8S_LABEL",
+    "LOCAL_HOSTS",
+    "MAX_CPUS",
+    "MAX_GPUS",
+    "MAX_TASKS",
+    "OWNED_SSH_OPTIONS",
+]
+
 ROLES = (contract.CHIEF, contract.WORKER, contract.PS, contract.EVALUATOR)
 # Environment names the launcher owns; a spec may not set them.
-RESERVED_ENV = re.compile(r"^(TF_CONFIG|DISTLAUNCH_.*)$")
-LOCAL_HOSTS = ("localhost", "127.0.0.1")
-# A host's name in the spec, and an address: a DNS name or an IPv4 address (TF_CONFIG writes
-# host:port, which an IPv6 literal would make ambiguous). Never starts with "-", so it cannot be
-# read as an option by ssh.
-_HOST_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
-# ssh options distlaunch sets itself: a spec that changed them would break connection sharing,
-# the host-key policy or the launcher's hold on the remote task.
-# At most this many tasks in one spec: TF_CONFIG lists every task in every task's environment,
-# so a plan grows with the square of the count (50,000 tasks took 24 GB).
-MAX_TASKS = 4096
-# At most this many GPUs per task: a count is expanded into indices one by one.
-MAX_GPUS = 1024
-# At most this many CPUs per task (Linux's CONFIG_NR_CPUS maximum).
-MAX_CPUS = 8192
-OWNED_SSH_OPTIONS = (
-    "BatchMode",
-    "ConnectTimeout",
-    "ControlMaster",
-    "ControlPath",
-    "ControlPersist",
-    "ForkAfterAuthentication",
-    "RemoteCommand",
-    "RequestTTY",
-    "SessionType",
-    "StdinNull",
-    "StrictHostKeyChecking",
-)
+RESERVED_ENV = re.compile(schema.RESERVED_ENV)
+
+# A task's GPUs: a count, a tuple of indices, or None (CPU only).
+Gpus = int | tuple[int, ...] | None
+# A task's CPUs: a count, a tuple of CPU ids, "all" (no pinning) or "auto".
+Cpus = int | tuple[int, ...] | str
 
 
-def _port(value: Any) -> int | str:
-    if value == "auto":
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
-        return value
-    raise ValueError(f'expected "auto" or a port number 1-65535, got {_shown(value)}')
+def _int(value: Any) -> int:
+    """A valid integer (JSON Schema counts 2.0 as the integer 2)."""
+    return int(value)
 
 
-def _gpus(value: Any) -> int | tuple[int, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_GPUS:
-        return value
-    if isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_GPUS for v in value
-    ):
-        if len(set(value)) != len(value):
-            raise ValueError(f"expected distinct GPU indices, got {_shown(value)}")
-        return tuple(value)
-    raise ValueError(
-        f"expected a GPU count (integer 0-{MAX_GPUS}) or a list of GPU indices, got {_shown(value)}"
-    )
+def _ints(value: Any) -> Any:
+    """A count or a list of indices as the model holds them (a list becomes a tuple)."""
+    if isinstance(value, list):
+        return tuple(int(v) for v in value)
+    return value if value is None or isinstance(value, str) else int(value)
 
 
-def _cpus(value: Any) -> int | tuple[int, ...] | str:
-    if value in ("auto", "all"):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CPUS:
-        return value
-    if (
-        isinstance(value, list)
-        and value
-        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_CPUS for v in value)
-    ):
-        if len(set(value)) != len(value):
-            raise ValueError(f"expected distinct CPU ids, got {_shown(value)}")
-        return tuple(value)
-    raise ValueError(
-        f'expected "auto", "all", a CPU count (integer 1-{MAX_CPUS}) or a list of CPU ids, '
-        f"got {_shown(value)}"
-    )
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
-Port = Annotated[
-    int | str,
-    Parsed(
-        _port, {"oneOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": 65535}]}
-    ),
-]
-Gpus = Annotated[
-    int | tuple[int, ...] | None,
-    Parsed(
-        _gpus,
-        {
-            "oneOf": [
-                {"type": "null"},
-                {"type": "integer", "minimum": 0},
-                {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},
-            ]
-        },
-    ),
-]
-
-Cpus = Annotated[
-    int | tuple[int, ...] | str,
-    Parsed(
-        _cpus,
-        {
-            "oneOf": [
-                {"enum": ["auto", "all"]},
-                {"type": "integer", "minimum": 1},
-                {
-                    "type": "array",
-                    "items": {"type": "integer", "minimum": 0},
-                    "minItems": 1,
-                    "uniqueItems": True,
-                },
-            ]
-        },
-    ),
-]
-
-
-def _backend_name(value: Any) -> str:
-    """A backend's name, as launcher/core/backends.py knows them (installed ones too)."""
-    if isinstance(value, str):
-        try:
-            return backends.entry(value).name
-        except backends.UnknownBackend:
-            pass
-    shown = [repr(name) for name in backends.names()]
-    expected = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
-    raise ValueError(f"input should be {expected}, got {_shown(value)}")
-
-
-# The spec's `backend`: one of the registry's names; its schema lists those installed.
-BackendName = Annotated[
-    str,
-    Parsed(_backend_name, lambda: {"enum": list(backends.names()), "type": "string"}),
-]
-
-
-class _PathError(ValueError):
-    """A check that knows the JSON path it is about, relative to the model that raised it."""
-
-    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
-        super().__init__(message)
-        self.loc = loc
-        self.message = message
-
-
-class TaskEntry(Record):
+@dataclass(frozen=True)
+class TaskEntry:
     """One task of a role: where it runs and what it gets."""
 
-    host: str = Field(
-        "localhost",
-        description='Host the task runs on: "localhost", "127.0.0.1" or a name from `hosts`.',
-    )
-    port: Port = Field("auto", description='"auto" or a fixed port number.')
-    gpus: Gpus = Field(
-        None,
-        description="GPU count or list of GPU indices; none means CPU only "
-        "(CUDA_VISIBLE_DEVICES is set so tasks on one host never share a GPU).",
-    )
-    cpus: Cpus = Field(
-        "auto",
-        description='"auto" (tasks sharing a machine split its CPUs; a task alone keeps them '
-        'all), "all" (no pinning), a CPU count, or a list of CPU ids.',
-    )
+    host: str = "localhost"
+    port: int | str = "auto"
+    gpus: Gpus = None
+    cpus: Cpus = "auto"
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> TaskEntry:
+        """A task from valid data."""
+        port = data.get("port", "auto")
+        return cls(
+            host=data.get("host", "localhost"),
+            port=port if isinstance(port, str) else _int(port),
+            gpus=_ints(data.get("gpus")),
+            cpus=_ints(data.get("cpus", "auto")),
+        )
 
 
-class RoleTasks(Record):
-    """All tasks of one role. Written in JSON either as `{"count": N, ...}` or as a list of tasks."""
+@dataclass(frozen=True)
+class Tasks:
+    """Tasks by role, as TensorFlow names them in TF_CONFIG (None: no such role)."""
 
-    entries: list[TaskEntry] = Field(min_length=1)
+    chief: tuple[TaskEntry, ...] | None = None
+    worker: tuple[TaskEntry, ...] | None = None
+    ps: tuple[TaskEntry, ...] | None = None
+    evaluator: tuple[TaskEntry, ...] | None = None
 
-    @before
-    def _from_json(cls, data: Any) -> Any:
-        # Two spellings: a list of explicit tasks, or a count with settings shared by all.
-        if isinstance(data, list):
-            return {"entries": data}
-        if isinstance(data, dict):
-            unknown = set(data) - {"count", "host", "port", "gpus", "cpus"}
-            if unknown:
-                raise _PathError(
-                    (sorted(unknown)[0],),
-                    "unknown key; expected one of: count, host, port, gpus, cpus",
-                )
-            count = data.get("count", 1)
-            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-                raise _PathError(("count",), f"expected an integer >= 1, got {_shown(count)}")
-            if count > MAX_TASKS:
-                raise _PathError(
-                    ("count",), f"expected at most {MAX_TASKS} tasks, got {_shown(count)}"
-                )
-            if count > 1 and isinstance(data.get("port"), int):
-                raise _PathError(
-                    ("port",),
-                    "a fixed port needs one task; list the tasks to give each its own port",
-                )
-            if count > 1 and isinstance(data.get("cpus"), list):
-                raise _PathError(
-                    ("cpus",),
-                    "a CPU list with a count > 1 gives every task the same CPUs; list the tasks "
-                    "to give each its own CPUs, or give a CPU count",
-                )
-            shared = {k: v for k, v in data.items() if k != "count"}
-            return {"entries": [shared] * count}
-        raise ValueError('expected {"count": N, ...} or a list of tasks')
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-
-class Tasks(Record):
-    """Tasks by role, as TensorFlow names them in TF_CONFIG."""
-
-    chief: RoleTasks | None = None
-    worker: RoleTasks | None = None
-    ps: RoleTasks | None = None
-    evaluator: RoleTasks | None = None
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Tasks:
+        """The roles from valid data whose `per_host` roles are spread already (a count of
+        at most MAX_TASKS: the schema bounds it)."""
+        roles: dict[str, tuple[TaskEntry, ...]] = {}
+        for role in ROLES:
+            group = data.get(role)
+            if isinstance(group, list):
+                roles[role] = tuple(TaskEntry.of(entry) for entry in group)
+            elif isinstance(group, dict):
+                shared = TaskEntry.of(group)
+                roles[role] = (shared,) * _int(group.get("count", 1))
+        return cls(**roles)
 
     def by_role(self) -> dict[str, list[TaskEntry]]:
         """Return the roles that have tasks, in TF_CONFIG order, with their entries."""
-        out = {}
-        for role in ROLES:
-            group = getattr(self, role)
-            if group is not None:
-                out[role] = group.entries
-        return out
+        return {role: list(group) for role in ROLES if (group := getattr(self, role)) is not None}
 
 
-class Program(Record):
+@dataclass(frozen=True)
+class Program:
     """What every task runs: a script or a module, with args, env and working dir."""
 
-    script: str | None = Field(None, description="Python script path (relative: to the spec).")
-    module: str | None = Field(None, description="Python module run with `python -m`.")
-    args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = Field(None, description="Working dir (default: the spec's folder).")
-    python: str | None = Field(None, description="Interpreter (default: the launcher's).")
-    keras: Literal["auto", "keras3", "tf_keras"] = Field(
-        "auto",
-        description="tf_keras sets TF_USE_LEGACY_KERAS=1 for tf.keras model.fit; auto picks it for a "
-        "program whose source uses tf.keras or imports tf_keras and never imports keras, else keras3.",
-    )
+    script: str | None = None
+    module: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    python: str | None = None
+    keras: Literal["auto", "keras3", "tf_keras"] = "auto"
 
-    @after
-    def _one_entry_point(self) -> Program:
-        if (self.script is None) == (self.module is None):
-            raise ValueError('expected exactly one of "script" or "module"')
-        for key in self.env:
-            if RESERVED_ENV.match(key):
-                raise _PathError(("env", key), "this variable is set by distlaunch; remove it")
-        return self
-
-    @after
-    def _passable_to_a_process(self) -> Program:
-        # These strings become argv, environment and paths verbatim; only what the kernel itself
-        # cannot carry is refused (a NUL ends a C string; "=" ends an environment name).
-        for key, value in self.env.items():
-            if not key or "=" in key or "\0" in key:
-                raise _PathError(
-                    ("env", key),
-                    'expected an environment name: not empty, no "=" and no NUL character',
-                )
-            _no_nul(value, ("env", key))
-        for i, arg in enumerate(self.args):
-            _no_nul(arg, ("args", i))
-        for name in ("script", "module", "workdir", "python"):
-            _no_nul(getattr(self, name), (name,))
-        return self
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Program:
+        """The program from valid data."""
+        return cls(
+            **{**data, "args": tuple(data.get("args", ())), "env": dict(data.get("env", {}))}
+        )
 
 
-def _no_nul(value: str | None, loc: tuple[str | int, ...]) -> None:
-    if value is not None and "\0" in value:
-        raise _PathError(loc, "expected no NUL character: it cannot be passed to a process")
-
-
-class Host(Record):
+@dataclass(frozen=True)
+class Host:
     """A machine tasks are placed on by name: this one (`local`) or one reached over SSH."""
 
-    transport: Literal["local", "ssh"] = Field(
-        "ssh", description="local: this machine; ssh: over the system's ssh."
-    )
-    address: str | None = Field(
-        None,
-        pattern=_HOST_RE,
-        max_length=253,
-        description="Name or IPv4 address every host reaches this one at: TF_CONFIG names it and ssh "
-        "connects to it (default: the host's name for ssh, 127.0.0.1 for local).",
-    )
-    user: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", description="SSH login (default: ssh's)."
-    )
-    port: int | None = Field(
-        None, ge=1, le=65535, description="SSH port (default: ssh's, usually 22)."
-    )
-    identity_file: str | None = Field(
-        None, min_length=1, description="SSH private key (relative: to the spec)."
-    )
-    ssh_options: list[str] = Field(
-        default_factory=list, description='More ssh options, each "Key=Value" as for `ssh -o`.'
-    )
-    python: str = Field(
-        "python3",
-        min_length=1,
-        description="Interpreter on the host, e.g. a venv's python (program.python is for local tasks).",
-    )
-    workdir: str | None = Field(
-        None, min_length=1, description="Remote working dir (default: the login dir)."
-    )
-    host_key_checking: Literal["yes", "accept-new"] = Field(
-        "yes",
-        description="yes: the host key must already be in known_hosts; accept-new: trust a new host's key once.",
-    )
-    connect_timeout_s: int = Field(
-        10, ge=1, le=600, description="How long ssh may take to connect."
-    )
+    transport: Literal["local", "ssh"] = "ssh"
+    address: str | None = None
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    ssh_options: tuple[str, ...] = ()
+    python: str = "python3"
+    workdir: str | None = None
+    host_key_checking: Literal["yes", "accept-new"] = "yes"
+    connect_timeout_s: int = 10
 
-    @after
-    def _fits_transport(self) -> Host:
-        if self.transport == "local":
-            ssh_only = sorted(self.model_fields_set - {"transport", "address"})
-            if ssh_only:
-                raise _PathError((ssh_only[0],), 'only hosts with "transport": "ssh" take this key')
-        for i, option in enumerate(self.ssh_options):
-            key, sep, value = option.partition("=")
-            if not (sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key) and value.strip()):
-                raise _PathError(
-                    ("ssh_options", i), f'expected "Key=Value" as for ssh -o, got {option!r}'
-                )
-            owned = {o.lower(): o for o in OWNED_SSH_OPTIONS}.get(key.lower())
-            if owned:
-                raise _PathError(("ssh_options", i), f"{owned} is set by distlaunch; remove it")
-        for name in ("identity_file", "python", "workdir"):
-            _no_nul(getattr(self, name), (name,))
-        for i, option in enumerate(self.ssh_options):
-            _no_nul(option, ("ssh_options", i))
-        return self
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ssh_options", tuple(self.ssh_options))
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Host:
+        """The host from valid data."""
+        port = data.get("port")
+        values = {**data, "port": None if port is None else _int(port)}
+        if "connect_timeout_s" in data:
+            values["connect_timeout_s"] = _int(data["connect_timeout_s"])
+        return cls(**values)
+
+    @classmethod
+    def model_validate(cls, data: Any) -> Host:
+        """A host from data checked against the schema's host (as run.json records one)."""
+        try:
+            checker.validate____defs_host(data, {}, "data")
+        except Invalid as exc:
+            raise spec_error("<host>", data, exc) from None
+        return cls.of(data)
+
+    def model_dump(self, mode: str = "json") -> dict[str, Any]:
+        """The host as JSON data (what `model_validate` reads back)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
     def address_of(self, name: str) -> str:
         """The address tasks and ssh use for this host, called ``name`` in the spec."""
         return self.address or ("127.0.0.1" if self.transport == "local" else name)
 
 
-class Timeouts(Record):
-    """How long the launcher waits before it calls something failed."""
-
-    startup_s: float = Field(
-        300.0, gt=0, description="Every training task must start its TensorFlow server within this."
-    )
-    grace_s: float = Field(5.0, ge=0, description="SIGTERM to SIGKILL grace period at teardown.")
-    save_s: float = Field(
-        30.0,
-        gt=0,
-        description="On a stop notice (SIGTERM or SIGUSR2 to `up`, `distlaunch down`) the tasks "
-        "save and stop within this; the rest are then stopped (SIGTERM, grace_s, SIGKILL).",
-    )
-    run_s: float | None = Field(None, gt=0, description="Fail the whole run after this long.")
-    heartbeat_s: float | None = Field(
-        None,
-        gt=0,
-        description="A task whose distlaunch.worker heartbeat is older than this counts as failed "
-        "(it stopped making progress). Off by default.",
-    )
-    silence_s: float | None = Field(
-        None,
-        gt=0,
-        description="A task that writes no log output, no heartbeat and uses no CPU for this long "
-        "is hung: the stacks of every task are captured, then the restart policy decides. Works "
-        "for any program. Off by default.",
-    )
-    formation_s: float = Field(
-        60.0,
-        gt=0,
-        description="Once every training task has started its TensorFlow server, the cluster must "
-        "form within this: a task that has not connected to the coordination service by then "
-        "cannot reach it, and the run fails saying so instead of waiting.",
-    )
-    evaluator_drain_s: float = Field(
-        60.0,
-        ge=0,
-        description="After training succeeds, how long the evaluator may take to finish.",
-    )
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
-class Backoff(Record):
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the launcher waits before it calls something failed (seconds)."""
+
+    startup_s: float = 300.0
+    grace_s: float = 5.0
+    save_s: float = 30.0
+    run_s: float | None = None
+    heartbeat_s: float | None = None
+    silence_s: float | None = None
+    formation_s: float = 60.0
+    evaluator_drain_s: float = 60.0
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Timeouts:
+        """The timeouts from valid data."""
+        return cls(**{key: _float(value) for key, value in data.items()})
+
+
+@dataclass(frozen=True)
+class Backoff:
     """Delay before an automatic restart: initial_s, doubled per recent restart, at most max_s."""
 
-    initial_s: float = Field(1.0, ge=0)
-    max_s: float = Field(30.0, ge=0)
+    initial_s: float = 1.0
+    max_s: float = 30.0
 
 
-class Restart(Record):
+@dataclass(frozen=True)
+class Restart:
     """When failed tasks are started again, and how often."""
 
-    policy: Literal["never", "on-failure"] = Field(
-        "never",
-        description="never: a failure ends the run. on-failure: restart what the strategy needs.",
-    )
-    max_restarts: int = Field(
-        3, ge=0, description="Automatic restarts allowed (within window_s if set)."
-    )
-    backoff: Backoff = Field(default_factory=Backoff)
-    window_s: float | None = Field(
-        None,
-        gt=0,
-        description="Count only restarts this recent against max_restarts (default: the whole run).",
-    )
-    non_retryable_exit_codes: list[int] = Field(
-        default_factory=lambda: [2],
-        description="Exit codes that mean the program is wrong and are never retried "
-        "(so are Python's import and syntax errors, read from the task's error file).",
-    )
-    standby: bool = Field(
-        True,
-        description="With a restart policy, keep one warm standby per local task (an interpreter "
-        "that has imported TensorFlow) so that a restart skips the import; costs its memory.",
-    )
+    policy: Literal["never", "on-failure"] = "never"
+    max_restarts: int = 3
+    backoff: Backoff = field(default_factory=Backoff)
+    window_s: float | None = None
+    non_retryable_exit_codes: tuple[int, ...] = (2,)
+    standby: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "non_retryable_exit_codes", tuple(self.non_retryable_exit_codes))
+        if isinstance(self.backoff, Mapping):  # written as the spec writes it
+            object.__setattr__(self, "backoff", Backoff(**self.backoff))
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Restart:
+        """The restart policy from valid data."""
+        values = dict(data)
+        if "max_restarts" in data:
+            values["max_restarts"] = _int(data["max_restarts"])
+        if "backoff" in data:
+            values["backoff"] = {k: float(v) for k, v in data["backoff"].items()}
+        if "window_s" in data:
+            values["window_s"] = _float(data["window_s"])
+        if "non_retryable_exit_codes" in data:
+            values["non_retryable_exit_codes"] = _ints(data["non_retryable_exit_codes"])
+        return cls(**values)
 
     def final_exit_codes(self) -> tuple[int, ...]:
         """The non-retryable exit codes a process can exit with (1-255), sorted, once each: what
@@ -452,194 +264,105 @@ class Restart(Record):
         return tuple(sorted({c for c in self.non_retryable_exit_codes if 0 < c < 256}))
 
 
-# Kubernetes names: a namespace is a DNS label, a PersistentVolumeClaim a DNS subdomain.
-K8S_LABEL = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-K8S_SUBDOMAIN = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$"
-# An image reference (registry/name:tag@digest): no space, quote or shell character in it.
-IMAGE_REF = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$"
-# A Kubernetes quantity such as "500m", "2" or "8Gi".
-K8S_QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
-
-
-class Kubernetes(Record):
+@dataclass(frozen=True)
+class Kubernetes:
     """What `distlaunch k8s` writes into the manifests beyond the tasks themselves."""
 
-    namespace: str | None = Field(
-        None, pattern=K8S_LABEL, description="Namespace of every object (default: kubectl's)."
-    )
-    image: str | None = Field(
-        None,
-        pattern=IMAGE_REF,
-        max_length=512,
-        description="Image every task runs; it must hold distlaunch and the program (default: distlaunch:local).",
-    )
-    pvc: str | None = Field(
-        None,
-        pattern=K8S_SUBDOMAIN,
-        max_length=253,
-        description="PersistentVolumeClaim (ReadWriteMany) mounted as the shared dir; none: a per-pod emptyDir, "
-        "lost with the pod.",
-    )
-    ttl_s: int = Field(
-        86400,
-        ge=0,
-        description="ttlSecondsAfterFinished: finished Jobs and their pods go after this.",
-    )
-    cpu: str | None = Field(
-        None, pattern=K8S_QUANTITY, description='CPU of every task (requests and limits), e.g. "2".'
-    )
-    memory: str | None = Field(
-        None, pattern=K8S_QUANTITY, description='Memory of every task, e.g. "8Gi".'
-    )
+    namespace: str | None = None
+    image: str | None = None
+    pvc: str | None = None
+    ttl_s: int = 86400
+    cpu: str | None = None
+    memory: str | None = None
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Kubernetes:
+        """The settings from valid data."""
+        values = dict(data)
+        if "ttl_s" in data:
+            values["ttl_s"] = _int(data["ttl_s"])
+        return cls(**values)
 
 
-class Network(Record):
+@dataclass(frozen=True)
+class Network:
     """How a run across hosts keeps its task ports to itself (local runs: see `isolation`)."""
 
-    protect: Literal["auto", "off", "required"] = Field(
-        "auto",
-        description="auto: for the run's lifetime each remote host admits connections to the "
-        "run's task ports only from the run's own hosts and loopback (an nftables table per run, "
-        "held by a guard on the host; needs root or CAP_NET_ADMIN there), and `up` names the hosts "
-        "whose ports stay open where it cannot. required: such a host stops the run before "
-        "anything starts. off: no firewall.",
-    )
+    protect: Literal["auto", "off", "required"] = "auto"
 
 
-class SlurmOptions(Record):
+@dataclass(frozen=True)
+class SlurmOptions:
     """How the Slurm backend places tasks on the allocation's nodes."""
 
-    tasks_per_node: int | None = Field(
-        None,
-        ge=1,
-        description="Fill each node with this many tasks before the next one (default: spread the "
-        "tasks over the nodes, one at a time).",
-    )
+    tasks_per_node: int | None = None
 
 
-class Spec(Record):
-    """A whole cluster spec as the user wrote it (paths still relative)."""
+@dataclass(frozen=True)
+class Spec:
+    """A whole cluster spec as the user wrote it (paths still relative), host files and
+    `per_host` spread into `hosts` and task lists."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    name: str
     strategy: Literal["multi_worker_mirrored", "parameter_server"]
     program: Program
     tasks: Tasks
     shared_dir: str = "./runs"
-    timeouts: Timeouts = Field(default_factory=Timeouts)
-    restart: Restart = Field(default_factory=Restart)
-    host_template: Host | None = Field(
-        None, description="Settings every host of `hostfile` starts from (user, python, ...)."
-    )
-    hostfile: str | None = Field(
-        None,
-        min_length=1,
-        description="A host file (relative: to the spec), one SSH host per line as "
-        "`node1 slots=4`; its hosts join `hosts` with host_template's settings. slots caps "
-        "per_host.",
-    )
-    hosts: dict[str, Host] = Field(
-        default_factory=dict,
-        description="Machines by name, for tasks' `host`; localhost needs no entry.",
-    )
-    forward_env: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_*?\[\]!-]+$")]] = Field(
-        default_factory=list,
-        description='Names or glob patterns ("NCCL_*") of the launcher\'s environment variables '
-        "sent to every task on every backend; secret-looking values are masked in plan.",
-    )
-    tf_log_level: Literal["default", "all"] = Field(
-        "default",
-        description="default: the console hides TensorFlow's C++ INFO lines and its known "
-        "harmless start-up warnings (oneDNN, CUDA probes, cpu_feature_guard, absl); the log "
-        "files keep them. all: the console shows everything.",
-    )
-    shared_dir_is_shared: bool = Field(
-        True,
-        description="true: every SSH host sees shared_dir at the same path (a shared mount). false: each "
-        "host writes its run files to that path on its own disk; `distlaunch collect RUN` copies them back.",
-    )
-    isolation: Literal["auto", "off"] = Field(
-        "auto",
-        description="auto: when every task runs on this machine's loopback and the machine allows it, "
-        "the run's tasks share a private network namespace with loopback only, so their unauthenticated "
-        "TensorFlow ports cannot be reached from outside the run (and the tasks cannot reach the "
-        "network: no downloads). "
-        "off: tasks use the machine's network; their ports are open to anyone who can reach them.",
-    )
-    permissions: Literal["private", "shared"] = Field(
-        "private",
-        description="private: the run dir and everything the launcher and tasks create are "
-        "owner-only (dirs 0700, files 0600; tasks run with umask 077). "
-        "shared: they follow your umask, so others may read them.",
-    )
-    backend: BackendName = Field(
-        backends.DEFAULT,
-        description="local: tasks are processes on this machine or its SSH hosts. compose: every task "
-        "runs in a container of its own (the distlaunch image, built from this checkout) on an "
-        "internal docker-compose network with no published port; TF_CONFIG names service names "
-        "(worker-0:2222), the shared dir is mounted at the same path, and the image's python runs "
-        "the program (program.python, task ports and isolation do not apply). "
-        "slurm: inside a Slurm allocation (salloc, sbatch), every task is a job step on a node of "
-        "the allocation; a task's `host` names a node, or is left out to be placed. "
-        "`distlaunch up --backend` overrides it.",
-    )
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    restart: Restart = field(default_factory=Restart)
+    host_template: Host | None = None
+    hostfile: str | None = None
+    hosts: Mapping[str, Host] = field(default_factory=dict)
+    forward_env: tuple[str, ...] = ()
+    tf_log_level: Literal["default", "all"] = "default"
+    shared_dir_is_shared: bool = True
+    isolation: Literal["auto", "off"] = "auto"
+    permissions: Literal["private", "shared"] = "private"
+    backend: str = backends.DEFAULT
+    network: Network = field(default_factory=Network)
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    kubernetes: Kubernetes = field(default_factory=Kubernetes)
+    # The data it was made from, as written (the Python API sends it to the launcher process).
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    network: Network = Field(
-        default_factory=Network, description="The firewall of SSH hosts and Slurm nodes."
-    )
-    slurm: SlurmOptions = Field(
-        default_factory=SlurmOptions,
-        description="Placement on Slurm nodes (the other backends ignore it).",
-    )
-    kubernetes: Kubernetes = Field(
-        default_factory=Kubernetes,
-        description="Settings of `distlaunch k8s` (the other backends ignore them).",
-    )
+    @classmethod
+    def of(cls, data: Mapping[str, Any], written: Mapping[str, Any]) -> Spec:
+        """The spec from valid, spread data; ``written`` is the data as the user wrote it."""
+        parts = {
+            "program": Program.of,
+            "tasks": Tasks.of,
+            "timeouts": Timeouts.of,
+            "restart": Restart.of,
+            "network": lambda d: Network(**d),
+            "slurm": lambda d: SlurmOptions(
+                None if d.get("tasks_per_node") is None else _int(d["tasks_per_node"])
+            ),
+            "kubernetes": Kubernetes.of,
+            "host_template": lambda d: None if d is None else Host.of(d),
+            "hosts": lambda d: {name: Host.of(host) for name, host in d.items()},
+            "forward_env": tuple,
+        }
+        values = {key: parts.get(key, _same)(value) for key, value in data.items()}
+        return cls(**values, data=written)
 
-    @after
-    def _shared_dir_passable(self) -> Spec:
-        _no_nul(self.shared_dir, ("shared_dir",))
-        return self
+    @classmethod
+    def model_validate(cls, data: Any) -> Spec:
+        """A typed spec from data (the Python API's): SpecError where it is not one."""
+        if not isinstance(data, Mapping):
+            raise SpecError("<spec>", "$", f"expected a mapping, got {type(data).__name__}")
+        raw = copy.deepcopy(dict(data))
+        _check_schema(raw, "<spec>")
+        spread = copy.deepcopy(raw)
+        expand(Source(spread, "<spec>"), Path.cwd(), "<spec>", SpecOptions())
+        return cls.of(spread, raw)
 
-    @after
-    def _host_names(self) -> Spec:
-        for name in self.hosts:
-            if name in LOCAL_HOSTS or not re.fullmatch(_HOST_RE, name):
-                raise _PathError(
-                    ("hosts", name),
-                    f"expected a host name (letters, digits, '.', '-', '_'; not {' or '.join(LOCAL_HOSTS)}), got {name!r}",
-                )
-        return self
+    def model_dump(self, mode: str = "json", exclude_unset: bool = True) -> dict[str, Any]:
+        """The spec as the data it was made from (the values that were set)."""
+        return copy.deepcopy(dict(self.data))
 
-    @after
-    def _roles_fit_strategy(self) -> Spec:
-        roles = self.tasks.by_role()
-        total = sum(len(entries) for entries in roles.values())
-        if total > MAX_TASKS:
-            raise _PathError(("tasks",), f"expected at most {MAX_TASKS} tasks in all, got {total}")
-        if self.strategy == "multi_worker_mirrored":
-            if contract.WORKER not in roles and contract.CHIEF not in roles:
-                raise _PathError(("tasks",), "expected at least one worker (or a chief)")
-            if contract.PS in roles:
-                raise _PathError(("tasks", contract.PS), "ps tasks need strategy parameter_server")
-        else:
-            if contract.PS not in roles:
-                raise _PathError(
-                    ("tasks", contract.PS), "parameter_server needs at least one ps task"
-                )
-            if contract.CHIEF not in roles:
-                raise _PathError(
-                    ("tasks", contract.CHIEF), "parameter_server needs a chief (the coordinator)"
-                )
-            if contract.WORKER not in roles:
-                raise _PathError(
-                    ("tasks", contract.WORKER), "parameter_server needs at least one worker"
-                )
-        for role in (contract.CHIEF, contract.EVALUATOR):
-            if role in roles and len(roles[role]) > 1:
-                raise _PathError(
-                    ("tasks", role), f"expected one {role} task, got {len(roles[role])}"
-                )
-        return self
+
+def _same(value: Any) -> Any:
+    return value
 
 
 @dataclass(frozen=True)
@@ -668,28 +391,21 @@ class LoadedSpec:
 
 
 def json_schema() -> dict[str, Any]:
-    """Return the JSON Schema of the cluster spec file."""
-    schema = record_schema(Spec)
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "distlaunch cluster spec"
-    return schema
+    """Return the JSON Schema of the cluster spec file, as users write it: the document the
+    validator is compiled from, with the installed backends' names."""
+    return schema.published(backends.names())
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def load_spec(path: str | Path, options: SpecOptions = SpecOptions()) -> LoadedSpec:
-    """Read, validate and resolve the spec at ``path`` (JSON, or YAML for .yaml/.yml) with the
-    command line's ``options`` applied first; raise SpecError on any problem."""
+    """Read, validate and resolve the spec at ``path`` (JSON, or YAML 1.2 for .yaml/.yml) with
+    the command line's ``options`` applied first; raise SpecError on any problem."""
     file = Path(path)
     shown = str(path)
     source = _read(file, shown)
-    try:
-        apply_overrides(source, options.overrides, shown)
-        expand(source, file.resolve().parent, shown, options)
-        return _validate(source.raw, file, shown)
-    except SpecError as exc:
-        raise source.locate(exc) from None
+    return _load(source, file.resolve().parent, file, shown, options)
 
 
 def load_spec_data(
@@ -700,12 +416,94 @@ def load_spec_data(
     if not isinstance(raw, Mapping):
         raise SpecError(shown, "$", f"expected a mapping, got {type(raw).__name__}")
     source = Source(raw=copy.deepcopy(dict(raw)), file=shown)
+    return _load(source, base.resolve(), base / shown, shown, options)
+
+
+def _load(source: Source, base: Path, file: Path, shown: str, options: SpecOptions) -> LoadedSpec:
     try:
         apply_overrides(source, options.overrides, shown)
-        expand(source, base.resolve(), shown, options)
-        return _validate(source.raw, base / shown, shown)
+        _check_schema(source.raw, shown)
+        written = copy.deepcopy(source.raw)
+        expand(source, base, shown, options)
+        spec = Spec.of(source.raw, written)
+        _check_spec(spec, shown, source.raw)
+        return _resolve(spec, file, shown, source.raw)
     except SpecError as exc:
         raise source.locate(exc) from None
+
+
+def _check_schema(raw: Any, shown: str) -> None:
+    """SpecError for the first value the schema refuses (or a number no schema can hold)."""
+    try:
+        _check_numbers(raw, ())
+        checker.validate(raw, {}, "data")
+        name = raw.get("backend", backends.DEFAULT)
+        try:
+            backends.entry(name)
+        except backends.UnknownBackend:
+            names = [repr(n) for n in backends.names()]
+            expected = f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
+            raise SpecError(shown, "$.backend", f"expected {expected}, got {shown_value(name)}")
+    except Invalid as exc:
+        raise spec_error(shown, raw, exc) from None
+    except _BadNumber as exc:
+        raise SpecError(shown, short_path(json_path(exc.loc)), exc.message) from None
+    except RecursionError:
+        raise SpecError(shown, "$", "nested too deeply; expected a cluster spec") from None
+
+
+shown_value = shown
+
+
+class _BadNumber(Exception):
+    def __init__(self, loc: tuple[str | int, ...], message: str) -> None:
+        self.loc = loc
+        self.message = message
+
+
+def _check_numbers(node: Any, loc: tuple[str | int, ...]) -> None:
+    """A float that is infinite or NaN, or an integer literal of over MAX_INT_DIGITS digits
+    (JSON's, read as a `_Digits`), is no number a spec holds: say where it is."""
+    if isinstance(node, dict):
+        for key, child in node.items():
+            _check_numbers(child, (*loc, key))
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            _check_numbers(child, (*loc, i))
+    elif isinstance(node, _Digits):
+        raise _BadNumber(loc, huge_int_message(node.text))
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise _BadNumber(loc, f"expected a finite number, got {shown(node)}")
+
+
+class _Digits:
+    """A JSON integer literal too long to be a number a spec needs (Python refuses to convert
+    one over 4300 digits): no string, so that no string field takes it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _parse_int(text: str) -> int | _Digits:
+    return int(text) if len(text.lstrip("-")) <= MAX_INT_DIGITS else _Digits(text)
+
+
+def _refuse_constant(text: str) -> float:
+    return float(text)  # NaN and Infinity: found by _check_numbers with their path
+
+
+def _check_spec(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
+    """What no schema can state about the whole spec: the number of tasks in all, one chief
+    and one evaluator once `per_host` spread them."""
+    roles = spec.tasks.by_role()
+    total = sum(len(entries) for entries in roles.values())
+    if total > MAX_TASKS:
+        raise SpecError(shown, "$.tasks", f"expected at most {MAX_TASKS} tasks in all, got {total}")
+    for role in (contract.CHIEF, contract.EVALUATOR):
+        if role in roles and len(roles[role]) > 1:
+            raise SpecError(
+                shown, f"$.tasks.{role}", f"expected one {role} task, got {len(roles[role])}"
+            )
 
 
 def _read(file: Path, shown: str) -> Source:
@@ -725,7 +523,12 @@ def _read(file: Path, shown: str) -> Source:
             raise SpecError(shown, "$", "expected a YAML mapping")
         return source
     try:
-        raw = json.loads(text, object_pairs_hook=_DupCheckingDict.from_pairs, parse_int=_parse_int)
+        raw = json.loads(
+            text,
+            object_pairs_hook=_DupCheckingDict.from_pairs,
+            parse_int=_parse_int,
+            parse_constant=_refuse_constant,
+        )
     except json.JSONDecodeError as exc:
         raise SpecError(
             shown, "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
@@ -738,38 +541,11 @@ def _read(file: Path, shown: str) -> Source:
         raise SpecError(shown, "$", "nested too deeply; expected a cluster spec") from None
     if dup is not None:
         loc, key = dup
-        where = _json_path(loc + (key,))
+        where = short_path(json_path(loc + (key,)))
         raise SpecError(shown, where, f"key {preview(key)} appears twice; expected it once")
     if not isinstance(raw, dict):
         raise SpecError(shown, "$", "expected a JSON object")
     return Source(raw=raw, file=shown)
-
-
-def _validate(raw: dict[str, Any], file: Path, shown: str) -> LoadedSpec:
-    try:
-        try:
-            spec = Spec.model_validate(raw)
-        except Invalid as exc:
-            raise _first_error(shown, exc) from None
-    except RecursionError:
-        # json's own limit let it through, but walking it is still too deep: no spec is.
-        raise SpecError(shown, "$", "nested too deeply; expected a cluster spec") from None
-    return _resolve(spec, file, shown, raw)
-
-
-# An integer literal longer than this is no number a spec needs (and Python refuses to convert
-# one over 4300 digits); it stays a string so that validation names its JSON path.
-_MAX_INT_DIGITS = 100
-
-
-def _parse_int(text: str) -> int | str:
-    return int(text) if len(text) <= _MAX_INT_DIGITS else f"{text[:12]}... ({len(text)} digits)"
-
-
-def _shown(value: Any) -> str:
-    """``value`` as JSON for an error message, cut short: a message is one readable line."""
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _exists(path: Path, test: Callable[[Path], bool]) -> bool:
@@ -800,12 +576,6 @@ def _resolve(spec: Spec, file: Path, shown: str, raw: dict[str, Any]) -> LoadedS
                 "$.program.script",
                 f"expected an existing script file, got {preview(str(script), 80)}",
             )
-    elif not re.fullmatch(
-        r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", spec.program.module or ""
-    ):
-        raise SpecError(
-            shown, "$.program.module", f"expected a dotted module name, got {spec.program.module!r}"
-        )
     hosts = _resolve_hosts(spec, base, shown)
     if backends.entry(spec.backend).hosts_are_nodes:
         _check_fits_nodes(spec, shown, raw)
@@ -847,8 +617,13 @@ def _check_python(spec: Spec, workdir: Path, shown: str) -> None:
 def _check_shared_dir(shared_dir: Path, shown: str) -> None:
     """The shared dir must be a folder, or creatable: its nearest existing ancestor a folder."""
     for path in (shared_dir, *shared_dir.parents):
-        if path.exists():
-            if not path.is_dir():
+        try:
+            exists, is_dir = path.exists(), path.is_dir()
+        except OSError as exc:  # a name the file system cannot hold (ENAMETOOLONG)
+            what = f"cannot use {preview(str(path), 80)}: {exc.strerror}"
+            raise SpecError(shown, "$.shared_dir", what) from None
+        if exists:
+            if not is_dir:
                 what = f"expected a directory, but {str(path)!r} is a file"
                 raise SpecError(shown, "$.shared_dir", what)
             return
@@ -860,13 +635,13 @@ def _resolve_hosts(spec: Spec, base: Path, shown: str) -> dict[str, Host]:
     for name, host in spec.hosts.items():
         if host.identity_file is not None:
             identity = (base / Path(host.identity_file).expanduser()).resolve()
-            if not identity.is_file():
+            if not _exists(identity, Path.is_file):
                 raise SpecError(
                     shown,
-                    f"$.hosts.{name}.identity_file",
+                    _json_path(("hosts", name, "identity_file")),
                     f"expected an existing key file, got {str(identity)!r}",
                 )
-            host = host.model_copy(update={"identity_file": str(identity)})
+            host = replace(host, identity_file=str(identity))
         out[name] = host
     return out
 
@@ -888,7 +663,7 @@ def _check_task_hosts(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
     for role, i, entry in entries:
         if remote and not _is_ssh(spec, entry.host) and _is_loopback(_machine(spec, entry.host)):
             fix = (
-                f"set $.hosts.{entry.host}.address to"
+                f"set {_json_path(('hosts', entry.host, 'address'))} to"
                 if entry.host in spec.hosts
                 else 'name this machine in $.hosts with "transport": "local" and'
             )
@@ -922,8 +697,8 @@ def _check_fits_nodes(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
                 raise SpecError(
                     shown,
                     _task_path(raw, role, i, "cpus"),
-                    'expected a CPU count, "auto" or "all" under Slurm (it picks the CPUs), '
-                    f"got the list {list(entry.cpus)}",
+                    'expected a CPU count, "auto" or "all" under Slurm (it picks the CPUs), got '
+                    f"the list {preview(list(entry.cpus))}",
                 )
 
 
@@ -1025,65 +800,3 @@ def _find_duplicate_key(
 def _json_path(loc: tuple[str | int, ...]) -> str:
     """``loc`` as an error message shows it: a long key (JSON has no key length bound) is cut."""
     return short_path(json_path(loc))
-
-
-def _first_error(shown: str, err: Invalid) -> SpecError:
-    """Turn the first problem into one line with a JSON path the user can find."""
-    loc = err.loc
-    # RoleTasks parses lists into "entries": show the path as the user wrote it.
-    loc = tuple(
-        p for i, p in enumerate(loc) if not (p == "entries" and i >= 2 and loc[i - 2] == "tasks")
-    )
-    if isinstance(err.error, _PathError):
-        return SpecError(shown, _json_path(loc + err.error.loc), err.error.message)
-    kind = err.kind
-    if loc[:2] == ("program", "env") and kind != "extra_forbidden":
-        # Environment values are often secrets: the message says what was expected, never the value.
-        what = "an object of names and string values" if len(loc) == 2 else "a string"
-        message = f"expected {what} (the value is not shown: it may be a secret)"
-        return SpecError(shown, _json_path(loc), message)
-    if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
-        msg = f"unknown key {preview(loc[-1])}; expected one of: {', '.join(allowed)}"
-    elif kind == "missing":
-        msg = "required key is missing"
-    elif kind == "value_error":
-        msg = str(err.error)
-    else:
-        msg = f"{_lower_first(err.msg)}, got {_shown(err.value)}"
-    return SpecError(shown, _json_path(loc), msg)
-
-
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:]
-
-
-def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
-    """The keys the model at JSON location ``loc`` accepts (for 'unknown key' messages)."""
-    model: Any = Spec
-    in_map = False
-    for part in loc:
-        if in_map:  # a name in a name -> model map, like `node1` in $.hosts.node1
-            in_map = False
-            continue
-        if model is RoleTasks:
-            model = TaskEntry if isinstance(part, int) else None
-            continue
-        found = model.fields().get(part) if isinstance(part, str) else None
-        model = _model_in(found[0]) if found else None
-        if model is None:
-            return []
-        in_map = get_origin(found[0]) is dict
-    if model is RoleTasks:
-        return ["count", "host", "port", "gpus", "cpus"]
-    return list(model.fields())
-
-
-def _model_in(annotation: Any) -> Any:
-    if isinstance(annotation, type) and issubclass(annotation, Record):
-        return annotation
-    for arg in get_args(annotation) if get_origin(annotation) else ():
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None

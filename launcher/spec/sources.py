@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
+import math
 import re
 import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distlaunch.launcher.core.errors import SpecError, UsageError
-
-# yaml is imported by what reads YAML (a .yaml spec, a --set value): a JSON spec's start skips it.
-if TYPE_CHECKING:
-    import yaml
+from distlaunch.launcher.spec.invalid import json_path, short_path
+from distlaunch.launcher.spec.schema import MAX_TASKS
 
 # Bounds on what a YAML spec or a `--set` value may cost before anything reads it as a spec:
 # anchors and aliases can otherwise make a small text expand exponentially ("billion laughs").
@@ -31,7 +31,10 @@ MAX_NODES = 200_000  # nodes composed, and values once aliases expand
 # Bytes once aliases expand: every value's JSON path (a spec file keeps one per value, for its
 # line) and string, counted at each place an alias puts it.
 MAX_EXPANDED_BYTES = 16 << 20
-MAX_KEY_CHARS = 256  # no spec key is longer; a longer one would flood the error that names it
+MAX_KEY_CHARS = 256
+MAX_HOSTFILE_BYTES = (
+    1 << 20
+)  # no spec key is longer; a longer one would flood the error that names it
 # Keys a host-file line may set after its name (`node1 slots=4`).
 HOSTFILE_KEYS = ("slots",)
 
@@ -73,13 +76,18 @@ class Source:
             probe = _parent(probe)
         message = error.message
         for target, override in self.overridden.items():
-            if any(p == target or p.startswith((target + ".", target + "[")) for p in paths):
+            if any(_within(p, target) or _within(target, p) for p in paths):
                 message += f" (set by --set {override})"
                 break
         if line is None and message == error.message:
             return error
         file = f"{error.file}:{line}" if line is not None else error.file
         return SpecError(file, path, message)
+
+
+def _within(path: str, outer: str) -> bool:
+    """Whether JSON path ``path`` is ``outer`` or inside it."""
+    return path == outer or path.startswith((outer + ".", outer + "["))
 
 
 def _parent(path: str) -> str:
@@ -90,56 +98,85 @@ def _parent(path: str) -> str:
     return path[:cut] if cut > 0 else "$"
 
 
-def json_path(loc: Iterable[str | int]) -> str:
-    """``("tasks", "worker", 0)`` as ``$.tasks.worker[0]``."""
-    out = "$"
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
-
-
 class _TooBig(Exception):
     """The YAML text composes to more than MAX_NODES nodes."""
 
 
+# YAML 1.2's core schema: how a plain (unquoted, untagged) scalar is read. Everything else is a
+# string: 1.1's octal 010, sexagesimal 1:30:00, yes/no and timestamps are not read as numbers,
+# booleans or dates (a spec means the text it shows).
+_NULL = re.compile(r"(?:~|null|Null|NULL|)")
+_BOOL = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+_INT = re.compile(r"[-+]?[0-9]+")
+_INT_OCT = re.compile(r"0o[0-7]+")
+_INT_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+_INF = re.compile(r"[-+]?\.(?:inf|Inf|INF)")
+_NAN = re.compile(r"\.(?:nan|NaN|NAN)")
+# An integer literal longer than this is no number a spec needs (Python refuses to convert one
+# over 4300 digits).
+MAX_INT_DIGITS = 100
+_CORE = "tag:yaml.org,2002:"
+_PLAIN = "?plain"  # the tag our resolver gives an untagged plain scalar
+
+
 @functools.cache
-def _loader() -> type[yaml.SafeLoader]:
-    """The loader class, made on first use (with yaml's import)."""
-    import yaml
+def _yaml() -> Any:
+    """What makes a ruamel.yaml reader that composes nodes (made on first use, with ruamel's
+    import: a JSON spec's start skips it); scalars are read by `_scalar`, not by ruamel's
+    resolver. A new reader per text: one that stopped at an error keeps its nesting depth."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.composer import Composer
+    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+    from ruamel.yaml.resolver import VersionedResolver
+    from ruamel.yaml.tag import Tag
 
-    class Loader(yaml.SafeLoader):
-        """SafeLoader with YAML 1.2 booleans: only true/false are booleans. YAML 1.1 also reads
-        yes/no/on/off as booleans, which would turn `host_key_checking: yes` into true.
+    class Resolver(VersionedResolver):
+        """Marks what was written without a tag; `_scalar` reads it as YAML 1.2 core."""
 
-        It also stops composing after MAX_NODES nodes (an alias adds none: it is the anchored
-        node again; what aliases expand to is counted by `_Expander`)."""
+        def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+            """The tag of an untagged node."""
+            if kind is SequenceNode:
+                return Tag(suffix=_CORE + "seq")
+            if kind is MappingNode:
+                return Tag(suffix=_CORE + "map")
+            if kind is ScalarNode and implicit[0]:
+                return Tag(suffix=_PLAIN)
+            return Tag(suffix=_CORE + "str")
 
-        def __init__(self, stream: str) -> None:
-            super().__init__(stream)
+    class Counting(Composer):
+        """Stops composing after MAX_NODES nodes (an alias adds none: it is the anchored node
+        again; what aliases expand to is counted by `_Expander`)."""
+
+        def __init__(self, loader: Any = None) -> None:
+            super().__init__(loader)
+            self.warn_double_anchors = False  # a later anchor of one name wins, as YAML says
             self.composed = 0
 
-        def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        def compose_node(self, parent: Any, index: Any) -> Any:
             """Compose the next node, counting it."""
             self.composed += 1
             if self.composed > MAX_NODES:
                 raise _TooBig
             return super().compose_node(parent, index)
 
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:bool",
-        re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-        list("tTfF"),
-    )
-    return Loader
+    def reader() -> Any:
+        made = YAML(typ="safe", pure=True)
+        made.Resolver = Resolver
+        made.Composer = Counting
+        made.max_depth = MAX_DEPTH
+        return made
+
+    return reader
+
+
+MAX_DEPTH = 64  # nesting of lists and mappings; a spec has 5 levels
 
 
 def read_yaml(text: str, shown: str) -> Source:
-    """Parse a YAML spec into plain data, with the line of every value; SpecError on a syntax
-    error, a duplicate key, a non-string or overlong key, or a text that is or expands too big."""
+    """Parse a YAML 1.2 spec into plain data, with the line of every value; SpecError on a
+    syntax error, a duplicate key, a non-string or overlong key, a tag or a merge key, or a
+    text that is or expands too big."""
     if len(text) > MAX_YAML_BYTES or len(text.encode()) > MAX_YAML_BYTES:
         size = len(text.encode())
         raise SpecError(shown, "$", f"expected a YAML spec of at most 1 MiB, got {size} bytes")
@@ -151,25 +188,41 @@ def read_yaml(text: str, shown: str) -> Source:
     return source
 
 
-def _compose(text: str, shown: str) -> yaml.Node | None:
-    """The node tree of ``text`` (aliases still shared); SpecError on a syntax error or too many
-    nodes."""
-    import yaml
+_VERSION = re.compile(r"^%YAML[ \t]+([^\s#]+)", re.MULTILINE)
 
-    loader = _loader()(text)
+
+def _compose(text: str, shown: str) -> Any:
+    """The node tree of ``text`` (aliases still shared); SpecError on a syntax error, a YAML
+    version other than 1.2 or too many nodes."""
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+    version = _VERSION.search(text)
+    if version and version.group(1) != "1.2":
+        line = text.count("\n", 0, version.start()) + 1
+        raise SpecError(
+            f"{shown}:{line}", "$", f"expected YAML 1.2, got %YAML {cut(version.group(1), 20)}"
+        )
     try:
-        return loader.get_single_node()
+        return _yaml()().compose(text)
     except _TooBig:
         raise SpecError(shown, "$", f"expected at most {MAX_NODES} YAML nodes") from None
-    except yaml.MarkedYAMLError as exc:
+    except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{shown}:{mark.line + 1}" if mark else shown
-        problem = cut(exc.problem or exc.context or "", 120)
-        raise SpecError(where, "$", f"invalid YAML: {problem}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(shown, "$", f"invalid YAML: {cut(str(exc), 120)}") from None
-    finally:
-        loader.dispose()
+        raise SpecError(
+            where, "$", f"invalid YAML: {_problem(exc.problem or exc.context)}"
+        ) from None
+    except (YAMLError, ValueError) as exc:
+        # ruamel's own checks (a %TAG it cannot use...) say what they found in their words.
+        raise SpecError(shown, "$", f"invalid YAML: {_problem(str(exc))}") from None
+
+
+def _problem(text: str | None) -> str:
+    """ruamel's description of a syntax error, as one readable line."""
+    words = " ".join((text or "not valid YAML").split())
+    # The end of the text is a NUL to the scanner: say what it means.
+    words = words.replace("'\\x00'", "the end of the text").replace("'\\0'", "the end of the text")
+    return cut(words, 120)
 
 
 class _Expander:
@@ -181,29 +234,24 @@ class _Expander:
         self.lines = lines
         self.nodes = MAX_NODES
         self.bytes = MAX_EXPANDED_BYTES
-        import yaml
 
-        # The loader's resolver gave each scalar its tag; constructing it is SafeLoader's.
-        self.constructor = yaml.constructor.SafeConstructor()
-
-    def plain(
-        self, node: yaml.Node, loc: tuple[str | int, ...], mark: yaml.Mark | None = None
-    ) -> Any:
+    def plain(self, node: Any, loc: tuple[str | int, ...], mark: Any = None) -> Any:
         """The data of ``node`` at ``loc`` (``mark``: where its key is written)."""
-        import yaml
-
         path = json_path(loc)
         self.nodes -= 1
         self.bytes -= len(path) + (len(node.value) if isinstance(node.value, str) else 0)
+        where = f"{self.shown}:{node.start_mark.line + 1}"
         if self.nodes < 0 or self.bytes < 0:
             raise SpecError(
-                f"{self.shown}:{node.start_mark.line + 1}",
+                where,
                 short_path(path),
                 f"expected at most {MAX_NODES} values and {MAX_EXPANDED_BYTES >> 20} MiB "
                 "once aliases expand",
             )
         self.lines.setdefault(path, (mark or node.start_mark).line + 1)
-        if isinstance(node, yaml.MappingNode):
+        tag = str(node.tag)
+        if node.id == "mapping":
+            self._tagged(tag, "map", where, path)
             out: dict[str, Any] = {}
             for key_node, value_node in node.value:
                 key = self._key(key_node, loc)
@@ -215,35 +263,106 @@ class _Expander:
                     )
                 out[key] = self.plain(value_node, (*loc, key), key_node.start_mark)
             return out
-        if isinstance(node, yaml.SequenceNode):
+        if node.id == "sequence":
+            self._tagged(tag, "seq", where, path)
             return [self.plain(child, (*loc, i)) for i, child in enumerate(node.value)]
-        value = self.constructor.construct_object(node)
-        if not isinstance(value, (str, int, float, bool, type(None))):
-            # A timestamp or binary: no spec value is one; say so as a string at its path.
-            return str(value)
-        return value
+        return _scalar(tag, node.value, where, short_path(path))
 
-    def _key(self, node: yaml.Node, loc: tuple[str | int, ...]) -> str:
+    def _tagged(self, tag: str, kind: str, where: str, path: str) -> None:
+        if tag != _CORE + kind:
+            raise SpecError(where, short_path(path), _unsupported(tag))
+
+    def _key(self, node: Any, loc: tuple[str | int, ...]) -> str:
         """The string a key node holds; SpecError for any other key or an overlong one."""
-        import yaml
-
         where = f"{self.shown}:{node.start_mark.line + 1}"
-        if not isinstance(node, yaml.ScalarNode):  # never constructed: it may be an alias tree
+        path = short_path(json_path(loc))
+        if node.id != "scalar":  # never constructed: it may be an alias tree
+            raise SpecError(where, path, f"expected string keys, got a {node.id}")
+        key = _scalar(str(node.tag), node.value, where, path)
+        if key == "<<" and str(node.tag) == _PLAIN:
             raise SpecError(
-                where, short_path(json_path(loc)), f"expected string keys, got a {node.id}"
+                where, path, "merge keys (<<) are YAML 1.1 and not read; write the keys out"
             )
-        key = self.constructor.construct_object(node)
         if not isinstance(key, str):
-            raise SpecError(
-                where, short_path(json_path(loc)), f"expected string keys, got {preview(key)}"
-            )
+            raise SpecError(where, path, f"expected string keys, got {preview(key)}")
         if len(key) > MAX_KEY_CHARS:
             raise SpecError(
                 where,
-                short_path(json_path(loc)),
+                path,
                 f"expected keys of at most {MAX_KEY_CHARS} characters, got {preview(key)}",
             )
         return key
+
+
+def _unsupported(tag: str) -> str:
+    return (
+        f"unsupported YAML tag {preview(tag)}; a spec holds strings, numbers, true/false, null, "
+        "lists and mappings"
+    )
+
+
+def _scalar(tag: str, text: str, where: str, path: str) -> Any:
+    """A scalar's value by YAML 1.2's core schema (a tag among its types names the type)."""
+    if tag == _PLAIN:
+        for kind in ("null", "bool", "int", "float"):
+            value = _as(kind, text)
+            if value is not _NOT:
+                return _checked_number(value, text, where, path)
+        return text
+    if tag == _CORE + "str":
+        return text
+    kind = tag.removeprefix(_CORE)
+    if tag.startswith(_CORE) and kind in ("null", "bool", "int", "float"):
+        value = _as(kind, text)
+        if value is _NOT:
+            raise SpecError(where, path, f"!!{kind} {preview(text)}: expected a YAML 1.2 {kind}")
+        return _checked_number(value, text, where, path)
+    raise SpecError(where, path, _unsupported(tag))
+
+
+_NOT: Any = object()
+
+
+def _as(kind: str, text: str) -> Any:
+    """``text`` read as the core schema's ``kind``; _NOT when it is not one."""
+    if kind == "null":
+        return None if _NULL.fullmatch(text) else _NOT
+    if kind == "bool":
+        return _BOOL.get(text, _NOT)
+    if kind == "int":
+        if _INT.fullmatch(text):
+            return _HugeInt(text) if len(text.lstrip("+-")) > MAX_INT_DIGITS else int(text, 10)
+        if _INT_OCT.fullmatch(text) or _INT_HEX.fullmatch(text):
+            digits = text[2:]
+            if len(digits) > MAX_INT_DIGITS:
+                return _HugeInt(text)
+            return int(digits, 8 if text[1] == "o" else 16)
+        return _NOT
+    if _INF.fullmatch(text):
+        return float("-inf" if text.startswith("-") else "inf")
+    if _NAN.fullmatch(text):
+        return float("nan")
+    return float(text) if _FLOAT.fullmatch(text) else _NOT
+
+
+class _HugeInt(str):
+    """An integer literal too long to be a number a spec needs."""
+
+
+def _checked_number(value: Any, text: str, where: str, path: str) -> Any:
+    if isinstance(value, _HugeInt):
+        raise SpecError(where, path, huge_int_message(text))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(where, path, f"expected a finite number, got {cut(text, 20)}")
+    return value
+
+
+def huge_int_message(text: str) -> str:
+    """The error for an integer literal of more than MAX_INT_DIGITS digits."""
+    return (
+        f"expected a number of at most {MAX_INT_DIGITS} digits, got one of {len(text)} "
+        f"({text[:12]}...)"
+    )
 
 
 _PREVIEW = reprlib.Repr()
@@ -266,9 +385,8 @@ def cut(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def short_path(path: str) -> str:
-    """A JSON path as an error message shows it: its start and end when long."""
-    return path if len(path) <= 120 else f"{path[:60]}...{path[-56:]}"
+# A value that YAML 1.2 reads as a plain scalar on its own: no indicator, space or colon.
+_SIMPLE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
 
 
 def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
@@ -286,14 +404,25 @@ def parse_override(text: str) -> tuple[tuple[str | int, ...], Any]:
     value: Any = ""
     if value_text.strip():
         try:
+            if _SIMPLE.fullmatch(value_text):
+                # A word or number (count=4, backend=slurm) reads the same without ruamel.
+                return _loc(parts), _scalar(_PLAIN, value_text, shown, "$")
             node = _compose(value_text, shown)
             value = _Expander(shown, {}).plain(node, ()) if node is not None else None
         except SpecError as exc:
-            raise UsageError(f"{shown}: the value: {exc.message}") from None
+            hint = ""
+            if exc.message.startswith("invalid YAML"):  # e.g. "*", an alias to YAML
+                quoted = json.dumps(value_text) if len(value_text) <= 40 else '"..."'
+                hint = f"; to mean the text, quote it: {key.strip()}='{quoted}'"
+            raise UsageError(f"{shown}: the value: {exc.message}{hint}") from None
         except RecursionError:
             raise UsageError(f"{shown}: the value is nested too deeply") from None
-    loc = tuple(int(p) if p.isdecimal() and p.isascii() else p for p in parts)
-    return loc, value
+    return _loc(parts), value
+
+
+def _loc(parts: list[str]) -> tuple[str | int, ...]:
+    """A `--set` key's parts, list indices as integers."""
+    return tuple(int(p) if p.isdecimal() and p.isascii() else p for p in parts)
 
 
 def apply_overrides(source: Source, overrides: Iterable[str], shown: str) -> None:
@@ -305,8 +434,15 @@ def apply_overrides(source: Source, overrides: Iterable[str], shown: str) -> Non
         for i, part in enumerate(loc[:-1]):
             nxt = loc[i + 1]
             if isinstance(node, dict) and isinstance(part, str):
-                if not isinstance(node.get(part), (dict, list)):
+                if node.get(part) is None:
                     node[part] = {}
+                elif not isinstance(node[part], (dict, list)):
+                    raise SpecError(
+                        shown,
+                        short_path(json_path(loc[: i + 1])),
+                        f"--set {text}: cannot set a key in {preview(node[part])}; set "
+                        f"{'.'.join(map(str, loc[: i + 1]))}=... instead",
+                    )
                 node = node[part]
             elif isinstance(node, list) and isinstance(part, int) and part < len(node):
                 node = node[part]
@@ -341,7 +477,15 @@ def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
     Blank lines and ``#`` comments are skipped, as by DeepSpeed and MPI host files.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_HOSTFILE_BYTES + 1)
+        if len(data) > MAX_HOSTFILE_BYTES:
+            raise SpecError(
+                shown,
+                "$.hostfile",
+                f"host file {str(path)!r}: expected at most {MAX_HOSTFILE_BYTES >> 20} MiB",
+            )
+        text = data.decode("utf-8")
     except OSError as exc:
         raise SpecError(
             shown, "$.hostfile", f"cannot read host file {str(path)!r}: {exc.strerror}"
@@ -382,6 +526,8 @@ def read_hostfile(path: Path, shown: str) -> list[tuple[str, int | None, int]]:
                 )
             slots = int(value)
         out.append((name, slots, number))
+        if len(out) > MAX_TASKS:
+            raise SpecError(where, "$.hostfile", f"expected at most {MAX_TASKS} hosts")
     if not out:
         raise SpecError(shown, "$.hostfile", f"host file {str(path)!r} names no host")
     return out
@@ -415,7 +561,7 @@ def expand(source: Source, base: Path, shown: str, options: SpecOptions) -> dict
             if name in hosts:
                 raise SpecError(
                     f"{path}:{number}",
-                    f"$.hosts.{name}",
+                    json_path(("hosts", name)),
                     "host is also in the spec's hosts; keep one",
                 )
             hosts[name] = copy.deepcopy(template)
@@ -452,7 +598,8 @@ def _filter_hosts(raw: dict[str, Any], shown: str, options: SpecOptions) -> None
     for role, group in tasks.items() if isinstance(tasks, dict) else ():
         entries = group if isinstance(group, list) else [group]
         for i, entry in enumerate(entries):
-            if isinstance(entry, dict) and entry.get("host") in dropped:
+            host = entry.get("host") if isinstance(entry, dict) else None
+            if isinstance(host, str) and host in dropped:
                 where = json_path(
                     ("tasks", role, i, "host")
                     if isinstance(group, list)
@@ -467,58 +614,46 @@ def _filter_hosts(raw: dict[str, Any], shown: str, options: SpecOptions) -> None
 
 def _spread(raw: dict[str, Any], shown: str, slots: Mapping[str, int]) -> None:
     """Turn each ``{"per_host": N, "count": C, ...}`` role into a list of C tasks, N per host,
-    over the spec's hosts in order (C defaults to N per host)."""
+    over the spec's hosts in order (C defaults to N per host). The data is valid (the schema
+    checked it); how many tasks it makes is checked before any is made."""
     tasks = raw.get("tasks")
     if not isinstance(tasks, dict):
         return
     for role, group in tasks.items():
         if not isinstance(group, dict) or "per_host" not in group:
             continue
-        per_host = group["per_host"]
-        if not isinstance(per_host, int) or isinstance(per_host, bool) or per_host < 1:
-            raise SpecError(
-                shown,
-                f"$.tasks.{role}.per_host",
-                f"expected an integer >= 1, got {per_host!r}",
-            )
-        if "host" in group:
-            raise SpecError(
-                shown,
-                f"$.tasks.{role}.host",
-                "per_host spreads tasks over `hosts`; remove host",
-            )
+        where = json_path(("tasks", role))
+        per_host = int(group["per_host"])
         hosts = raw.get("hosts")
         names = list(hosts) if isinstance(hosts, dict) else []
         if not names:
             raise SpecError(
-                shown,
-                f"$.tasks.{role}.per_host",
-                "per_host needs hosts (`hosts` or `hostfile`)",
+                shown, f"{where}.per_host", "per_host needs hosts (`hosts` or `hostfile`)"
             )
         for name in names:
             if slots.get(name, per_host) < per_host:
                 raise SpecError(
                     shown,
-                    f"$.tasks.{role}.per_host",
+                    f"{where}.per_host",
                     f"host {name!r} has slots={slots[name]} in the host file; "
                     "expected per_host <= slots",
                 )
-        count = group.get("count", per_host * len(names))
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        room = per_host * len(names)
+        if "count" not in group and room > MAX_TASKS:
             raise SpecError(
                 shown,
-                f"$.tasks.{role}.count",
-                f"expected an integer >= 1, got {count!r}",
+                f"{where}.per_host",
+                f"per_host {per_host} on {len(names)} hosts makes {room} tasks; expected at "
+                f"most {MAX_TASKS}",
             )
-        if count > per_host * len(names):
+        count = int(group.get("count", room))
+        if count > room:
             raise SpecError(
                 shown,
-                f"$.tasks.{role}.count",
+                f"{where}.count",
                 f"{count} tasks do not fit on {len(names)} hosts with per_host {per_host}",
             )
-        if count > 1 and isinstance(group.get("port"), int):
-            raise SpecError(
-                shown, f"$.tasks.{role}.port", 'a fixed port needs one task; use "auto"'
-            )
+        if count > 1 and isinstance(group.get("port"), int | float):
+            raise SpecError(shown, f"{where}.port", 'a fixed port needs one task; use "auto"')
         shared = {k: v for k, v in group.items() if k not in ("count", "per_host")}
         tasks[role] = [{**shared, "host": names[i // per_host]} for i in range(count)]

@@ -113,7 +113,8 @@ def compose_file(
             "volumes": volumes,
             "networks": [NETWORK],
             "restart": restart_policy(loaded, task.role),
-            "stop_grace_period": f"{stop_grace_s(loaded, plan):g}s",
+            # Every digit, to the millisecond (``:g`` writes 1234567 as 1.23457e+06).
+            "stop_grace_period": f"{stop_grace_s(loaded, plan):.3f}".rstrip("0").rstrip(".") + "s",
             # The task's CPUs (docker sets the container's affinity mask and cpuset cgroup).
             **({"cpuset": ",".join(map(str, task.cpus.ids))} if task.cpus.ids else {}),
         }

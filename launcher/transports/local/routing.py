@@ -54,7 +54,7 @@ ISOLATED_NOTE = (
 EXPOSURE_NOTE = (
     "note: ports {ports} can be reached from other machines: TensorFlow's gRPC servers listen on "
     "every interface with no authentication, and {reason}. To prevent it, {remedy} "
-    "(README: Security)"
+    "(see docs/security.md)"
 )
 
 

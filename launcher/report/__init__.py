@@ -1,0 +1,1 @@
+"""distlaunch.launcher.report: a run told as a picture (`distlaunch report`, `Run.report()`)."""
