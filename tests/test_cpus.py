@@ -322,3 +322,26 @@ def test_containers_get_a_cpuset_and_pods_integer_cpus_with_thread_settings(tmp:
     services = compose.compose_file(loaded, plan, "img", "0:0")["services"]
     assert [services[n]["cpuset"] for n in ("worker-0", "worker-1")] == ["0,1", "2,3"]
     assert services["worker-0"]["environment"]["TF_NUM_INTEROP_THREADS"] == "2"
+
+
+def test_a_slurm_task_takes_the_allocations_share_per_task_not_the_whole_node() -> None:
+    """`salloc --ntasks-per-node=2` on 2-CPU nodes gives a task 1 CPU: a run of one task per node
+    takes 1 CPU on each, so a second run in the same allocation starts beside it (with the whole
+    node per task, its steps waited for the first run's to end)."""
+    from distlaunch.launcher.transports.slurm import transport as slurm
+
+    nodes = {"a": 2, "b": 2}
+    assert slurm.task_cpus({"SLURM_CPUS_PER_TASK": "4"}, nodes) == 4
+    assert slurm.task_cpus({"SLURM_NTASKS_PER_NODE": "2"}, nodes) == 1
+    assert slurm.task_cpus({}, nodes) is None  # the allocation says nothing: the run splits a node
+    alloc = slurm.Allocation("7", ("a", "b"), nodes, submitted=False, task_cpus=1)
+    one_per_node = {("worker", 0): "a", ("worker", 1): "b"}
+    assert {n: len(t.cpus) for n, t in slurm.node_cpus(alloc, one_per_node).items()} == {
+        "a": 1,
+        "b": 1,
+    }
+    both_on_a = {("worker", 0): "a", ("worker", 1): "a"}
+    assert len(slurm.node_cpus(alloc, both_on_a)["a"].cpus) == 2
+    whole = slurm.Allocation("7", ("a", "b"), nodes, submitted=False)
+    assert len(slurm.node_cpus(whole, one_per_node)["a"].cpus) == 2
+    assert slurm.Allocation.from_json(alloc.to_json()) == alloc

@@ -57,6 +57,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -126,6 +127,10 @@ class Allocation:
     nodes: tuple[str, ...]
     cpus: Mapping[str, int]
     submitted: bool  # the job was submitted by `distlaunch sbatch` for this run: `down` cancels it
+    # The CPUs the allocation gives one task, where it says so (`--cpus-per-task`, or a node's
+    # CPUs over `--ntasks-per-node`): a run's task on a node takes that share, not the whole node,
+    # so two runs in one allocation (or a run beside the user's own steps) both start.
+    task_cpus: int | None = None
 
     def to_json(self) -> dict:
         """What run.json keeps (the slurm backend's section), for `down`, `stacks` and people."""
@@ -134,6 +139,8 @@ class Allocation:
             "nodes": list(self.nodes),
             "cpus": dict(self.cpus),
             "submitted": self.submitted,
+            # Only where the allocation says it: a record read back is written back as it was.
+            **({"task_cpus": self.task_cpus} if self.task_cpus else {}),
         }
 
     @classmethod
@@ -145,6 +152,7 @@ class Allocation:
             tuple(str(n) for n in data.get("nodes") or ()),
             {str(n): int(c) for n, c in cpus.items()},
             bool(data.get("submitted")),
+            int(data["task_cpus"]) if data.get("task_cpus") else None,
         )
 
 
@@ -183,7 +191,22 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation:
             strict=True,
         )
     )
-    return Allocation(job, nodes, cpus, submitted=env.get(SUBMITTED_ENV) == job)
+    return Allocation(
+        job, nodes, cpus, submitted=env.get(SUBMITTED_ENV) == job, task_cpus=task_cpus(env, cpus)
+    )
+
+
+def task_cpus(env: Mapping[str, str], cpus: Mapping[str, int]) -> int | None:
+    """The CPUs the allocation gives one task: ``SLURM_CPUS_PER_TASK``, else the fewest CPUs of
+    a node over ``SLURM_NTASKS_PER_NODE``; None when the allocation says neither (the whole node's
+    CPUs are the run's to split)."""
+    per_task = env.get("SLURM_CPUS_PER_TASK", "")
+    if per_task.isdigit() and int(per_task) > 0:
+        return int(per_task)
+    per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+    if per_node.isdigit() and int(per_node) > 0 and cpus:
+        return max(min(cpus.values()) // int(per_node), 1)
+    return None
 
 
 @dataclass(frozen=True)
@@ -314,15 +337,23 @@ def slurm_plan(
     return make_plan(loaded, placed, run_id, run_dir, attempt, isolation=ISOLATION)
 
 
-def node_cpus(alloc: Allocation, reports: Sequence[HostReport] = ()) -> dict[str, Topology]:
+def node_cpus(
+    alloc: Allocation, nodes: Mapping[ports.TaskKey, str], reports: Sequence[HostReport] = ()
+) -> dict[str, Topology]:
     """What each node gives the run: the first of its probe's CPUs, as many as the allocation
-    has there (Slurm accounts for those; task/none would let a step run on all); without a
-    report, the allocation's count, Slurm picking which."""
-    out = {n: Topology(tuple(range(c)), picks_ids=True) for n, c in alloc.cpus.items()}
+    has there (Slurm accounts for those; task/none would let a step run on all), and no more than
+    the allocation's share per task (`Allocation.task_cpus`) for each of the run's tasks there
+    (``nodes``: `place`'s decision); without a report, that count, Slurm picking which."""
+    tasks = Counter(nodes.values())
+    limit = {
+        n: min(c, alloc.task_cpus * max(tasks[n], 1)) if alloc.task_cpus else c
+        for n, c in alloc.cpus.items()
+    }
+    out = {n: Topology(tuple(range(c)), picks_ids=True) for n, c in limit.items()}
     for report in reports:
         if "topology" in report.facts:
             seen = Topology.from_json(report.facts["topology"])
-            cpus = seen.cpus[: alloc.cpus.get(report.name, len(seen.cpus))]
+            cpus = seen.cpus[: limit.get(report.name, len(seen.cpus))]
             out[report.name] = Topology(cpus, seen.nodes, seen.gpu_nodes)
     return out
 
@@ -740,7 +771,7 @@ def plan(loaded: LoadedSpec, run_id: str, run_dir: Path, attempt: int) -> Plan:
     alloc = allocation()
     nodes = place(loaded, alloc)
     stand_ins = ports.allocate(loaded, on_nodes(loaded, nodes), private=True)
-    return slurm_plan(loaded, nodes, stand_ins, run_id, run_dir, attempt, node_cpus(alloc))
+    return slurm_plan(loaded, nodes, stand_ins, run_id, run_dir, attempt, node_cpus(alloc, nodes))
 
 
 class SlurmLaunch:
@@ -780,7 +811,7 @@ class SlurmLaunch:
             run_id,
             run_dir,
             attempt,
-            node_cpus(self.alloc, reports),
+            node_cpus(self.alloc, self.placement, reports),
         )
 
     @contextmanager
