@@ -133,19 +133,6 @@ def test_run_returns_every_workers_value_and_streams_their_lines(here, capsys):
     assert "task 1 has its strategy" in (run_dir / "logs/attempt-0/worker-1.log").read_text()
 
 
-def test_the_readme_from_python_example_returns_what_it_says(here):
-    from test_pytest_plugin import readme_block
-
-    *body, last = readme_block("From Python").rstrip().splitlines()
-    call, said = last.split("  # ")
-    script = "\n".join([*body, f"print(repr({call}))"])
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=here, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.splitlines()[-1] == repr(json.loads(said))
-
-
 def test_quiet_keeps_output_in_the_run_dir_only(here, capsys):
     assert distlaunch.run(lambda: print("hello from a task"), workers=1, quiet=True) == {
         "worker-0": None

@@ -18,8 +18,10 @@ pytestmark = pytest.mark.integration
 
 # Longer than the old deadline (grace_s 0.5 + 30 s), well within save_s.
 SAVE_S = 32
+# It serves on its task port as a TensorFlow server would: the launcher holds a notice until a
+# task can take it (its server is up), as for every task at its start.
 SAVES_SLOWLY = f"""
-import os, signal, sys, time
+import json, os, signal, socket, sys, time
 
 PreemptionCheckpointHandler = None  # what program_scan looks for: this program saves on a notice
 
@@ -32,6 +34,9 @@ def save(signum, frame):
 
 
 signal.signal(signal.SIGTERM, save)
+server = socket.socket()
+server.bind(("", int(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][0].rsplit(":", 1)[1])))
+server.listen()
 print("serving", flush=True)
 while True:
     time.sleep(1)

@@ -119,7 +119,7 @@ def test_a_backend_in_one_file_is_seen_by_up_plan_stacks_and_down(tmp, installed
     assert json.loads(plan.stdout)["tasks"][0]["env"]["TOY_BACKEND"] == "1"
     unknown = distlaunch("plan", str(toy_spec), cwd=tmp)  # not installed: a spec error
     assert unknown.returncode == 2
-    assert "$.backend: input should be 'local', 'compose' or 'slurm', got \"toy\"" in unknown.stderr
+    assert "$.backend: expected 'local', 'compose' or 'slurm', got \"toy\"" in unknown.stderr
 
     with open(tmp / "stdout.txt", "w") as out:
         launcher = subprocess.Popen(

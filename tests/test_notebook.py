@@ -15,6 +15,23 @@ nbclient = pytest.importorskip("nbclient", reason="the notebook test needs the t
 nbformat = pytest.importorskip("nbformat", reason="the notebook test needs the test extras")
 pytest.importorskip("ipykernel", reason="the notebook test needs the test extras")
 
+
+def executed(cells: list[str], folder: Path, allow_errors: bool = False) -> list:
+    """``cells`` run in order in a real Python 3 kernel whose working directory is ``folder``;
+    the notebook's cells, with their outputs."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbclient.NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        allow_errors=allow_errors,
+        resources={"metadata": {"path": str(folder)}},
+    ).execute()
+    return notebook.cells
+
+
 pytestmark = pytest.mark.integration
 
 CELLS = [
@@ -51,18 +68,7 @@ def _text(outputs: list, kind: str) -> str:
 
 
 def test_a_notebook_runs_a_cell_function_on_two_workers(tmp_path: Path):
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    client = nbclient.NotebookClient(
-        notebook,
-        timeout=300,
-        kernel_name="python3",
-        allow_errors=True,
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    client.execute()
-    _, run_cell, raise_cell = notebook.cells
+    _, run_cell, raise_cell = executed(CELLS, tmp_path, allow_errors=True)
 
     streamed = _text(run_cell.outputs, "stream")
     assert "worker-0 | task 0 has its strategy" in streamed
@@ -107,17 +113,7 @@ distlaunch.run(ticking, workers=1)""",
 def test_a_notebooks_pooled_calls_see_its_environment_and_print_only_in_their_cells(
     tmp_path: Path,
 ):
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in POOL_CELLS]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-    client = nbclient.NotebookClient(
-        notebook,
-        timeout=300,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
-    )
-    client.execute()
-    _, first, between, second, _ = notebook.cells
+    _, first, between, second, _ = executed(POOL_CELLS, tmp_path)
     # (the thread's lines may cut into it: print writes "tick" and its newline apart)
     assert "no newline at the end" in _text(first.outputs, "stream")
     assert _text(first.outputs, "result") == "{'worker-0': None}"

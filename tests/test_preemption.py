@@ -607,7 +607,7 @@ def test_save_s_is_checked_like_the_other_timeouts(tmp):
     result = distlaunch("up", str(spec), cwd=tmp)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"distlaunch: error: {spec}: $.timeouts.save_s: input should be greater than 0, got 0"
+        f"distlaunch: error: {spec}: $.timeouts.save_s: expected a number greater than 0 and at most 2147483647, got 0"
     ]
     assert not (tmp / "runs").exists()
 

@@ -66,8 +66,8 @@ os._exit(me.get("exit", contract.EXIT_PREEMPTED))
 """
 
 
-def _up(tmp: Path, plan: dict, **timeouts: float) -> tuple[subprocess.Popen, Path]:
-    """Start `up` on the stand-in with ``plan`` (task name or "*" -> behaviour); wait for its
+def _up(launch, tmp: Path, plan: dict, **timeouts: float) -> tuple[subprocess.Popen, Path]:
+    """Start `up` (the `launch` fixture: killed and reaped whatever the test does) on the stand-in with ``plan`` (task name or "*" -> behaviour); wait for its
     run dir."""
     (tmp / "task.py").write_text(STAND_IN)
     tasks = {"worker": {"count": 2}}
@@ -79,13 +79,7 @@ def _up(tmp: Path, plan: dict, **timeouts: float) -> tuple[subprocess.Popen, Pat
         tasks=tasks,
         timeouts={"grace_s": 2, "startup_s": 120, "save_s": 30, **timeouts},
     )
-    with open(tmp / "stdout.txt", "a") as out, open(tmp / "stderr.txt", "a") as err:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
-            cwd=tmp,
-            stdout=out,
-            stderr=err,
-        )
+    launcher = launch(spec)
     run_json = wait_for(
         lambda: next((tmp / "runs").glob("*/run.json"), None) if (tmp / "runs").exists() else None,
         "the run dir",
@@ -110,8 +104,8 @@ def _end(launcher: subprocess.Popen, tmp: Path, timeout: float = 90) -> str:
     return (tmp / "stderr.txt").read_text()
 
 
-def test_a_second_down_joins_the_save_and_both_say_how_the_run_ended(tmp):
-    launcher, run_dir = _up(tmp, {"*": {"save_s": 4}})
+def test_a_second_down_joins_the_save_and_both_say_how_the_run_ended(tmp, launch):
+    launcher, run_dir = _up(launch, tmp, {"*": {"save_s": 4}})
     try:
         wait_for(lambda: _printed(run_dir, "ready"), "both tasks to be ready")
         shared = str(tmp / "runs")
@@ -154,8 +148,8 @@ def test_a_second_down_joins_the_save_and_both_say_how_the_run_ended(tmp):
     assert not processes_of_run(record["run_id"])
 
 
-def test_a_third_stop_signal_stops_at_once_and_down_says_why_nothing_was_saved(tmp):
-    launcher, run_dir = _up(tmp, {"*": {"save_s": 600}})
+def test_a_third_stop_signal_stops_at_once_and_down_says_why_nothing_was_saved(tmp, launch):
+    launcher, run_dir = _up(launch, tmp, {"*": {"save_s": 600}})
     try:
         wait_for(lambda: _printed(run_dir, "ready"), "both tasks to be ready")
         launcher.send_signal(signal.SIGTERM)
@@ -173,10 +167,10 @@ def test_a_third_stop_signal_stops_at_once_and_down_says_why_nothing_was_saved(t
     assert not processes_of_run(record["run_id"])
 
 
-def test_a_notice_ends_when_one_task_finished_and_the_other_saved(tmp):
+def test_a_notice_ends_when_one_task_finished_and_the_other_saved(tmp, launch):
     # worker-0's own handler exits 0 (it was in its last step), worker-1's exits 143 (saved):
     # before, each waited for the other to be like itself, forever.
-    launcher, run_dir = _up(tmp, {"worker-0": {"exit": 0}, "worker-1": {"exit": 143}})
+    launcher, run_dir = _up(launch, tmp, {"worker-0": {"exit": 0}, "worker-1": {"exit": 143}})
     try:
         wait_for(lambda: _printed(run_dir, "ready"), "both tasks to be ready")
         launcher.send_signal(signal.SIGTERM)
@@ -193,9 +187,9 @@ def test_a_notice_ends_when_one_task_finished_and_the_other_saved(tmp):
     assert last["decision"] == "preempted" and "worker-0 finished" in last["reason"]
 
 
-def test_a_notice_while_tasks_start_is_held_until_they_can_take_it(tmp):
+def test_a_notice_while_tasks_start_is_held_until_they_can_take_it(tmp, launch):
     # 4 s of "importing TensorFlow" with SIGTERM at its default action: the notice waits.
-    launcher, run_dir = _up(tmp, {"*": {"start_s": 4}})
+    launcher, run_dir = _up(launch, tmp, {"*": {"start_s": 4}})
     try:
         wait_for(
             lambda: len([e for e in events(run_dir) if e["event"] == "started"]) == 2,
@@ -211,10 +205,12 @@ def test_a_notice_while_tasks_start_is_held_until_they_can_take_it(tmp):
     assert _printed(run_dir, "stop notice: saved step 7")
 
 
-def test_a_notice_held_past_save_s_ends_preempted_where_the_attempt_resumed(tmp):
+def test_a_notice_held_past_save_s_ends_preempted_where_the_attempt_resumed(tmp, launch):
     # The tasks never get far enough to take the notice within save_s: nothing of this attempt
     # was trained, so it ends preempted at the checkpoint it started from (ckpt-40).
-    launcher, run_dir = _up(tmp, {"*": {"start_s": 600}, "worker-0": {"index": 40}}, save_s=1)
+    launcher, run_dir = _up(
+        launch, tmp, {"*": {"start_s": 600}, "worker-0": {"index": 40}}, save_s=1
+    )
     try:
         wait_for(lambda: (run_dir / "checkpoints" / "checkpoint").exists(), "the index")
         launcher.send_signal(signal.SIGTERM)
@@ -226,10 +222,10 @@ def test_a_notice_held_past_save_s_ends_preempted_where_the_attempt_resumed(tmp)
     assert "preempted at step 40; `distlaunch up " in err
 
 
-def test_a_notice_after_training_finished_ends_succeeded(tmp):
+def test_a_notice_after_training_finished_ends_succeeded(tmp, launch):
     # worker-1 finished; the chief wrote the "training done" marker and is still finishing up.
     plan = {"worker-0": {"finish": "linger", "done": True}, "worker-1": {"finish": "exit"}}
-    launcher, run_dir = _up(tmp, plan)
+    launcher, run_dir = _up(launch, tmp, plan)
     try:
         wait_for(lambda: (run_dir / "training_done.json").exists(), "training to be done")
         wait_for(lambda: run_record(run_dir)["tasks"]["worker-1"]["exit_code"] == 0, "worker-1")
@@ -243,13 +239,13 @@ def test_a_notice_after_training_finished_ends_succeeded(tmp):
     assert record["notice"]["done"] == "training was done when the notice came"
 
 
-def test_a_notice_during_the_evaluators_drain_ends_succeeded_and_says_it_was_cut(tmp):
+def test_a_notice_during_the_evaluators_drain_ends_succeeded_and_says_it_was_cut(tmp, launch):
     plan = {
         "worker-0": {"finish": "exit", "done": True},
         "worker-1": {"finish": "exit"},
         "evaluator-0": {},
     }
-    launcher, run_dir = _up(tmp, plan, evaluator_drain_s=600)
+    launcher, run_dir = _up(launch, tmp, plan, evaluator_drain_s=600)
     try:
         wait_for(
             lambda: any(e.get("decision") == "done" for e in events(run_dir)),
@@ -263,9 +259,11 @@ def test_a_notice_during_the_evaluators_drain_ends_succeeded_and_says_it_was_cut
     assert run_record(run_dir)["state"] == "succeeded"
 
 
-def test_a_save_that_ends_after_save_s_counts_and_cut_saves_are_removed(tmp):
+def test_a_save_that_ends_after_save_s_counts_and_cut_saves_are_removed(tmp, launch):
     # The save takes 3 s, save_s is 1: the grace period (10 s) lets it end, and it counts.
-    launcher, run_dir = _up(tmp, {"*": {"save_s": 3}, "worker-0": {"cut": 5}}, save_s=1, grace_s=10)
+    launcher, run_dir = _up(
+        launch, tmp, {"*": {"save_s": 3}, "worker-0": {"cut": 5}}, save_s=1, grace_s=10
+    )
     try:
         wait_for(lambda: _printed(run_dir, "ready"), "both tasks to be ready")
         assert (run_dir / "checkpoints" / "ckpt-5_temp").is_dir()

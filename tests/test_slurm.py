@@ -698,7 +698,7 @@ def test_tasks_sharing_a_node_run_on_the_cpus_the_plan_gives_them(lab: SlurmLab,
             == task["threads"]
             == {
                 "TF_NUM_INTRAOP_THREADS": "3",
-                "TF_NUM_INTEROP_THREADS": "1",
+                "TF_NUM_INTEROP_THREADS": "2",  # never 1 (cpu_fit.MIN_INTEROP_THREADS)
                 "OMP_NUM_THREADS": "1",
             }
         )

@@ -233,11 +233,21 @@ def _take(free: list[int], size: int, prefer: int, topo: Topology) -> tuple[int,
     return tuple(sorted(spread[:size]))
 
 
-def threads(cpus: TaskCpus) -> int | None:
-    """The size of each TensorFlow thread pool (and OpenMP's) for a task with ``cpus``: what
-    TensorFlow itself picks under that affinity mask, written out so that a process whose mask
-    is wider (a container with a CPU quota) sizes its pools the same; None when not pinned."""
-    return cpus.count if cpus.pinned else None
+# TensorFlow's inter-op pool never smaller than this: with one inter-op thread a blocking op
+# (a parameter server's or worker's Recv, a dataset's prefetch) holds the only thread and the
+# cluster deadlocks (a PSS worker and ps pinned to one CPU each never served a step).
+MIN_INTEROP_THREADS = 2
+
+
+def threads(cpus: TaskCpus) -> dict[str, int] | None:
+    """The size of each TensorFlow thread pool (and OpenMP's) for a task with ``cpus``, by
+    variable (THREAD_ENV): the intra-op pool and OpenMP's sized to its CPUs, written out so that
+    a process whose mask is wider (a container with a CPU quota) sizes its pools the same; the
+    inter-op pool at least MIN_INTEROP_THREADS; None when not pinned."""
+    if not cpus.pinned:
+        return None
+    intra, inter, omp = THREAD_ENV
+    return {intra: cpus.count, inter: max(cpus.count, MIN_INTEROP_THREADS), omp: cpus.count}
 
 
 def cpulist(cpus: Sequence[int]) -> str:

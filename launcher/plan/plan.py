@@ -287,12 +287,12 @@ def _task_env(
     env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "0"}
     env.update(forwarded_env(spec.forward_env, environ))
     env.update(spec.program.env)
-    size = cpu_fit.threads(row.cpus)
-    if size is not None:
+    sizes = cpu_fit.threads(row.cpus)
+    if sizes is not None:
         # TensorFlow's and OpenMP's pools sized to the task's CPUs, unless the user sized them
         # (a local task inherits the launcher's environment: a value there is the user's too).
         inherited = environ if row.transport == TaskTransport.LOCAL else {}
-        for name in cpu_fit.THREAD_ENV:
+        for name, size in sizes.items():
             env.setdefault(name, inherited.get(name, str(size)))
     if keras == contract.TF_KERAS:
         env["TF_USE_LEGACY_KERAS"] = "1"

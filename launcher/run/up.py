@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from distlaunch.launcher.core.backends import TaskTransport
@@ -136,7 +136,7 @@ def up(
                 timeouts = loaded.spec.timeouts
                 save_why = None  # the spec's timeouts.save_s
                 if opened.save_s is not None and opened.save_s < timeouts.save_s:
-                    timeouts = timeouts.model_copy(update={"save_s": opened.save_s})
+                    timeouts = replace(timeouts, save_s=opened.save_s)
                     save_why = opened.save_why
                 supervisor = Supervisor(
                     plan,

@@ -1,4 +1,4 @@
-# Seed: /work/shared/seeds/000_e815ed4adae296a8.txt, the Keras guide "Multi-GPU distributed
+# Seed: the Keras guide "Multi-GPU distributed
 # training with TensorFlow" (guides/distributed_training_with_tensorflow.py): its code as written
 # there (it sets no TF_CONFIG by hand: nothing to remove), except:
 # - the guide's prose (module-level string literals, which do nothing) and its ```python```

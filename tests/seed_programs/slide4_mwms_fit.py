@@ -1,4 +1,4 @@
-# Seed: /work/shared/seeds/003_0c8a0c48f3dc22c6.txt, slide 4 ("MultiWorkerMirroredStrategy for
+# Seed: slide 4 ("MultiWorkerMirroredStrategy for
 # Multi-Machine Training"), as written there, except:
 # - removed: the hand-set TF_CONFIG (the `os.environ['TF_CONFIG'] = json.dumps({...})` statement
 #   and its comment); distlaunch writes each task's TF_CONFIG.

@@ -1,4 +1,4 @@
-# Seed: /work/shared/seeds/003_0c8a0c48f3dc22c6.txt, slide 5 ("Parameter Server Strategy"), as
+# Seed: slide 5 ("Parameter Server Strategy"), as
 # written there (it sets no TF_CONFIG by hand: nothing to remove), except:
 # - added: `import numpy as np`, which the slide uses but never imports (a NameError otherwise).
 # - added: `model.compile(optimizer='adam', loss='mse')` in the scope: the slide's step calls

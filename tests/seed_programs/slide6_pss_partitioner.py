@@ -1,4 +1,4 @@
-# Seed: /work/shared/seeds/003_0c8a0c48f3dc22c6.txt, slide 6 ("Synchronous vs. Asynchronous
+# Seed: slide 6 ("Synchronous vs. Asynchronous
 # Training"), as written there (it sets no TF_CONFIG by hand: nothing to remove), except:
 # - indentation restored (the slide's text lost it).
 # This is the chief's program: distlaunch runs a TensorFlow server on the ps and worker tasks.

@@ -1,4 +1,4 @@
-# Seed: /work/shared/seeds/003_0c8a0c48f3dc22c6.txt, slide 8 ("Custom Training Loops for
+# Seed: slide 8 ("Custom Training Loops for
 # Fine-grained Control"), as written there (it sets no TF_CONFIG by hand: nothing to remove),
 # except:
 # - `tf.distribute.MirroredStrategy()` became `tf.distribute.MultiWorkerMirroredStrategy()`: the

@@ -1,4 +1,4 @@
-# Seed: /work/shared/seeds/003_0c8a0c48f3dc22c6.txt, slide 9 ("Model Checkpointing and Saving in
+# Seed: slide 9 ("Model Checkpointing and Saving in
 # Distributed Setting"), as written there (it sets no TF_CONFIG by hand: nothing to remove),
 # except:
 # - indentation restored (the slide's text lost it); the loop's body is the slide's
