@@ -128,7 +128,7 @@ def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
         "gone": gone,
         "rss": rss,
         "fds": fds,
-        "agents": sum("distlaunch.worker.agent" in c for c in clients.values()),
+        "agents": sum("distlaunch.host.agent" in c for c in clients.values()),
         "ssh": len(clients),
     }
 

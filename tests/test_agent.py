@@ -1,4 +1,4 @@
-"""One agent per remote host (distlaunch.worker.agent): on its own (its lines and frames, its
+"""One agent per remote host (distlaunch.host.agent): on its own (its lines and frames, its
 keepers, its death), then a run of 32 stand-in tasks on the two SSH test hosts through one ssh
 session per host.
 
@@ -18,9 +18,9 @@ import pytest
 
 import sshhosts
 from conftest import events, wait_for, wait_for_run_dir
-from distlaunch.worker import agent, remote
+from distlaunch.host import agent, remote
 
-AGENT = [sys.executable, "-m", "distlaunch.worker.agent"]
+AGENT = [sys.executable, "-m", "distlaunch.host.agent"]
 # A task that needs no TensorFlow: it listens on its TF_CONFIG port (the launcher sees it join),
 # says so, and exits 0 once the test's go-file exists.
 STAND_IN = """
@@ -135,7 +135,7 @@ def test_no_task_outlives_its_agent(tmp: Path, how: str) -> None:
 
 
 def _agents(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> list[psutil.Process]:
-    return [p for p in lab.processes(host) if "distlaunch.worker.agent" in " ".join(p.cmdline())]
+    return [p for p in lab.processes(host) if "distlaunch.host.agent" in " ".join(p.cmdline())]
 
 
 @pytest.mark.integration
@@ -175,8 +175,8 @@ def test_32_tasks_on_two_hosts_run_through_one_ssh_session_each(ssh_lab, tmp: Pa
             for p in psutil.Process(launcher.pid).children()
             if p.name() == "ssh"
         ]
-        assert sum("distlaunch.worker.agent" in c for c in clients) == 2, clients
-        assert not any("distlaunch.worker.remote" in c for c in clients), clients
+        assert sum("distlaunch.host.agent" in c for c in clients) == 2, clients
+        assert not any("distlaunch.host.remote" in c for c in clients), clients
         assert [len(_agents(lab, h)) for h in lab.hosts] == [1, 1]
         go.write_text("go")
         out, err = launcher.communicate(timeout=240)
@@ -229,9 +229,9 @@ def _wait_up(run_dir: Path, count: int, launcher: subprocess.Popen) -> None:
 @pytest.mark.integration
 def test_a_host_with_an_older_distlaunch_is_one_line_and_nothing_starts(ssh_lab, tmp: Path) -> None:
     lab: sshhosts.HostLab = ssh_lab
-    old = tmp / "old" / "distlaunch" / "worker"
+    old = tmp / "old" / "distlaunch" / "host"
     old.mkdir(parents=True)
-    for name in ("distlaunch/__init__.py", "distlaunch/worker/__init__.py"):
+    for name in ("distlaunch/__init__.py", "distlaunch/host/__init__.py"):
         (tmp / "old" / name).write_text("")
     for name in ("agent.py", "remote.py"):
         (old / name).write_text("PROTOCOL = 3\n")

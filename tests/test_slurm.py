@@ -270,7 +270,7 @@ time.sleep(600)
 def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
     lab: SlurmLab, tmp: Path
 ) -> None:
-    from distlaunch.worker import remote
+    from distlaunch.host import remote
 
     (tmp / "server.py").write_text(SERVER)
     spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
@@ -628,9 +628,9 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
 def test_the_helper_runs_by_path_without_site_packages_or_else_as_a_module() -> None:
     from distlaunch.launcher.transports.slurm import transport as slurm
 
-    path = "/opt/venv/lib/python3.11/site-packages/distlaunch/worker/remote.py"
+    path = "/opt/venv/lib/python3.11/site-packages/distlaunch/launcher/host/remote.py"
     assert slurm.helper_argv("py", path) == ["py", "-I", "-S", path]
-    module = ["py", "-m", "distlaunch.worker.remote"]
+    module = ["py", "-m", "distlaunch.host.remote"]
     assert slurm.helper_argv("py", None) == module
     assert slurm.helper_argv("py", "/opt/distlaunch.zip/distlaunch/worker/remote.pyc") == module
 

@@ -5,7 +5,7 @@ private network namespace (netns.py), a compose run on an internal network; a ru
 must keep them open to its peers, so each remote host gets a firewall for the run's lifetime: its
 task ports admit the run's own hosts and loopback only (`plan_rules`, pure, what `plan` shows).
 
-The host owns its rules, not the launcher: a guard (`distlaunch.worker.guard`) per host installs
+The host owns its rules, not the launcher: a guard (`distlaunch.host.guard`) per host installs
 one nftables table (an iptables chain where nft is missing) and deletes it
 when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
 however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
@@ -46,13 +46,13 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from distlaunch.host import guard
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError
 from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat, Pipe
 from distlaunch.launcher.plan.plan import Plan
-from distlaunch.worker import guard
 
-GUARD_MODULE = "distlaunch.worker.guard"
+GUARD_MODULE = "distlaunch.host.guard"
 AUTO, OFF, REQUIRED = "auto", "off", "required"
 # How long a guard may take to answer: a connection, a Python start and one nft call.
 ANSWER_TIMEOUT_S = 60.0

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from distlaunch.host import bootstrap
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.plan import cpu_fit, program_scan, tfconfig
 from distlaunch.launcher.plan.cpu_fit import UNPINNED, TaskCpus
@@ -25,14 +26,14 @@ from distlaunch.launcher.plan.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.plan.placement import Placement, Placements
 from distlaunch.launcher.plan.program_scan import ProgramChoice
 from distlaunch.launcher.spec.model import RESERVED_ENV, LoadedSpec
-from distlaunch.worker import bootstrap, contract
+from distlaunch.worker import contract
 
 # Env names whose values `plan` and summaries mask: they usually carry credentials
 # (PASS: DB_PASS, PASSWORD, PASSWD; PWD: MYSQL_PWD; AUTH: AUTH_TOKEN, X_AUTH_HEADER).
 SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASS|PWD|AUTH|KEY|CREDENTIAL)", re.IGNORECASE)
 # The password of a URL's user:password@ (HTTPS_PROXY, DATABASE_URL), whatever the variable's name.
 URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
-BOOTSTRAP_MODULE = "distlaunch.worker.bootstrap"
+BOOTSTRAP_MODULE = "distlaunch.host.bootstrap"
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ def _argv(loaded: LoadedSpec, row: Placement, serves: bool = False) -> tuple[str
     """The task's command, run by ``row``'s python (on an SSH host the script path must exist
     there). ``serves``: a PSS ps or worker task that only runs a server.
 
-    The program starts through distlaunch.worker.bootstrap, so that an import or syntax error in it
+    The program starts through distlaunch.host.bootstrap, so that an import or syntax error in it
     is recorded like any uncaught exception (and never retried). Where the launcher's files are
     (this machine, a Slurm cluster) the bootstrap is run by path: ``program.python`` need not have
     distlaunch installed; elsewhere it is.

@@ -1,4 +1,4 @@
-"""The agent transport: one agent per remote machine (`distlaunch.worker.agent`) starts and watches
+"""The agent transport: one agent per remote machine (`distlaunch.host.agent`) starts and watches
 all of that machine's tasks, over the one channel of one local client (an ssh session).
 
 A backend says how a machine's agent is started (`AgentTransport.agent_command`) and where a task's
@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Self
 
+from distlaunch.host import agent
 from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.network.heartbeat import HEARTBEAT_S, HEARTBEAT_TIMEOUT_S
 from distlaunch.launcher.plan.plan import TaskPlan
@@ -41,9 +42,8 @@ from distlaunch.launcher.transports.helper import (
     relayed_status,
     request_of,
 )
-from distlaunch.worker import agent
 
-AGENT_MODULE = "distlaunch.worker.agent"
+AGENT_MODULE = "distlaunch.host.agent"
 # A task whose agent's channel ended ends with this code, as a task whose ssh client failed did.
 LOST_EXIT = 255
 # After `kill`, how long the agent has to report the ends before its client is ended.
@@ -401,7 +401,7 @@ class AgentTransport(ABC):
         """The task's program, read where it runs (never its local client)."""
 
     def request(self, task: TaskPlan) -> dict:
-        """What the task's keeper on its machine reads (`distlaunch.worker.remote`'s request)."""
+        """What the task's keeper on its machine reads (`distlaunch.host.remote`'s request)."""
         return request_of(task, self.umask, self.grace_s)
 
     def start(self, task: TaskPlan) -> AgentHandle:

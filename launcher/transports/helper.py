@@ -1,5 +1,5 @@
 """The remote helper as the launcher sees it: a task on another machine runs under
-`distlaunch.worker.remote`, its keeper there (started by the machine's agent: see
+`distlaunch.host.remote`, its keeper there (started by the machine's agent: see
 launcher/transports/agent.py; or directly, by `docker exec` or a stacks query).
 
 What the launcher says to a helper and reads back is here:
@@ -15,11 +15,12 @@ import os
 import signal
 from pathlib import Path
 
+from distlaunch.host import remote
 from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S
 from distlaunch.launcher.plan.plan import TaskPlan
-from distlaunch.worker import contract, remote
+from distlaunch.worker import contract
 
-HELPER_MODULE = "distlaunch.worker.remote"
+HELPER_MODULE = "distlaunch.host.remote"
 # After `stop`, the helper takes grace_s to end the task; this is added for the network.
 STOP_MARGIN_S = 5.0
 JOIN_CONNECT_TIMEOUT_S = 0.5
@@ -49,7 +50,7 @@ def log_ends_with_death(log_file: str) -> bool:
 
 
 def request_of(task: TaskPlan, umask: int | None, grace_s: float) -> dict:
-    """The JSON request a task's remote helper (`distlaunch.worker.remote`) reads: the task as
+    """The JSON request a task's remote helper (`distlaunch.host.remote`) reads: the task as
     data, with the folders of its run files to create there."""
     folders = {str(Path(task.env[name]).parent) for name in _TASK_FILES if name in task.env}
     folders |= {

@@ -7,11 +7,11 @@ Why it is built this way:
 - Placement is one pure decision (`place`): a task that names a node goes there; the others are
   spread over the nodes, the least loaded first, or packed ``slurm.tasks_per_node`` at a time.
   Every problem (an unknown node, more tasks than a node's CPUs) is one line.
-- Each node runs one agent (`distlaunch.worker.agent`, launcher/transports/agent.py) as one job
+- Each node runs one agent (`distlaunch.host.agent`, launcher/transports/agent.py) as one job
   step, behind a *local* `srun` client, a child process of the launcher like an SSH host's `ssh`:
-  ``srun --nodes=1 --ntasks=1 --nodelist=NODE --exact ... PYTHON -I -S .../worker/agent.py``.
+  ``srun --nodes=1 --ntasks=1 --nodelist=NODE --exact ... PYTHON -I -S .../launcher/host/agent.py``.
   The step holds the CPUs and GPUs of all the node's tasks; the agent starts each task under its
-  helper (`worker/remote.py`), side by side. Both need only the standard library, so they run by
+  helper (`launcher/host/remote.py`), side by side. Both need only the standard library, so they run by
   the path where the node's preflight found them, without site-packages (skipping the scan of
   site-packages saved 0.15-0.25 s per step on the test cluster). srun forwards its stdin to the
   step, so the agent works exactly as over SSH: each task's argv and environment arrive as data

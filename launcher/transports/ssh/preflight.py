@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from distlaunch.host import remote
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError, last_message
 from distlaunch.launcher.plan import gpu_fit, placement, ports
@@ -33,7 +34,6 @@ from distlaunch.launcher.plan.cpu_fit import Topology, cpulist
 from distlaunch.launcher.plan.placement import Placement
 from distlaunch.launcher.spec.model import LoadedSpec, task_json_path
 from distlaunch.launcher.transports.ssh.transport import Session, remote_python
-from distlaunch.worker import remote
 
 PROBE_TIMEOUT_S = 60.0
 # ssh's own failures (exit 255) and what they mean for the user; the first match wins.

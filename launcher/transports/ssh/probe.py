@@ -9,7 +9,7 @@ Request keys: ``fixed_ports`` (to check free), ``auto_ports`` (how many free por
 ``shared_dir`` and ``shared`` (whether the launcher's files should be visible there), ``token_file``
 and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, ``script``, ``umask``,
 ``then_guard``: when true and nothing is wrong here, the probe goes on as the host's firewall
-guard (`distlaunch.worker.guard`, its request then comes on stdin), which saves the guard a
+guard (`distlaunch.host.guard`, its request then comes on stdin), which saves the guard a
 process start of its own. ``count_gpus``: report the host's NVIDIA GPUs as the fact ``gpus`` (the
 launcher checks them against the tasks' `gpus`). ``read_cpus``: report the CPUs this host gives
 the run (the probe's own affinity mask, which the tasks' helpers inherit), its NUMA nodes and its
@@ -57,17 +57,17 @@ def main():
     ports = check_ports(request.get("fixed_ports", []), request.get("auto_ports", 0), problems)
     print(json.dumps({"problems": problems, "ports": ports, "facts": facts}), flush=True)
     if request.get("then_guard") and not problems:
-        from distlaunch.worker import guard
+        from distlaunch.host import guard
 
         sys.exit(guard.main())
 
 
 def check_distlaunch(problems, facts):
     try:
-        from distlaunch.worker import agent, remote
+        from distlaunch.host import agent, remote
     except Exception as exc:  # noqa: BLE001 - any failure to import means the same thing here
         problems.append(
-            f"{sys.executable} cannot import distlaunch.worker.agent ({type(exc).__name__}: {exc}); "
+            f"{sys.executable} cannot import distlaunch.host.agent ({type(exc).__name__}: {exc}); "
             "install distlaunch in this interpreter or set the host's python"
         )
         return

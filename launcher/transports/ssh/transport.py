@@ -1,4 +1,4 @@
-"""The SSH transport: a task on another host runs there under `distlaunch.worker.remote`, held by a local ssh client.
+"""The SSH transport: a task on another host runs there under `distlaunch.host.remote`, held by a local ssh client.
 
 Why it is built this way:
 - The system's OpenSSH client does the connecting, so ~/.ssh/config, agents, ProxyJump and
@@ -11,7 +11,7 @@ Why it is built this way:
   (`ssh -O exit`); ControlPersist is short, so a master left by a killed launcher ends on its own
   once its sessions are gone.
 - Each task is a helper transport's task (transports/helper.py): a local ssh client runs
-  ``ssh HOST 'exec PYTHON -m distlaunch.worker.remote'`` and the task travels as one JSON line on
+  ``ssh HOST 'exec PYTHON -m distlaunch.host.remote'`` and the task travels as one JSON line on
   its stdin. Only the interpreter's path is in the remote command, shell-quoted. The launcher keeps
   the client's stdin (heartbeats, ``stop``); EOF (the launcher died or killed the client, the
   connection dropped) or the heartbeat's silence makes the helper SIGKILL the task's remote

@@ -1,6 +1,6 @@
 """The remote end of an SSH task: runs the task in its own process group and never lets it outlive the launcher.
 
-The launcher runs ``ssh HOST 'exec PYTHON -m distlaunch.worker.remote'`` and talks to this helper
+The launcher runs ``ssh HOST 'exec PYTHON -m distlaunch.host.remote'`` and talks to this helper
 over the SSH session's stdin, one line at a time:
 
 - line 1 is a JSON request: ``{"argv": [...], "env": {...}, "cwd": "..." | null,
@@ -60,7 +60,7 @@ import sys
 import time
 from typing import Any
 
-# Bumped whenever the request format, the agent's lines (distlaunch.worker.agent, which has the
+# Bumped whenever the request format, the agent's lines (distlaunch.host.agent, which has the
 # same number) or the worker contract changes; preflight refuses a host that speaks another.
 # 4: one agent per host runs every task of the host under this helper.
 PROTOCOL = 4
@@ -80,7 +80,7 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 # How each line this helper says itself begins (on its stderr: the task's log).
-_SAID = "distlaunch.worker.remote: "
+_SAID = "distlaunch.host.remote: "
 
 
 def main() -> int:

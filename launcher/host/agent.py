@@ -1,6 +1,6 @@
 """The agent: one process per remote host and run that starts and watches all of that host's tasks.
 
-The launcher runs ``ssh HOST 'exec PYTHON -m distlaunch.worker.agent'`` once per host (one SSH
+The launcher runs ``ssh HOST 'exec PYTHON -m distlaunch.host.agent'`` once per host (one SSH
 session, however many tasks the host has) and talks to the agent over that session alone.
 
 Each task runs under its own keeper, `remote.py` (the per-task helper: its own process group and
