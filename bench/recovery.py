@@ -17,7 +17,15 @@ Measurements from runs of `distlaunch up` with `restart: on-failure`:
 2 and 3 run in rounds alternating `restart.standby` on and off (the kill waits for the standbys
 to be ready where they are on); each figure is the median of its rounds.
 
-    python bench/recovery.py [--kills 20] [--rounds 2]
+``--backend`` says where the tasks run: ``local`` (this machine), ``ssh`` (two of the test
+suite's SSH hosts, tests/sshhosts.py: network namespaces with an sshd each on this machine;
+needs root) or ``slurm`` (tests/slurmcluster.py's two-node cluster on this machine, in one
+allocation held for the whole bench; needs root, slurm-wlm and munge; run it under
+``flock /tmp/dl-slurm.lock``). On ssh and slurm the tasks are spread over both machines
+(worker-1 alone on the second), each machine's agent keeps the standbys, the kill -9 is of the
+task's program there (found by its environment), and 1 (detection) is left out.
+
+    python bench/recovery.py [--kills 20] [--rounds 2] [--backend local|ssh|slurm]
 """
 
 from __future__ import annotations
@@ -28,12 +36,15 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
-from _common import DISTLAUNCH, median
+from _common import DISTLAUNCH, REPO, median
+
+sys.path.insert(0, str(REPO / "tests"))  # the SSH hosts' and the Slurm cluster's labs
 
 ON_FAILURE = {"policy": "on-failure", "max_restarts": 100, "backoff": {"initial_s": 0, "max_s": 0}}
 # A first checkpoint is written at this step, so a restarted gang has something to restore.
@@ -43,24 +54,167 @@ CHECKPOINT_EVERY = 5
 TARGETS = {"PSS": 0.25, "MWMS": 0.40}  # recovery over cold start, with warm standbys
 
 
+class Local:
+    """Every task on this machine; a task's pid in run.json is its process group's."""
+
+    name = "local"
+
+    def spec(self, tasks: dict) -> dict:
+        """The spec's fields that place ``tasks`` (role -> {"count": N})."""
+        return {"tasks": tasks}
+
+    def command(self, argv: list[str]) -> tuple[list[str], dict[str, str] | None]:
+        """How `distlaunch` is run against this backend: argv and env (None: ours)."""
+        return argv, None
+
+    def kill(self, run_dir: Path, task: str) -> None:
+        """kill -9 the task's program (attempt 0)."""
+        os.kill(_task(run_dir, task, 0)["pid"], signal.SIGKILL)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class Remote(Local):
+    """Tasks spread over two machines of a lab on this machine: worker-1 alone on the second
+    (`place`). A task's pid in run.json is its agent's client here: the kill finds the program
+    itself by its environment (the lab's machines share this machine's processes)."""
+
+    def place(self, tasks: dict, first: str, second: str) -> dict:
+        """``tasks`` (role -> {"count": N}) as lists naming a host each."""
+        return {
+            role: [{"host": second if (role, i) == ("worker", 1) else first} for i in range(n)]
+            for role, n in ((r, t.get("count", 1)) for r, t in tasks.items())
+        }
+
+    def kill(self, run_dir: Path, task: str) -> None:
+        """kill -9 the task's program (attempt 0) where it runs."""
+        run_id = (_read(run_dir / "run.json") or {})["run_id"]
+        role, index = task.rsplit("-", 1)
+        wanted = {
+            f"DISTLAUNCH_RUN_ID={run_id}",
+            f"DISTLAUNCH_ROLE={role}",
+            f"DISTLAUNCH_INDEX={index}",
+            "DISTLAUNCH_ATTEMPT=0",
+        }
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) != proc.pid:
+                    continue  # the program leads its group; what it forked does not
+                env = set(open(f"/proc/{proc.pid}/environ", "rb").read().decode().split("\0"))
+            except (OSError, psutil.Error):
+                continue
+            if wanted <= env:
+                os.kill(proc.pid, signal.SIGKILL)
+                return
+        raise SystemExit(f"no program of {task} found to kill")
+
+
+class Ssh(Remote):
+    """Two SSH test hosts (tests/sshhosts.py)."""
+
+    name = "ssh"
+
+    def __init__(self) -> None:
+        import sshhosts
+
+        reason = sshhosts.unavailable_reason()
+        if reason:
+            raise SystemExit(f"recovery: cannot make SSH test hosts: {reason}")
+        self.lab = sshhosts.HostLab(2)
+
+    def spec(self, tasks: dict) -> dict:
+        """Both hosts, worker-1 alone on node2."""
+        first, second = self.lab.hosts
+        return {
+            "hosts": {h.name: self.lab.host_entry(h) for h in self.lab.hosts},
+            "tasks": self.place(tasks, first.name, second.name),
+        }
+
+    def close(self) -> None:
+        """Remove the hosts."""
+        self.lab.close()
+
+
+class Slurm(Remote):
+    """tests/slurmcluster.py's two nodes, in one allocation held for the whole bench."""
+
+    name = "slurm"
+
+    def __init__(self, work: Path) -> None:
+        from slurm_overhead import _allocation
+
+        from slurmcluster import SlurmLab, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise SystemExit(f"recovery: cannot make the Slurm cluster: {reason}")
+        self.lab = SlurmLab(2)
+        self.work = work
+        try:
+            self.holder, self.env = _allocation(self.lab, work)
+        except BaseException:
+            self.lab.close()
+            raise
+
+    def spec(self, tasks: dict) -> dict:
+        """Both nodes, worker-1 alone on the second."""
+        first, second = (n.name for n in self.lab.nodes)
+        program_python = {"python": sys.executable}
+        return {"backend": "slurm", "tasks": self.place(tasks, first, second), **program_python}
+
+    def command(self, argv: list[str]) -> tuple[list[str], dict[str, str] | None]:
+        """Inside the allocation, with the lab's node names."""
+        return self.lab.command(argv), self.env
+
+    def close(self) -> None:
+        """Give the allocation back and stop the cluster."""
+        try:
+            self.lab.run(["scancel", self.env["SLURM_JOB_ID"]])
+            os.killpg(self.holder.pid, signal.SIGKILL)
+            self.holder.wait()
+            os.kill(int((self.work / "alloc.env.pid").read_text()), signal.SIGKILL)
+        finally:
+            self.lab.close()
+
+
 def main() -> None:
     """Run the measurements and print them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--backend", choices=("local", "ssh", "slurm"), default="local")
     options = parser.parse_args()
     # (strategy, standby on) -> [(recovery s, cold start s)]
     figures: dict[tuple[str, bool], list[tuple[float, float]]] = {}
     memory: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        latencies = detection(Path(tmp) / "detect", options.kills)
-        for round_ in range(options.rounds):
-            for standby in (True, False) if round_ % 2 == 0 else (False, True):
-                for name, measure in (("PSS", pss_worker), ("MWMS", mwms_gang)):
-                    work = Path(tmp) / f"{name}-{round_}-{'on' if standby else 'off'}"
-                    recovery, cold, sampled = measure(work, standby)
-                    figures.setdefault((name, standby), []).append((recovery, cold))
-                    memory += sampled
+        where: Local = (
+            Ssh()
+            if options.backend == "ssh"
+            else Slurm(Path(tmp))
+            if options.backend == "slurm"
+            else Local()
+        )
+        try:
+            latencies = (
+                detection(Path(tmp) / "detect", options.kills) if where.name == "local" else []
+            )
+            for round_ in range(options.rounds):
+                for standby in (True, False) if round_ % 2 == 0 else (False, True):
+                    for name, measure in (("PSS", pss_worker), ("MWMS", mwms_gang)):
+                        work = Path(tmp) / f"{name}-{round_}-{'on' if standby else 'off'}"
+                        recovery, cold, sampled = measure(work, standby, where)
+                        figures.setdefault((name, standby), []).append((recovery, cold))
+                        memory += sampled
+                        print(
+                            f"{name} standbys {'on' if standby else 'off'}: recovery "
+                            f"{recovery:.2f} s, cold start {cold:.2f} s",
+                            flush=True,
+                        )
+        finally:
+            where.close()
+    print(f"backend {where.name}")
     report(latencies, figures, memory)
 
 
@@ -71,11 +225,12 @@ def report(
 ) -> None:
     """Print the figures: detection latencies, (strategy, standby on) -> [(recovery s, cold
     start s)] per round, and the standby memory samples (MB)."""
-    p95 = statistics.quantiles(latencies, n=20)[-1]
-    print(
-        f"detection latency, kill -9 to decision ({len(latencies)} kills): p50 {statistics.median(latencies) * 1000:.1f} ms, "
-        f"p95 {p95 * 1000:.1f} ms (target p95 <= 200 ms)"
-    )
+    if latencies:
+        p95 = statistics.quantiles(latencies, n=20)[-1]
+        print(
+            f"detection latency, kill -9 to decision ({len(latencies)} kills): p50 {statistics.median(latencies) * 1000:.1f} ms, "
+            f"p95 {p95 * 1000:.1f} ms (target p95 <= 200 ms)"
+        )
     what = {
         "PSS": "PSS worker recovery (kill to serving again over its cold start)",
         "MWMS": "MWMS gang recovery (kill to the first step after the restore over a cold start to the first step)",
@@ -100,7 +255,7 @@ def report(
             f"standby memory ({len(memory)} standbys sampled): interpreter RSS "
             f"{median([m['rss'] for m in memory]):.0f} MB, USS {median([m['uss'] for m in memory]):.0f} MB "
             f"(max RSS {max(m['rss'] for m in memory):.0f} MB); taskinit's keeper and init RSS "
-            f"{median([m['taskinit'] for m in memory]):.0f} MB together; one standby per local task"
+            f"{median([m['taskinit'] for m in memory]):.0f} MB together; one standby per task"
         )
 
 
@@ -109,7 +264,12 @@ def detection(work: Path, kills: int) -> list[float]:
     work.mkdir()
     (work / "sleeper.py").write_text("import time\ntime.sleep(3600)\n")
     launcher, run_dir = _up(
-        work, {"script": "sleeper.py"}, "multi_worker_mirrored", {"worker": {"count": 1}}, False
+        work,
+        {"script": "sleeper.py"},
+        "multi_worker_mirrored",
+        {"worker": {"count": 1}},
+        False,
+        Local(),
     )
     latencies = []
     try:
@@ -135,7 +295,9 @@ def detection(work: Path, kills: int) -> list[float]:
     return latencies
 
 
-def pss_worker(work: Path, standby: bool) -> tuple[float, float, list[dict[str, float]]]:
+def pss_worker(
+    work: Path, standby: bool, where: Local
+) -> tuple[float, float, list[dict[str, float]]]:
     """Kill worker-1 of a PSS run; return (kill to serving again, cold start to serving, standby
     memory samples)."""
     work.mkdir()
@@ -144,7 +306,7 @@ def pss_worker(work: Path, standby: bool) -> tuple[float, float, list[dict[str, 
         "args": ["--epochs", "1000", "--steps-per-epoch", "100", "--train-examples", "2000"],
     }
     tasks = {"chief": {}, "worker": {"count": 2}, "ps": {}}
-    launcher, run_dir = _up(work, program, "parameter_server", tasks, standby)
+    launcher, run_dir = _up(work, program, "parameter_server", tasks, standby, where)
     try:
         _wait(
             lambda: (
@@ -157,9 +319,8 @@ def pss_worker(work: Path, standby: bool) -> tuple[float, float, list[dict[str, 
             run_dir, "worker-1", "started", 0
         )
         sampled = _standby_memory(run_dir, 4) if standby else []
-        pid = _task(run_dir, "worker-1", 0)["pid"]
         killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        where.kill(run_dir, "worker-1")
         back = _wait(
             lambda: _event_time(run_dir, "worker-1", "joined", 1), "worker-1 serving again"
         )
@@ -169,7 +330,9 @@ def pss_worker(work: Path, standby: bool) -> tuple[float, float, list[dict[str, 
     return back - killed_at, cold, sampled
 
 
-def mwms_gang(work: Path, standby: bool) -> tuple[float, float, list[dict[str, float]]]:
+def mwms_gang(
+    work: Path, standby: bool, where: Local
+) -> tuple[float, float, list[dict[str, float]]]:
     """Kill worker-1 of an MWMS run; return (kill to first step after restore, cold start to
     first step, standby memory samples)."""
     work.mkdir()
@@ -185,16 +348,15 @@ def mwms_gang(work: Path, standby: bool) -> tuple[float, float, list[dict[str, f
         ],
     }
     launcher, run_dir = _up(
-        work, program, "multi_worker_mirrored", {"worker": {"count": 2}}, standby
+        work, program, "multi_worker_mirrored", {"worker": {"count": 2}}, standby, where
     )
     try:
         first_step = _wait(lambda: _first_step_time(run_dir, 0, 0), "the first step")
         cold = first_step - _event_time(run_dir, "worker-0", "started", 0)
         _wait(lambda: (run_dir / "checkpoints" / "checkpoint").is_file(), "a checkpoint")
         sampled = _standby_memory(run_dir, 2) if standby else []
-        pid = _task(run_dir, "worker-1", 0)["pid"]
         killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        where.kill(run_dir, "worker-1")
         restored = _wait(
             lambda: _task(run_dir, "worker-0", 1) and _restored_step(run_dir), "the restore"
         )
@@ -249,25 +411,29 @@ def _check_warm(run_dir: Path, task: str, standby: bool) -> None:
 
 
 def _up(
-    work: Path, program: dict, strategy: str, tasks: dict, standby: bool
+    work: Path, program: dict, strategy: str, tasks: dict, standby: bool, where: Local
 ) -> tuple[subprocess.Popen, Path]:
     spec = work / "spec.json"
+    placed = where.spec(tasks)
+    python = placed.pop("python", None)
     spec.write_text(
         json.dumps(
             {
                 "name": "recovery",
                 "strategy": strategy,
-                "program": program,
-                "tasks": tasks,
+                "program": {**program, **({"python": python} if python else {})},
+                **placed,
                 "shared_dir": "runs",
                 "restart": {**ON_FAILURE, "standby": standby},
                 "timeouts": {"grace_s": 1},
             }
         )
     )
+    argv, env = where.command([*DISTLAUNCH, "up", str(spec)])
     launcher = subprocess.Popen(
-        [*DISTLAUNCH, "up", str(spec)],
+        argv,
         cwd=work,
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -6,7 +6,9 @@ over the SSH session's stdin, one line at a time:
 - line 1 is a JSON request: ``{"argv": [...], "env": {...}, "cwd": "..." | null,
   "mkdirs": [...], "umask": 63 | null, "grace_s": 5, "heartbeat_s": 20, "cpus": [0, 1]}``
   (``cpus``: the CPUs the task is pinned to, its share of the host; none or empty: not pinned
-  here; with ``"keep_bound": true``, a Slurm step, not where Slurm already bound it to as many).
+  here; with ``"keep_bound": true``, a Slurm step, not where Slurm already bound it to as many;
+  ``standby_fd``: a warm standby's control socket, passed on by the agent: the task gets it under
+  that number and this helper closes its own copy once the task has started).
   Arguments, environment
   and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
   starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
