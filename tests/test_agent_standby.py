@@ -14,10 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 import sshhosts
 from conftest import events, wait_for, wait_for_run_dir
+from distlaunch.host import agent
+from test_agent import _Channel
 
 pytestmark = pytest.mark.integration
 
@@ -53,16 +56,68 @@ if attempt == 0:
 """
 
 
+def _fake_tensorflow(folder: Path) -> Path:
+    for name in ("tensorflow", "keras"):
+        (folder / "fake" / name).mkdir(parents=True)
+        (folder / "fake" / name / "__init__.py").write_text(STAND_IN_IMPORT)
+    return folder / "fake"
+
+
+def test_an_agents_standby_becomes_the_task_and_an_unused_or_dead_one_leaves_nothing(
+    tmp: Path,
+) -> None:
+    """The agent's own lines: a used standby's held output is the task's, and its env writes are
+    undone; a discarded one is killed with its group; a dead one means a cold start; EOF kills
+    the standbys still waiting."""
+    (tmp / "prog.py").write_text(
+        "import os, sys\n"
+        "print('preloaded', 'tensorflow' in sys.modules, os.environ.get('WRITTEN'), flush=True)\n"
+        "import tensorflow\n"
+    )
+    request = {
+        "argv": [sys.executable, "-m", "distlaunch.host.bootstrap", str(tmp / "prog.py")],
+        "env": {"PYTHONPATH": str(_fake_tensorflow(tmp))},
+        "cwd": str(tmp),
+    }
+    channel = _Channel()
+    channel.send({"agent": agent.PROTOCOL, "heartbeat_s": 60})
+    writes = [["set", "WRITTEN", "before the import"]]
+    for number in (1, 2, 3):
+        channel.send({"prepare": number, "request": request, "writes": writes})
+    said = [channel.frame()[:2] for _ in range(6)]
+    assert sorted(said) == [(b"r", 1), (b"r", 2), (b"r", 3), (b"s", 1), (b"s", 2), (b"s", 3)]
+    channel.send({"start": 10, "request": request, "standby": 1})
+    output, code = channel.until_end(10)
+    # Imported while a standby (its output held until now), then the program found it imported.
+    assert output.startswith(b"tensorflow imported by ") and code == 0, output
+    assert b"preloaded True None\n" in output, output
+    channel.send({"discard": 2})
+    # Its control socket closed (it exits) and its group SIGKILLed; its output is dropped.
+    assert channel.until_end(2)[0] == b""
+    channel.send({"start": 11, "request": request, "standby": 2})  # gone: a cold start
+    output, code = channel.until_end(11)
+    assert output.startswith(b"preloaded False None\n") and code == 0, output
+    assert channel.proc.stdin is not None
+    channel.proc.stdin.close()
+    assert channel.proc.wait(timeout=30) == 1
+    # Standby 3 was never used: it went with its agent.
+    wait_for(
+        lambda: (
+            not any(str(tmp / "prog.py") in " ".join(p.cmdline()) for p in psutil.process_iter())
+        ),
+        "no standby left",
+        30,
+    )
+
+
 def test_a_gang_restart_on_ssh_hosts_starts_from_the_agents_standbys(ssh_lab, tmp: Path) -> None:
     lab: sshhosts.HostLab = ssh_lab
-    for name in ("tensorflow", "keras"):
-        (tmp / "fake" / name).mkdir(parents=True)
-        (tmp / "fake" / name / "__init__.py").write_text(STAND_IN_IMPORT)
+    fake = _fake_tensorflow(tmp)
     (tmp / "task.py").write_text(PROGRAM)
     spec = {
         "name": "standbys",
         "strategy": "multi_worker_mirrored",
-        "program": {"script": "task.py", "env": {"PYTHONPATH": str(tmp / "fake")}},
+        "program": {"script": "task.py", "env": {"PYTHONPATH": str(fake)}},
         "hosts": {h.name: lab.host_entry(h) for h in lab.hosts},
         "tasks": {"worker": [{"host": h.name} for h in lab.hosts]},
         "shared_dir": "runs",
