@@ -21,6 +21,7 @@ its tasks restart cold, and the next `prepare` makes new ones on its new agent.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -146,10 +147,13 @@ class AgentStandbys:
         self._standbys.clear()
         for standby in standbys:
             self._discard(standby)
+        deadline = time.monotonic() + KILL_WAIT_S
         for standby in standbys:
-            if not standby.ended.wait(KILL_WAIT_S) and standby.link.lost is None:
-                procs.kill_groups([standby.link.proc])
-                standby.link.end()
+            # A lost agent says nothing more: its standbys went with it.
+            while not standby.ended.wait(0.05) and standby.link.lost is None:
+                if time.monotonic() > deadline:
+                    procs.kill_groups([standby.link.proc])
+                    standby.link.end()
         if self.transport.close_idle:
             for link in self.transport.links.values():
                 if not link.tasks and not link.standbys and link.lost is None:
