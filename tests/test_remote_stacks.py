@@ -28,7 +28,7 @@ from test_compose import _env, _leftovers, _start_up, engine, image  # noqa: F40
 
 # py-spy is not beside this interpreter nor on this PATH: the helper must fall back.
 SYSTEM_PYTHON = "/usr/bin/python3"
-HELPER_BY_PATH = [SYSTEM_PYTHON, "-I", "-S", str(REPO / "worker" / "remote.py")]
+HELPER_BY_PATH = [SYSTEM_PYTHON, "-I", "-S", str(REPO / "launcher" / "host" / "remote.py")]
 
 WAITER = """
 import time
