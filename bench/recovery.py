@@ -254,7 +254,8 @@ def report(
         print(
             f"standby memory ({len(memory)} standbys sampled): interpreter RSS "
             f"{median([m['rss'] for m in memory]):.0f} MB, USS {median([m['uss'] for m in memory]):.0f} MB "
-            f"(max RSS {max(m['rss'] for m in memory):.0f} MB); taskinit's keeper and init RSS "
+            f"(max RSS {max(m['rss'] for m in memory):.0f} MB); its keepers' RSS (local: taskinit's "
+            "keeper and init; remote: the agent's keeper) "
             f"{median([m['taskinit'] for m in memory]):.0f} MB together; one standby per task"
         )
 
@@ -371,7 +372,8 @@ def mwms_gang(
 
 def _standby_memory(run_dir: Path, count: int) -> list[dict[str, float]]:
     """Wait until ``count`` standbys are ready; then each one's memory in MB: its interpreter's
-    RSS and USS, and the RSS of taskinit's keeper and init around it."""
+    RSS and USS, and the RSS of its keepers (taskinit's keeper and init around a local one, the
+    agent's keeper, remote.py, around a remote one)."""
     standbys = _wait(
         lambda: (
             (found := (_read(run_dir / "run.json") or {}).get("standbys") or {})
