@@ -22,7 +22,7 @@ suite's SSH hosts, tests/sshhosts.py: network namespaces with an sshd each on th
 needs root) or ``slurm`` (tests/slurmcluster.py's two-node cluster on this machine, in one
 allocation held for the whole bench; needs root, slurm-wlm and munge; run it under
 ``flock /tmp/dl-slurm.lock``). On ssh and slurm the tasks are spread over both machines
-(worker-1 alone on the second), each machine's agent keeps the standbys, the kill -9 is of the
+(worker-1 on the second: alone over SSH, with the ps task on a Slurm node of 2 CPUs), each machine's agent keeps the standbys, the kill -9 is of the
 task's program there (found by its environment), and 1 (detection) is left out.
 
     python bench/recovery.py [--kills 20] [--rounds 2] [--backend local|ssh|slurm]
@@ -76,14 +76,16 @@ class Local:
 
 
 class Remote(Local):
-    """Tasks spread over two machines of a lab on this machine: worker-1 alone on the second
+    """Tasks spread over two machines of a lab on this machine, worker-1 on the second
     (`place`). A task's pid in run.json is its agent's client here: the kill finds the program
     itself by its environment (the lab's machines share this machine's processes)."""
 
-    def place(self, tasks: dict, first: str, second: str) -> dict:
-        """``tasks`` (role -> {"count": N}) as lists naming a host each."""
+    def place(self, tasks: dict, first: str, second: str, ps_second: bool = False) -> dict:
+        """``tasks`` (role -> {"count": N}) as lists naming a host each; ``ps_second``: the ps
+        task shares the second machine with worker-1 (a Slurm node has CPUs for two tasks)."""
+        seconds = {("worker", 1), *([("ps", 0)] if ps_second else [])}
         return {
-            role: [{"host": second if (role, i) == ("worker", 1) else first} for i in range(n)]
+            role: [{"host": second if (role, i) in seconds else first} for i in range(n)]
             for role, n in ((r, t.get("count", 1)) for r, t in tasks.items())
         }
 
@@ -158,10 +160,11 @@ class Slurm(Remote):
             raise
 
     def spec(self, tasks: dict) -> dict:
-        """Both nodes, worker-1 alone on the second."""
+        """Both nodes, worker-1 on the second (with the ps task: a node has CPUs for two)."""
         first, second = (n.name for n in self.lab.nodes)
         program_python = {"python": sys.executable}
-        return {"backend": "slurm", "tasks": self.place(tasks, first, second), **program_python}
+        placed = self.place(tasks, first, second, ps_second=True)
+        return {"backend": "slurm", "tasks": placed, **program_python}
 
     def command(self, argv: list[str]) -> tuple[list[str], dict[str, str] | None]:
         """Inside the allocation, with the lab's node names."""
@@ -439,14 +442,13 @@ def _up(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    run_dir = _wait(
-        lambda: (
-            next(iter((work / "runs").glob("*/run.json")), None)
-            if (work / "runs").exists()
-            else None
-        ),
-        "the run dir",
-    ).parent
+
+    def run_json() -> Path | None:
+        if launcher.poll() is not None:  # it refused the spec, or the machines
+            raise SystemExit(f"`distlaunch up` exited with {launcher.returncode}: {spec}")
+        return next(iter((work / "runs").glob("*/run.json")), None)
+
+    run_dir = _wait(run_json, "the run dir").parent
     return launcher, run_dir
 
 
