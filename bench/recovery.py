@@ -154,7 +154,8 @@ class Slurm(Remote):
         self.lab = SlurmLab(2)
         self.work = work
         try:
-            self.holder, self.env = _allocation(self.lab, work)
+            # Both CPUs of each node: a node runs two tasks (PSS).
+            self.holder, self.env = _allocation(self.lab, work, "--ntasks-per-node=2")
         except BaseException:
             self.lab.close()
             raise
@@ -435,17 +436,13 @@ def _up(
         )
     )
     argv, env = where.command([*DISTLAUNCH, "up", str(spec)])
-    launcher = subprocess.Popen(
-        argv,
-        cwd=work,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(work / "up.err", "wb") as err:
+        launcher = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
     def run_json() -> Path | None:
         if launcher.poll() is not None:  # it refused the spec, or the machines
-            raise SystemExit(f"`distlaunch up` exited with {launcher.returncode}: {spec}")
+            said = (work / "up.err").read_text(errors="replace").strip()
+            raise SystemExit(f"`distlaunch up` exited with {launcher.returncode}: {said}")
         return next(iter((work / "runs").glob("*/run.json")), None)
 
     run_dir = _wait(run_json, "the run dir").parent
