@@ -433,8 +433,13 @@ def test_a_worker_killed_on_its_node_is_restarted_and_training_resumes(
             launcher=launcher,
         )
         node2 = lab.nodes[1]
+        # The task's program, not its warm standby (the same command line: only its initial
+        # environment names DISTLAUNCH_STANDBY).
         victim = [
-            p for p in lab.processes(node2) if "distlaunch.worker.examples.mnist_mlp" in p.cmdline()
+            p
+            for p in lab.processes(node2)
+            if "distlaunch.worker.examples.mnist_mlp" in p.cmdline()
+            and b"DISTLAUNCH_STANDBY=" not in Path(f"/proc/{p.pid}/environ").read_bytes()
         ]
         assert len(victim) == 1
         victim[0].kill()

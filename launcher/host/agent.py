@@ -20,13 +20,21 @@ The launcher's side (stdin), one line each:
 - ``{"start": ID, "request": {...}}``: start a task; the request is `remote.py`'s first line;
 - ``{"stop": ID}``, ``{"notice": ID}``: passed to that task's keeper as its ``stop`` and
   ``notice`` lines; ``{"kill": ID}``: close the keeper's stdin (SIGKILL of the task at once);
+- ``{"prepare": ID, "request": {...}, "writes": [[op, name, value], ...]}``: start a warm standby
+  (launcher/transports/agent_standby.py): the request's command (a bootstrap's) under a keeper,
+  with DISTLAUNCH_STANDBY naming its control socket and ``writes`` (launcher/host/bootstrap.py): it
+  imports TensorFlow and waits. Its output is held here, not sent, until it becomes a task;
+- ``{"start": ID, "request": {...}, "standby": SID}``: the standby SID becomes task ID (its held
+  output is sent as ID's, then it is told to go); one that has died starts ID cold from the
+  request; ``{"discard": SID}``: kill an unused standby (its keeper's EOF: SIGKILL of its group);
 - an empty line: a heartbeat. EOF, or no line for ``heartbeat_s``: every task is killed at once
   and the agent exits.
 
 The agent's side (stdout), frames (`frame`): ``o`` a chunk of the task's output, ``s`` the task
 has started (its keeper's pid), ``x`` the task ended (the keeper's
 exit code: the task's, 128+N for signal N), sent after the last of its output; ``h`` (task 0):
-the agent lives.
+the agent lives; ``r`` a standby has imported TensorFlow (it is ready). A standby's ``s`` and
+``x`` carry its own ID until it becomes a task.
 
 SIGTERM (unless it is a notice), SIGHUP or SIGINT to the agent stops every task (its keeper's stop: TERM, grace, KILL).
 It imports neither launcher code nor anything outside the standard library.
@@ -38,13 +46,14 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 # remote.PROTOCOL, which this file cannot import when run by path: bumped together whenever these
 # lines or frames or the keeper's request change; preflight refuses a host that speaks another.
-PROTOCOL = 4
+PROTOCOL = 5
 EXIT_PROTOCOL = 3
 # The keeper of each task: this folder's remote.py, run by path (no package import needed).
 KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote.py")
@@ -53,6 +62,11 @@ DRAIN_S = 1.0
 # How long the agent waits for its keepers to end their tasks before it exits anyway.
 END_WAIT_S = 60.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+# bootstrap.STANDBY_ENV, READY and GO, which this file cannot import when run by path.
+_STANDBY_ENV = "DISTLAUNCH_STANDBY"
+_READY, _GO = b"r", b"g"
+# The most of a standby's output (its imports' warnings) held for the task it may become.
+HELD_MAX = 1 << 20
 
 
 def frame(kind: bytes, task: int, payload: bytes) -> bytes:
@@ -65,13 +79,14 @@ def frame(kind: bytes, task: int, payload: bytes) -> bytes:
 class _Keeper:
     """One task's keeper process, its pipes and what is known of its end."""
 
-    def __init__(self, task: int, request: dict) -> None:
+    def __init__(self, task: int, request: dict, pass_fds: tuple[int, ...] = ()) -> None:
         self.task = task
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", KEEPER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            pass_fds=pass_fds,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin = self.proc.stdin
@@ -106,6 +121,49 @@ class _Keeper:
             self.stdin.close()
         except (BrokenPipeError, OSError):
             pass
+
+
+class _StandbyKeeper(_Keeper):
+    """A warm standby: a keeper whose task is held at the bootstrap's door until `go`, its output
+    held here until then (HELD_MAX at most: beyond that it is dropped, and says so)."""
+
+    def __init__(self, task: int, request: dict, writes: list) -> None:
+        ours, theirs = socket.socketpair()  # both close-on-exec: the keeper gets its end alone
+        order = {"fd": theirs.fileno(), "env": writes}
+        request = {
+            **request,
+            "env": {**request.get("env", {}), _STANDBY_ENV: json.dumps(order)},
+            "standby_fd": theirs.fileno(),
+        }
+        try:
+            super().__init__(task, request, pass_fds=(theirs.fileno(),))
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.control: socket.socket | None = ours
+        self.held: bytearray | None = bytearray()  # None once it is a task
+
+    def hold(self, chunk: bytes) -> bool:
+        """Keep a chunk of a standby's output; False once it is a task (send it)."""
+        if self.held is None:
+            return False
+        if len(self.held) < HELD_MAX:
+            self.held += chunk[: HELD_MAX - len(self.held)]
+            if len(self.held) == HELD_MAX:
+                self.held += b"\ndistlaunch agent: the standby's further output was dropped\n"
+        return True
+
+    def go(self) -> bool:
+        """Tell the standby to go (it becomes the task); False when it cannot hear it."""
+        if self.control is None:
+            return False
+        try:
+            self.control.sendall(_GO)
+        except OSError:
+            return False
+        return True
 
 
 class Agent:
@@ -168,6 +226,8 @@ class Agent:
                         return self._end(kill=False)
                 elif kind == "out":
                     self._read_output(keeper)
+                elif kind == "control":
+                    self._standby_said(keeper)
                 elif kind == "exit":
                     keeper.exited_at = time.monotonic()
                     self.sel.unregister(keeper.pidfd)
@@ -183,6 +243,9 @@ class Agent:
                 self._command(json.loads(line))
 
     def _command(self, command: dict) -> None:
+        if "prepare" in command or "discard" in command or "standby" in command:
+            self._standby_command(command)
+            return
         if "start" in command:
             task = int(command["start"])
             try:
@@ -202,12 +265,76 @@ class Agent:
         if "kill" in command and int(command["kill"]) in self.keepers:
             self.keepers[int(command["kill"])].close_stdin()
 
+    def _standby_command(self, command: dict) -> None:
+        """``prepare``, ``discard`` and a ``start`` that names a standby (the module docstring)."""
+        if "prepare" in command:
+            number = int(command["prepare"])
+            try:
+                standby = _StandbyKeeper(number, command["request"], command.get("writes") or [])
+            except OSError:
+                self._emit(b"x", number, b"126")  # no standby: that task restarts cold
+                return
+            self._watch(standby)
+            self.sel.register(standby.control, selectors.EVENT_READ, ("control", standby))
+            self._emit(b"s", number, str(standby.proc.pid).encode())
+            return
+        if "discard" in command:
+            standby = self.keepers.get(int(command["discard"]))
+            if isinstance(standby, _StandbyKeeper) and standby.held is not None:
+                self._release(standby)
+                standby.close_stdin()
+            return
+        task, used = int(command["start"]), int(command["standby"])
+        standby = self.keepers.get(used)
+        if not (
+            isinstance(standby, _StandbyKeeper)
+            and standby.held is not None
+            and standby.exited_at is None
+            and standby.go()
+        ):
+            # It died unused (its end is on its way, under its own ID): a cold start.
+            self._command({"start": task, "request": command["request"]})
+            return
+        self._release(standby)
+        del self.keepers[used]
+        standby.task = task
+        self.keepers[task] = standby
+        self._emit(b"s", task, str(standby.proc.pid).encode())
+        held, standby.held = bytes(standby.held), None
+        if held:
+            self._emit(b"o", task, held)
+
+    def _watch(self, keeper: _Keeper) -> None:
+        self.keepers[keeper.task] = keeper
+        self.sel.register(keeper.out, selectors.EVENT_READ, ("out", keeper))
+        self.sel.register(keeper.pidfd, selectors.EVENT_READ, ("exit", keeper))
+
+    def _standby_said(self, standby: _StandbyKeeper) -> None:
+        """The standby's control socket is readable: ``r`` (ready) or EOF (it died)."""
+        try:
+            said = standby.control.recv(1) if standby.control is not None else b""
+        except OSError:
+            said = b""
+        if said == _READY and standby.held is not None:
+            self._emit(b"r", standby.task, b"")
+        if said != _READY:
+            self._release(standby)
+
+    def _release(self, standby: _StandbyKeeper) -> None:
+        """Stop watching the standby's control socket and close it (the standby reads EOF)."""
+        if standby.control is not None:
+            self.sel.unregister(standby.control)
+            standby.control.close()
+            standby.control = None
+
     def _read_output(self, keeper: _Keeper) -> None:
         try:
             chunk = os.read(keeper.out, 65536)
         except BlockingIOError:
             return
         if chunk:
+            if isinstance(keeper, _StandbyKeeper) and keeper.hold(chunk):
+                return
             self._emit(b"o", keeper.task, chunk)
             return
         keeper.close_out(self.sel)

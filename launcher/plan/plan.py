@@ -34,6 +34,9 @@ SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASS|PWD|AUTH|KEY|CREDENTIAL)", re.IGNOR
 # The password of a URL's user:password@ (HTTPS_PROXY, DATABASE_URL), whatever the variable's name.
 URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
 BOOTSTRAP_MODULE = "distlaunch.host.bootstrap"
+# The tasks that get warm standbys: this machine's, and those an agent runs (SSH hosts, Slurm
+# nodes); a container or a pod is started anew by its engine.
+STANDBY_TRANSPORTS = (TaskTransport.LOCAL, TaskTransport.SSH, TaskTransport.SLURM)
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,9 @@ class Plan:
     tasks: tuple[TaskPlan, ...] = field(default_factory=tuple)
     isolation: Isolation = HOST_NETWORK
     program: ProgramChoice = ProgramChoice(contract.KERAS3, "")
-    # Local tasks get warm standbys (launcher/transports/local/standby.py): a restart policy, not
-    # switched off, and a program that imports TensorFlow after env writes a standby can repeat (or
-    # PSS servers).
+    # Local, SSH and Slurm tasks get warm standbys (launcher/transports/local/standby.py, and
+    # agent_standby.py for the agents' hosts): a restart policy, not switched off, and a program
+    # that imports TensorFlow after env writes a standby can repeat (or PSS servers).
     standby: bool = False
 
     def task(self, name: str) -> TaskPlan:
@@ -242,7 +245,7 @@ def make_plan(
         standby=restart.policy != "never"
         and restart.standby
         and (program.warm_restarts or program.serve_ps_workers)
-        and any(t.transport == TaskTransport.LOCAL for t in tasks),
+        and any(t.transport in STANDBY_TRANSPORTS for t in tasks),
     )
 
 

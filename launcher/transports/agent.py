@@ -28,7 +28,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import Protocol, Self
 
 from distlaunch.host import agent
 from distlaunch.launcher.diagnosis import stacks
@@ -67,13 +67,19 @@ class AgentCommand:
     death_signal: signal.Signals = signal.SIGKILL
 
 
+class StandbyFrames(Protocol):
+    """What the agent says of one of its standbys (launcher/transports/agent_standby.py)."""
+
+    def frame(self, kind: bytes, payload: bytes) -> None:
+        """A frame: ``s`` its keeper's pid, ``r`` ready, ``x`` it ended (the hub's thread)."""
+
+
 class AgentHandle:
     """One task run by a machine's agent (a `transports.base.TaskHandle`)."""
 
-    warm = False
-
-    def __init__(self, task: TaskPlan, link: AgentLink, number: int) -> None:
+    def __init__(self, task: TaskPlan, link: AgentLink, number: int, warm: bool = False) -> None:
         self.task = task
+        self.warm = warm  # the agent's warm standby became it
         self.link = link
         self.number = number  # the task's id on the channel
         self.code: int | None = None
@@ -148,6 +154,8 @@ class AgentLink:
         self.lock = threading.Lock()  # the tasks and their ends (the hub writes, `start` adds)
         self._send_lock = threading.Lock()
         self.tasks: dict[int, AgentHandle] = {}
+        # The warm standbys the agent keeps for this machine (launcher/transports/agent_standby.py)
+        self.standbys: dict[int, StandbyFrames] = {}
         self.lost: str | None = None
         self._frames = b""
         self._err_tail = b""
@@ -192,8 +200,9 @@ class AgentLink:
             self._send_lock.release()
             self.send(None)
 
-    def add(self, handle: AgentHandle, request: dict) -> None:
-        """Start ``handle``'s task on this machine."""
+    def add(self, handle: AgentHandle, request: dict, standby: int | None = None) -> None:
+        """Start ``handle``'s task on this machine (from the agent's ``standby`` if given: the
+        agent starts it cold from ``request`` should that standby have died)."""
         with self.lock:
             if self.lost is None:
                 self.tasks[handle.number] = handle
@@ -201,7 +210,8 @@ class AgentLink:
                 handle.output(self._lost_line().encode())
                 handle.end(LOST_EXIT)
                 return
-        self.send({"start": handle.number, "request": request})
+        used = {} if standby is None else {"standby": standby}
+        self.send({"start": handle.number, "request": request, **used})
 
     def read_frames(self) -> bool:
         """Read what the agent sent (the hub's thread); False at the channel's end, or when
@@ -229,12 +239,22 @@ class AgentLink:
             with self.lock:
                 handle = self.tasks.get(int(number))
                 if handle is None:
+                    self._standby_frame(kind, int(number), payload)
                     continue
                 if kind == b"o":
                     handle.output(payload)
                 elif kind == b"x":
                     del self.tasks[handle.number]
                     handle.end(int(payload))
+
+    def _standby_frame(self, kind: bytes, number: int, payload: bytes) -> None:
+        """A frame about one of the agent's standbys (the hub's thread, under the lock)."""
+        standby = self.standbys.get(number)
+        if standby is None:
+            return
+        standby.frame(kind, payload)
+        if kind == b"x":
+            del self.standbys[number]
 
     def read_errors(self) -> bool:
         """Keep the end of what the client says on stderr (ssh's own errors); False at EOF."""
@@ -352,6 +372,14 @@ class _Hub:
             pass
 
 
+class StandbyTaker(Protocol):
+    """The transport's side of its standbys (`agent_standby.AgentStandbys`)."""
+
+    def take(self, task: TaskPlan) -> int | None:
+        """The id of the live standby made for exactly ``task`` on its machine's current agent
+        (no longer the pool's), or None: a cold start."""
+
+
 def wait_ended(handles: Sequence[AgentHandle], timeout_s: float) -> list[AgentHandle]:
     """Wait up to ``timeout_s`` (for all together) for the handles' tasks to end; those that
     have not."""
@@ -388,6 +416,8 @@ class AgentTransport(ABC):
         # SIGTERM to an agent is a stop notice for its tasks, not a stop (a Slurm step's).
         self.term_is_notice = term_is_notice
         self.links: dict[str, AgentLink] = {}
+        # The warm standbys, when the run has them (the backend sets them: agent_standby.py).
+        self.standbys: StandbyTaker | None = None
         self.clients_started = 0  # how many agents' clients this transport ran (benches)
         self._numbers = 0
         self._hub = _Hub()
@@ -405,17 +435,28 @@ class AgentTransport(ABC):
         return request_of(task, self.umask, self.grace_s)
 
     def start(self, task: TaskPlan) -> AgentHandle:
-        """Start one task through its machine's agent (started first if the machine has none)."""
-        link = self.links.get(task.host_name)
+        """Start one task through its machine's agent (started first if the machine has none),
+        from the standby made for exactly this plan where there is one."""
+        standby = self.standbys.take(task) if self.standbys is not None else None
+        link = self.link_of(task.host_name)
+        handle = AgentHandle(task, link, self.number(), warm=standby is not None)
+        link.add(handle, self.request(task), standby)
+        return handle
+
+    def link_of(self, machine: str) -> AgentLink:
+        """The agent of ``machine``, started first if it has none (or lost it)."""
+        link = self.links.get(machine)
         if link is None or link.lost is not None:
-            command = self.agent_command(task.host_name)
-            link = self.links[task.host_name] = AgentLink(command, self.term_is_notice)
+            command = self.agent_command(machine)
+            link = self.links[machine] = AgentLink(command, self.term_is_notice)
             self.clients_started += 1
             self._hub.add(link)
+        return link
+
+    def number(self) -> int:
+        """A new id on the channels (tasks and standbys alike: a standby's becomes no task's)."""
         self._numbers += 1
-        handle = AgentHandle(task, link, self._numbers)
-        link.add(handle, self.request(task))
-        return handle
+        return self._numbers
 
     def stop(self, handles: Sequence[AgentHandle], grace_s: float) -> None:
         """Ask every task's agent to stop it (SIGTERM, ``grace_s``, SIGKILL where it runs), wait
@@ -436,7 +477,7 @@ class AgentTransport(ABC):
             handle.link.end()
         if self.close_idle:
             for link in {id(h.link): h.link for h in handles}.values():
-                if not link.tasks and link.lost is None:
+                if not link.tasks and not link.standbys and link.lost is None:
                     link.close()
 
     def notify(self, handles: Sequence[AgentHandle]) -> bool:

@@ -32,6 +32,7 @@ from distlaunch.launcher.record.state import RunRecord, TaskRecord
 from distlaunch.launcher.spec.model import Host, LoadedSpec
 from distlaunch.launcher.transports.base import (
     Opened,
+    StandbyPool,
     TaskHandle,
     TaskStacks,
     Transport,
@@ -241,13 +242,19 @@ class HostsLaunch:
                     )
             shown = HostConsole(self.console, plan) if self.reports else None
             local = LocalTransport(sandbox, standby=plan.standby)
+            standbys: StandbyPool | None = local.standbys
+            if local.standbys is not None:
+                from distlaunch.launcher.transports import agent_standby
+
+                hosts = agent_standby.AgentStandbys(remote, TaskTransport.SSH)
+                standbys = agent_standby.JointStandbys(local.standbys, hosts)
             yield Opened(
                 HostRouter(local, remote),
                 record,
                 section,
                 tuple(notes),
                 shown,
-                standbys=local.standbys,
+                standbys=standbys,
             )
 
     def _protect(self, plan: Plan) -> AbstractContextManager[Protection]:

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.console import Console
 from distlaunch.launcher.core.errors import HostError, Interrupted, Preempted, UsageError
 from distlaunch.launcher.diagnosis import stacks
@@ -84,6 +85,7 @@ from distlaunch.launcher.transports.agent import (
     AgentHandle,
     AgentTransport,
 )
+from distlaunch.launcher.transports.agent_standby import AgentStandbys
 from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
 from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.launcher.transports.local.routing import HostConsole
@@ -328,8 +330,7 @@ def slurm_plan(
     ``node:port`` with the nodes' own ports (``picked``).
 
     A task with GPUs asks Slurm for them (``--gpus-per-task``) and gets Slurm's CUDA_VISIBLE_DEVICES;
-    a task without any gets "" (CPU only), as elsewhere. Steps get no warm standbys: those are
-    local processes. ``topos``: what each node gives the run (the probes' reports; none: counts
+    a task without any gets "" (CPU only), as elsewhere. ``topos``: what each node gives the run (the probes' reports; none: counts
     only, on the allocation's CPUs per node).
     """
     placed = on_nodes(loaded, nodes).with_ports(picked)
@@ -844,7 +845,17 @@ class SlurmLaunch:
                 record = {"network": protection.to_json()}
                 console = HostConsole(self.console, plan)
                 why = None if limit is None else limit.why
-                yield Opened(steps, record, self.alloc, notes, console, save_s=save_s, save_why=why)
+                standbys = AgentStandbys(steps, TaskTransport.SLURM) if plan.standby else None
+                yield Opened(
+                    steps,
+                    record,
+                    self.alloc,
+                    notes,
+                    console,
+                    standbys=standbys,
+                    save_s=save_s,
+                    save_why=why,
+                )
             except Preempted:
                 # Saved on a notice: Slurm's time-limit or preemption signal (SIGUSR2), or its
                 # SIGTERM of a job it requeues itself (requeueing it again changes nothing).
