@@ -12,13 +12,21 @@ one `distlaunch up` and, printed:
   every host and here;
 - the launcher's peak RSS and open fds, sampled every 50 ms while it runs;
 - the ssh clients it ran, seen while sampling: those that carry the hosts' agents (the tasks'
-  sessions), and all of them (with the preflight probes, the firewall guards, ``ssh -G``).
+  sessions), and all of them (with the preflight probes and ``ssh -G``);
+- CPU s: the CPU time (user + system) of everything the run made, here and on the hosts: the
+  launcher, its ssh clients and masters, the sshd sessions, agents, keepers and stand-ins (every
+  process this bench reaped, directly or as their subreaper, from `up` to the hosts' end). All
+  the hosts share this machine's cores, so where the machine is busy the wall times above stretch
+  with the load; this column barely does: it is the one to compare across loads.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
+import resource
 import signal
 import subprocess
 import sys
@@ -45,6 +53,7 @@ server.listen()
 time.sleep(600)
 """
 SAMPLE_S = 0.05
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def main() -> None:
@@ -56,19 +65,45 @@ def main() -> None:
     reason = sshhosts.unavailable_reason()
     if reason:
         sys.exit(f"remote_scale: cannot make SSH test hosts: {reason}")
+    # The ssh masters fork into the background: as their subreaper this bench reaps them, and
+    # their CPU time counts with the rest.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     print(
         f"{'hosts':>5} {'tasks':>5} {'started s':>9} {'joined s':>9} {'gone s':>7} "
-        f"{'RSS MB':>7} {'fds':>5} {'agent ssh':>9} {'all ssh':>7}"
+        f"{'RSS MB':>7} {'fds':>5} {'agent ssh':>9} {'all ssh':>7} {'CPU s':>6}"
     )
     for count in args.hosts:
-        with sshhosts.HostLab(count) as lab, tempfile.TemporaryDirectory() as tmp:
-            row = _measure(lab, Path(tmp), args.tasks)
+        with tempfile.TemporaryDirectory() as tmp:
+            with sshhosts.HostLab(count) as lab:
+                _reap()
+                cpu = _children_cpu()
+                row = _measure(lab, Path(tmp), args.tasks)
+            _reap()
+            cpu = _children_cpu() - cpu
             print(
                 f"{count:>5} {count * args.tasks:>5} {row['started']:>9.2f} "
                 f"{row['joined']:>9.2f} {row['gone']:>7.2f} "
-                f"{row['rss'] / 2**20:>7.1f} {row['fds']:>5} {row['agents']:>9} {row['ssh']:>7}",
+                f"{row['rss'] / 2**20:>7.1f} {row['fds']:>5} {row['agents']:>9} {row['ssh']:>7} "
+                f"{cpu:>6.1f}",
                 flush=True,
             )
+
+
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def _reap() -> None:
+    """Wait for every child that has ended (the orphans this bench is the subreaper of)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
