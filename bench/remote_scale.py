@@ -1,6 +1,6 @@
 """How a run over many SSH hosts scales: 4, 8 and 16 test hosts with 8 stand-in tasks each.
 
-    sudo python bench/remote_scale.py [--hosts 4 8 16] [--tasks 8]
+    sudo python bench/remote_scale.py [--hosts 4 8 16] [--tasks 8] [--cut]
 
 The hosts are the test suite's (tests/sshhosts.py: network namespaces with an sshd each, on this
 machine), so this needs root and openssh-server. Each task is a stand-in that needs no
@@ -18,6 +18,11 @@ one `distlaunch up` and, printed:
   process this bench reaped, directly or as their subreaper, from `up` to the hosts' end). All
   the hosts share this machine's cores, so where the machine is busy the wall times above stretch
   with the load; this column barely does: it is the one to compare across loads.
+
+With ``--cut``, one more `up` per host count: once every task has joined, the last host's link
+is cut (its cable to the switch goes down) and the bench prints how soon the launcher named it
+(the first end of a task there: the issue asks 20 s at most), then brings the link back once the
+run has ended and counts what of the run is left on that host (processes, firewall tables).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--tasks", type=int, default=8, help="stand-in tasks per host")
+    parser.add_argument("--cut", action="store_true", help="also cut one host's link mid-run")
     args = parser.parse_args()
     reason = sshhosts.unavailable_reason()
     if reason:
@@ -88,6 +94,14 @@ def main() -> None:
                 f"{cpu:>6.1f}",
                 flush=True,
             )
+        if args.cut:
+            with tempfile.TemporaryDirectory() as tmp, sshhosts.HostLab(count) as lab:
+                named, left = _cut(lab, Path(tmp), args.tasks)
+            print(
+                f"{count:>5} hosts: the cut link was named after {named:.1f} s; "
+                f"left on its host once it returned: {left}",
+                flush=True,
+            )
 
 
 def _children_cpu() -> float:
@@ -106,7 +120,48 @@ def _reap() -> None:
             return
 
 
-def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
+def _cut(lab: sshhosts.HostLab, folder: Path, per_host: int) -> tuple[float, str]:
+    """Cut the last host's link once every task has joined: how soon the launcher names it
+    (seconds), and what is left on that host after the run ended and the link came back."""
+    launcher = _up(lab, folder, per_host)
+    cut = lab.hosts[-1]
+    leg = f"{cut.netns}v"  # the host's end of its cable to the switch (tests/netlab.py)
+    shared = folder / "runs"
+    while len(_times(shared, "joined")) < len(lab.hosts) * per_host:
+        if launcher.poll() is not None:
+            sys.exit(f"remote_scale: the launcher exited with {launcher.returncode} first")
+        time.sleep(SAMPLE_S)
+    plan = json.loads(next(shared.glob("*/run.json")).read_text())["plan"]["tasks"]
+    there = {t["name"] for t in plan if t["host_name"] == cut.name}
+    subprocess.run(["ip", "-n", cut.netns, "link", "set", leg, "down"], check=True)
+    cut_at = time.time()
+    try:
+        launcher.wait(timeout=300)
+        # The cut host's agent ends on the launcher's silence (its heartbeat timeout).
+        deadline = time.monotonic() + 120
+        while lab.processes(cut) and time.monotonic() < deadline:
+            time.sleep(SAMPLE_S)
+    finally:
+        subprocess.run(["ip", "-n", cut.netns, "link", "set", leg, "up"], check=True)
+    ended = [e["time"] for e in _events(shared) if e.get("task") in there and "exit" in e]
+    time.sleep(2)  # the link is back: anything still there would show itself now
+    left = [" ".join(p.cmdline()) for p in lab.processes(cut)]
+    tables = [line for line in _nft_tables(cut) if "distlaunch_" in line]
+    return min(ended) - cut_at, f"{len(left)} processes, {len(tables)} firewall tables"
+
+
+def _nft_tables(host: sshhosts.TestHost) -> list[str]:
+    listed = subprocess.run(
+        ["ip", "netns", "exec", host.netns, "nft", "list", "tables"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return listed.stdout.splitlines()
+
+
+def _up(lab: sshhosts.HostLab, folder: Path, per_host: int) -> subprocess.Popen:
+    """`distlaunch up` of ``per_host`` stand-ins on every host of ``lab``, in ``folder``."""
     (folder / "task.py").write_text(STAND_IN)
     spec = {
         "name": "scale",
@@ -118,14 +173,18 @@ def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
         "timeouts": {"grace_s": 2, "startup_s": 300},
     }
     (folder / "spec.json").write_text(json.dumps(spec))
-    total = len(lab.hosts) * per_host
-    began = time.time()
-    launcher = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "distlaunch.launcher", "up", "spec.json"],
         cwd=folder,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
+    total = len(lab.hosts) * per_host
+    began = time.time()
+    launcher = _up(lab, folder, per_host)
     me = psutil.Process(launcher.pid)
     rss = fds = 0
     clients: dict[int, str] = {}
@@ -135,11 +194,15 @@ def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
         try:
             rss = max(rss, me.memory_info().rss)
             fds = max(fds, me.num_fds())
-            for proc in me.children(recursive=True):
+            children = me.children(recursive=True)
+        except psutil.Error:
+            return
+        for proc in children:
+            try:  # one that has just ended must not hide the others
                 if proc.name() == "ssh":
                     clients.setdefault(proc.pid, " ".join(proc.cmdline()))
-        except psutil.Error:
-            pass
+            except psutil.Error:
+                continue
 
     joined_at = None
     while joined_at is None:
@@ -170,18 +233,21 @@ def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
 
 def _times(shared: Path, kind: str) -> list[float]:
     """The times of the run's events of ``kind`` so far."""
+    return [float(e["time"]) for e in _events(shared) if e.get("event") == kind]
+
+
+def _events(shared: Path) -> list[dict]:
+    """The run's events so far."""
     found = list(shared.glob("*/events.jsonl"))
     if not found:
         return []
-    times = []
+    events = []
     for line in found[0].read_text().splitlines():
         try:
-            event = json.loads(line)
+            events.append(json.loads(line))
         except ValueError:
             continue  # a line being written
-        if event.get("event") == kind:
-            times.append(float(event["time"]))
-    return times
+    return events
 
 
 if __name__ == "__main__":
