@@ -13,6 +13,7 @@ one `distlaunch up` and, printed:
 - the launcher's peak RSS and open fds, sampled every 50 ms while it runs;
 - the ssh clients it ran, seen while sampling: those that carry the hosts' agents (the tasks'
   sessions), and all of them (with the preflight probes and ``ssh -G``);
+- launcher: the launcher's own CPU time (its process alone, sampled);
 - CPU s: the CPU time (user + system) of everything the run made, here and on the hosts: the
   launcher, its ssh clients and masters, the sshd sessions, agents, keepers and stand-ins (every
   process this bench reaped, directly or as their subreaper, from `up` to the hosts' end). All
@@ -77,7 +78,7 @@ def main() -> None:
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     print(
         f"{'hosts':>5} {'tasks':>5} {'started s':>9} {'joined s':>9} {'gone s':>7} "
-        f"{'RSS MB':>7} {'fds':>5} {'agent ssh':>9} {'all ssh':>7} {'CPU s':>6}"
+        f"{'RSS MB':>7} {'fds':>5} {'agent ssh':>9} {'all ssh':>7} {'CPU s':>6} {'launcher':>8}"
     )
     for count in args.hosts:
         with tempfile.TemporaryDirectory() as tmp:
@@ -91,7 +92,7 @@ def main() -> None:
                 f"{count:>5} {count * args.tasks:>5} {row['started']:>9.2f} "
                 f"{row['joined']:>9.2f} {row['gone']:>7.2f} "
                 f"{row['rss'] / 2**20:>7.1f} {row['fds']:>5} {row['agents']:>9} {row['ssh']:>7} "
-                f"{cpu:>6.1f}",
+                f"{cpu:>6.1f} {row['launcher_cpu']:>8.1f}",
                 flush=True,
             )
         if args.cut:
@@ -187,13 +188,16 @@ def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
     launcher = _up(lab, folder, per_host)
     me = psutil.Process(launcher.pid)
     rss = fds = 0
+    own_cpu = 0.0
     clients: dict[int, str] = {}
 
     def sample() -> None:
-        nonlocal rss, fds
+        nonlocal rss, fds, own_cpu
         try:
             rss = max(rss, me.memory_info().rss)
             fds = max(fds, me.num_fds())
+            used = me.cpu_times()
+            own_cpu = max(own_cpu, used.user + used.system)
             children = me.children(recursive=True)
         except psutil.Error:
             return
@@ -226,6 +230,7 @@ def _measure(lab: sshhosts.HostLab, folder: Path, per_host: int) -> dict:
         "gone": gone,
         "rss": rss,
         "fds": fds,
+        "launcher_cpu": own_cpu,
         "agents": sum("distlaunch.host.agent" in c for c in clients.values()),
         "ssh": len(clients),
     }
