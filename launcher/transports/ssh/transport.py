@@ -41,7 +41,7 @@ from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.worker import contract
 
 # Sessions one master connection carries at most at once: sshd refuses sessions past MaxSessions
-# (10 by default) on one connection. The run's master carries the agent and the guard, so the
+# (10 by default) on one connection. The run's master carries the agent (the host's guard too), so the
 # stacks queries (up to this many at once) ride a master of their own (STACKS_SLOT).
 MUX_SESSIONS = 8
 # How long an idle master outlives its last session when nobody ends it (`ssh -O exit`).
@@ -107,7 +107,7 @@ class Session:
     def argv(self, name: str, remote_command: str, slot: int = 0) -> list[str]:
         """The ssh command line that runs ``remote_command`` (POSIX shell text) on host ``name``.
 
-        ``slot`` picks the master connection: 0 is the run's (the agent's and the guard's).
+        ``slot`` picks the master connection: 0 is the run's (the agent's, which is the guard).
         """
         return [
             "ssh",
