@@ -8,6 +8,7 @@ Host tests skip, with the reason, where the machine cannot make the hosts (not r
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 
 import sshhosts
 from conftest import events, wait_for, wait_for_run_dir
-from distlaunch.host import agent, remote
+from distlaunch.host import agent, guard, remote
 
 AGENT = [sys.executable, "-m", "distlaunch.host.agent"]
 # A task that needs no TensorFlow: it listens on its TF_CONFIG port (the launcher sees it join),
@@ -305,6 +306,11 @@ def test_a_cut_link_is_named_and_leaves_nothing_on_its_host(four_hosts, tmp: Pat
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
         _wait_up(run_dir, 4, launcher)
+        # One distlaunch process per host: the agent, which holds the host's firewall rules too.
+        assert [len(_agents(lab, h)) for h in lab.hosts] == [1] * 4
+        assert not any("distlaunch.host.guard" in _cmdlines(lab, h) for h in lab.hosts)
+        if shutil.which("nft") is not None:
+            assert all(_run_tables(h) for h in lab.hosts)
         subprocess.run(["ip", "-n", cut.netns, "link", "set", leg, "down"], check=True)
         cut_at = time.time()
         try:
@@ -325,3 +331,31 @@ def test_a_cut_link_is_named_and_leaves_nothing_on_its_host(four_hosts, tmp: Pat
     # A figure, not an assertion (bench/ holds the timed checks): how soon the cut was named.
     print(f"link cut named after {ended[0]['time'] - cut_at:.1f} s")
     wait_for(lambda: not any(lab.processes(h) for h in lab.hosts), "every host to be empty", 60)
+    # Nor are the run's firewall rules: each agent held its host's and removed them as it ended,
+    # the cut host's on the launcher's silence.
+    assert {h.name: _run_tables(h) for h in lab.hosts} == {h.name: [] for h in lab.hosts}
+
+
+def _cmdlines(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> str:
+    """Every command line in the host's namespace, one string."""
+    found = []
+    for proc in lab.processes(host):
+        try:
+            found.append(" ".join(proc.cmdline()))
+        except psutil.Error:
+            continue
+    return "\n".join(found)
+
+
+def _run_tables(host: sshhosts.TestHost) -> list[str]:
+    """The run tables (nftables) in the host's namespace; none where nft is missing (the run
+    then had no firewall: the guard says why)."""
+    if shutil.which("nft") is None:
+        return []
+    listed = subprocess.run(
+        ["ip", "netns", "exec", host.netns, "nft", "list", "tables"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return [line for line in listed.stdout.splitlines() if guard.TABLE_PREFIX in line]

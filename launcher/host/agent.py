@@ -18,6 +18,12 @@ The launcher's side (stdin), one line each:
   program; ``beat_s``: send an ``h`` frame that often, the agent's own heartbeat); an agent of another protocol says so and
   exits with EXIT_PROTOCOL (preflight refuses such a host before anything starts);
 - ``{"start": ID, "request": {...}}``: start a task; the request is `remote.py`'s first line;
+- ``{"guard": REQUEST}``: be this host's firewall guard for the run (`distlaunch.host.guard`'s
+  request line: the run's task ports here admit the run's hosts only). The agent installs the
+  rules and answers a ``g`` frame (task 0) with the guard's answer line; the rules stay until
+  the agent ends, however it ends (EOF, the heartbeat's silence, a signal) but SIGKILL, and go
+  once its tasks are gone (their ports closed, or LINGER_S). So a host has one distlaunch
+  process for the run, not an agent beside a guard;
 - ``{"stop": ID}``, ``{"notice": ID}``: passed to that task's keeper as its ``stop`` and
   ``notice`` lines; ``{"kill": ID}``: close the keeper's stdin (SIGKILL of the task at once);
 - ``{"prepare": ID, "request": {...}, "writes": [[op, name, value], ...]}``: start a warm standby
@@ -33,11 +39,12 @@ The launcher's side (stdin), one line each:
 The agent's side (stdout), frames (`frame`): ``o`` a chunk of the task's output, ``s`` the task
 has started (its keeper's pid), ``x`` the task ended (the keeper's
 exit code: the task's, 128+N for signal N), sent after the last of its output; ``h`` (task 0):
-the agent lives; ``r`` a standby has imported TensorFlow (it is ready). A standby's ``s`` and
-``x`` carry its own ID until it becomes a task.
+the agent lives; ``g`` (task 0): the answer to ``guard``; ``r`` a standby has imported TensorFlow
+(it is ready). A standby's ``s`` and ``x`` carry its own ID until it becomes a task.
 
 SIGTERM (unless it is a notice), SIGHUP or SIGINT to the agent stops every task (its keeper's stop: TERM, grace, KILL).
-It imports neither launcher code nor anything outside the standard library.
+It imports neither launcher code nor anything outside the standard library (`guard`, standard
+library only too, is imported when a ``guard`` line comes: run by path, an agent takes none).
 """
 
 from __future__ import annotations
@@ -50,6 +57,10 @@ import socket
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distlaunch.host import guard
 
 # remote.PROTOCOL, which this file cannot import when run by path: bumped together whenever these
 # lines or frames or the keeper's request change; preflight refuses a host that speaks another.
@@ -189,6 +200,7 @@ class Agent:
         signal.set_wakeup_fd(wake_w)
         self.sel.register(wake_r, selectors.EVENT_READ, ("signal", None))
         self.sel.register(0, selectors.EVENT_READ, ("launcher", None))
+        self.guarded: tuple[guard.Request, guard.Installed] | None = None  # the rules it holds
 
     def run(self, pending: bytes) -> int:
         """Serve the launcher until its channel ends; return 0 (or 1 when it was lost)."""
@@ -243,6 +255,9 @@ class Agent:
                 self._command(json.loads(line))
 
     def _command(self, command: dict) -> None:
+        if "guard" in command:
+            self._emit(b"g", 0, json.dumps(self._guard(command["guard"])).encode())
+            return
         if "prepare" in command or "discard" in command or "standby" in command:
             self._standby_command(command)
             return
@@ -374,6 +389,53 @@ class Agent:
                 keeper.proc.kill()
         return 1 if kill else 0
 
+    def _guard(self, line: object) -> dict:
+        """Install the run's rules on this host (`distlaunch.host.guard`'s request ``line``);
+        the guard's answer. Signals are trapped already: one that comes now still ends in
+        `unguard`."""
+        from distlaunch.host import guard
+
+        if self.guarded is not None:
+            return {"protected": False, "why": "this agent guards the run already"}
+        try:
+            request = guard.parse(json.dumps(line).encode())
+        except (ValueError, TypeError) as exc:
+            return {"protected": False, "why": f"bad request from the launcher: {exc}"}
+        allowed = guard.resolve(request)
+        try:
+            installed = guard.install(request, allowed)
+        except guard.Unprotected as exc:
+            return {"protected": False, "why": str(exc)}
+        self.guarded = (request, installed)
+        return {
+            "protected": True,
+            "how": installed.how,
+            "table": installed.name,
+            "allowed": allowed,
+        }
+
+    def unguard(self, why: str) -> None:
+        """Remove the run's rules (if this agent holds some) once no task port listens here any
+        more (at most the guard's LINGER_S): the tasks are gone first."""
+        if self.guarded is None:
+            return
+        from distlaunch.host import guard
+
+        request, installed = self.guarded
+        self.guarded = None
+        deadline = time.monotonic() + guard.LINGER_S
+        while guard.listening(request.ports) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            sys.stderr.write(
+                f"distlaunch agent: {why}: removing the {installed.how} rules {installed.name} "
+                f"of run {request.run_id}\n"
+            )
+            sys.stderr.flush()
+        except (BrokenPipeError, OSError):
+            pass
+        installed.remove()
+
     def _emit(self, kind: bytes, task: int, payload: bytes) -> None:
         try:
             self.out.write(frame(kind, task, payload))
@@ -409,7 +471,13 @@ def main() -> int:
             f"the launcher {wanted}; install the same distlaunch version on every host\n"
         )
         return EXIT_PROTOCOL
-    return Agent(heartbeat_s, term_is_notice, beat_s).run(rest)
+    served = Agent(heartbeat_s, term_is_notice, beat_s)
+    code = 1
+    try:
+        code = served.run(rest)
+    finally:
+        served.unguard("the launcher's channel ended" if code else "the agent was stopped")
+    return code
 
 
 if __name__ == "__main__":

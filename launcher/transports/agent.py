@@ -163,6 +163,10 @@ class AgentLink:
         # When the agent last said anything (None: not yet; a Slurm step may wait for its CPUs).
         self.heard: float | None = None
         self._silent: str | None = None  # why the hub ended the client, if it did
+        # The agent's answer to `guard` (None: none yet), and an event set when it comes (or the
+        # channel ends without one).
+        self.guard_answer: dict | None = None
+        self.guard_answered = threading.Event()
         hello = {
             "agent": agent.PROTOCOL,
             "heartbeat_s": HEARTBEAT_TIMEOUT_S,
@@ -236,6 +240,9 @@ class AgentLink:
             if len(rest) <= size:  # the payload and the newline that ends the frame
                 return True
             payload, self._frames = rest[:size], rest[size + 1 :]
+            if kind == b"g":
+                self._answered(payload)
+                continue
             with self.lock:
                 handle = self.tasks.get(int(number))
                 if handle is None:
@@ -256,6 +263,24 @@ class AgentLink:
         if kind == b"x":
             del self.standbys[number]
 
+    def guard(self, request: dict) -> None:
+        """Make the agent this machine's firewall guard (`firewall.HostRules.request`); its
+        answer comes as `guard_answer`."""
+        self.send({"guard": request})
+
+    def _answered(self, payload: bytes) -> None:
+        try:
+            answer = json.loads(payload)
+        except ValueError:
+            answer = None
+        self.guard_answer = answer if isinstance(answer, dict) else None
+        self.guard_answered.set()
+
+    def why_lost(self) -> str:
+        """What the client said last on stderr (ssh's own error), or how it exited."""
+        said = [x for x in self._err_tail.decode(errors="replace").splitlines() if x.strip()]
+        return said[-1].strip() if said else f"its client exited with {self.proc.returncode}"
+
     def read_errors(self) -> bool:
         """Keep the end of what the client says on stderr (ssh's own errors); False at EOF."""
         try:
@@ -275,9 +300,8 @@ class AgentLink:
         with self.lock:
             if self.lost is not None:
                 return
-            said = [x for x in self._err_tail.decode(errors="replace").splitlines() if x.strip()]
-            why = said[-1].strip() if said else f"its client exited with {self.proc.returncode}"
-            self.lost = self._silent or why
+            self.lost = self._silent or self.why_lost()
+            self.guard_answered.set()  # with no answer, if none came
             line = self._lost_line().encode()
             for handle in self.tasks.values():
                 handle.output(line)
@@ -290,13 +314,17 @@ class AgentLink:
     def close(self) -> None:
         """EOF to the agent (it kills whatever still runs there), then wait for its client;
         its tasks end as lost (none, when they were stopped first)."""
+        self.hang_up()
+        self.end()
+
+    def hang_up(self) -> None:
+        """EOF to the agent: it kills whatever still runs there and exits."""
         with self._send_lock:
             assert self.proc.stdin is not None
             try:
                 self.proc.stdin.close()
             except OSError:
                 pass
-        self.end()
 
 
 class _Hub:
@@ -418,6 +446,9 @@ class AgentTransport(ABC):
         self.links: dict[str, AgentLink] = {}
         # The warm standbys, when the run has them (the backend sets them: agent_standby.py).
         self.standbys: StandbyTaker | None = None
+        # By machine, the firewall rules its agent holds (`guard`): an agent started again after
+        # its machine's was lost holds them again before its tasks start.
+        self.guards: dict[str, dict] = {}
         self.clients_started = 0  # how many agents' clients this transport ran (benches)
         self._numbers = 0
         self._hub = _Hub()
@@ -444,19 +475,39 @@ class AgentTransport(ABC):
         return handle
 
     def link_of(self, machine: str) -> AgentLink:
-        """The agent of ``machine``, started first if it has none (or lost it)."""
+        """The agent of ``machine``: started (and made its guard again, if it was one) unless
+        one runs there."""
         link = self.links.get(machine)
         if link is None or link.lost is not None:
             command = self.agent_command(machine)
             link = self.links[machine] = AgentLink(command, self.term_is_notice)
             self.clients_started += 1
             self._hub.add(link)
+            if machine in self.guards:
+                link.guard(self.guards[machine])
         return link
 
     def number(self) -> int:
         """A new id on the channels (tasks and standbys alike: a standby's becomes no task's)."""
         self._numbers += 1
         return self._numbers
+
+    def guard(self, requests: Mapping[str, dict], timeout_s: float) -> dict[str, dict | str]:
+        """Make each machine's agent (started now, all at once) the guard of the run's firewall
+        there (`requests`: `firewall.HostRules.request` by machine), and wait up to ``timeout_s``
+        for every answer: the guard's answer line, or why there is none, by machine."""
+        self.guards.update(requests)
+        links = {machine: self.link_of(machine) for machine in requests}
+        deadline = time.monotonic() + timeout_s
+        answers: dict[str, dict | str] = {}
+        for machine, link in links.items():
+            if not link.guard_answered.wait(max(0.0, deadline - time.monotonic())):
+                answers[machine] = f"its agent did not answer within {timeout_s:g} s"
+            elif link.guard_answer is None:
+                answers[machine] = f"its agent did not answer: {link.lost or link.why_lost()}"
+            else:
+                answers[machine] = link.guard_answer
+        return answers
 
     def stop(self, handles: Sequence[AgentHandle], grace_s: float) -> None:
         """Ask every task's agent to stop it (SIGTERM, ``grace_s``, SIGKILL where it runs), wait
@@ -490,8 +541,11 @@ class AgentTransport(ABC):
 
     def close(self) -> None:
         """End every agent (their tasks must be stopped already) and the hub's thread."""
+        # Every agent is told first, then waited for: they end side by side, not one by one.
         for link in self.links.values():
-            link.close()
+            link.hang_up()
+        for link in self.links.values():
+            link.end()
         self._hub.close()
 
     def __enter__(self) -> Self:

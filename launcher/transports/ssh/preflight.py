@@ -10,8 +10,8 @@ all reported together in one HostError (exit 2: nothing was started).
 
 `probe_all` is that check; a `Probe` says how one kind of machine is reached: `SshProbe` here
 (over the run's ssh session), the node probe in slurm.py (a job step). `check` is the SSH hosts'
-preflight. The SSH probe runs on a connection of its own; the host's agent (or its guard, which
-starts first) opens the run's master connection.
+preflight. The SSH probe runs on a connection of its own; the host's agent (started before any
+task, as the host's firewall guard) opens the run's master connection.
 """
 
 from __future__ import annotations

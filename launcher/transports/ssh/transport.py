@@ -25,7 +25,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.plan.plan import TaskPlan
@@ -40,7 +41,7 @@ from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.worker import contract
 
 # Sessions one master connection carries at most at once: sshd refuses sessions past MaxSessions
-# (10 by default) on one connection. The run's master carries the agent and the guard, so the
+# (10 by default) on one connection. The run's master carries the agent (the host's guard too), so the
 # stacks queries (up to this many at once) ride a master of their own (STACKS_SLOT).
 MUX_SESSIONS = 8
 # How long an idle master outlives its last session when nobody ends it (`ssh -O exit`).
@@ -51,6 +52,11 @@ ALIVE_COUNT = 3
 # The master connection of the launcher's stacks queries, apart from the tasks': a capture asks
 # about up to 8 tasks of a host at once, which would not fit beside 8 tasks on one master.
 STACKS_SLOT = -1
+# The most ssh clients a launcher runs at once for per-host work (`ssh -G`, `ssh -O exit`).
+PARALLEL_SSH = 32
+
+A = TypeVar("A")
+T = TypeVar("T")
 
 
 def remote_python(python: str) -> str:
@@ -66,7 +72,20 @@ def remote_python(python: str) -> str:
 def jumped_hosts(hosts: Mapping[str, Host]) -> list[str]:
     """The SSH hosts among ``hosts`` that ssh reaches through a jump host (`Session.through_jump_host`)."""
     session = Session({n: h for n, h in hosts.items() if h.transport == "ssh"})
-    return [name for name in sorted(session.hosts) if session.through_jump_host(name)]
+    names = sorted(session.hosts)
+    # One `ssh -G` per host, side by side: one after another they cost a run of 100 hosts seconds.
+    found = _each(session.through_jump_host, names)
+    return [name for name, jumped in zip(names, found, strict=True) if jumped]
+
+
+def _each(work: Callable[[A], T], items: Sequence[A]) -> list[T]:
+    """``work`` of every item, at most PARALLEL_SSH at once (each mostly waits on an ssh client)."""
+    if len(items) < 2:
+        return [work(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_SSH, len(items))) as pool:
+        return list(pool.map(work, items))
 
 
 class Session:
@@ -88,7 +107,7 @@ class Session:
     def argv(self, name: str, remote_command: str, slot: int = 0) -> list[str]:
         """The ssh command line that runs ``remote_command`` (POSIX shell text) on host ``name``.
 
-        ``slot`` picks the master connection: 0 is the run's (the agent's and the guard's).
+        ``slot`` picks the master connection: 0 is the run's (the agent's, which is the guard).
         """
         return [
             "ssh",
@@ -144,21 +163,25 @@ class Session:
         """End every master connection this session opened and remove the control dir."""
         if self._control_dir is None:
             return
-        for name, slot in sorted(self._masters):
-            host = self.hosts[name]
-            try:
-                # Without a master (the host was never reached) this fails at once, harmlessly.
-                subprocess.run(
-                    ["ssh", *self._options(name, slot), "-O", "exit", "--", host.address_of(name)],
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    timeout=host.connect_timeout_s + 10,
-                )
-            except subprocess.TimeoutExpired:
-                pass  # a master that hangs goes away by itself ControlPersist after its last session
+        # All at once: the launcher's exit waits for the last of them.
+        _each(self._end_master, sorted(self._masters))
         shutil.rmtree(self._control_dir, ignore_errors=True)
         self._control_dir = None
         self._masters.clear()
+
+    def _end_master(self, master: tuple[str, int]) -> None:
+        name, slot = master
+        host = self.hosts[name]
+        try:
+            # Without a master (the host was never reached) this fails at once, harmlessly.
+            subprocess.run(
+                ["ssh", *self._options(name, slot), "-O", "exit", "--", host.address_of(name)],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=host.connect_timeout_s + 10,
+            )
+        except subprocess.TimeoutExpired:
+            pass  # a master that hangs goes away by itself ControlPersist after its last session
 
     def __enter__(self) -> Session:
         return self
@@ -227,9 +250,12 @@ def task_stacks(
 class SshTransport(AgentTransport):
     """Starts tasks on SSH hosts through one agent per host, each behind one ssh session."""
 
-    def __init__(self, session: Session, grace_s: float, umask: int | None) -> None:
+    def __init__(
+        self, session: Session, grace_s: float, umask: int | None, run_id: str = ""
+    ) -> None:
         super().__init__(grace_s, umask)
         self.session = session
+        self.run_id = run_id  # for `distlaunch down`, on the agents' clients
 
     def agent_command(self, machine: str) -> AgentCommand:
         """The host's agent, on the host's master connection (opened by it if it is the first)."""
