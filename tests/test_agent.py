@@ -136,7 +136,15 @@ def test_no_task_outlives_its_agent(tmp: Path, how: str) -> None:
 
 
 def _agents(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> list[psutil.Process]:
-    return [p for p in lab.processes(host) if "distlaunch.host.agent" in " ".join(p.cmdline())]
+    return [p for p in lab.processes(host) if "distlaunch.host.agent" in _cmdline(p)]
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    """``proc``'s command line, empty for one that is going (gone, or a zombie being reaped)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
 
 
 @pytest.mark.integration
@@ -338,13 +346,7 @@ def test_a_cut_link_is_named_and_leaves_nothing_on_its_host(four_hosts, tmp: Pat
 
 def _cmdlines(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> str:
     """Every command line in the host's namespace, one string."""
-    found = []
-    for proc in lab.processes(host):
-        try:
-            found.append(" ".join(proc.cmdline()))
-        except psutil.Error:
-            continue
-    return "\n".join(found)
+    return "\n".join(_cmdline(proc) for proc in lab.processes(host))
 
 
 def _run_tables(host: sshhosts.TestHost) -> list[str]:
