@@ -53,9 +53,10 @@ def main() -> None:
         spec = _spec(work)
         for env in launchers.values():
             timed([*COMMAND, "up", str(spec)], cwd=work, env=env, **quiet)  # warms the caches
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             bare.append(timed([sys.executable, "-c", "pass"]))
-            for name, env in launchers.items():
+            # Each goes first in every other round: neither gains from the other's run before it.
+            for name, env in list(launchers.items())[:: -1 if round_ % 2 else 1]:
                 helps[name].append(timed([*COMMAND, "--help"], env=env, **quiet))
                 firsts[name].append(_first_start(spec, env))
     print(f"python -c pass:           median {median(bare):.3f} s of {_shown(bare)}")
@@ -72,7 +73,11 @@ def main() -> None:
     if "beside" in launchers:
         for what, times in (("--help", helps), ("up to first task", firsts)):
             ratio = median(times["this"]) / median(times["beside"])
-            print(f"{what}: this / beside = {ratio:.2f}")
+            # Each round's own ratio too: on a busy machine the load moves both of a round alike.
+            rounds = median([a / b for a, b in zip(times["this"], times["beside"], strict=True)])
+            print(
+                f"{what}: this / beside = {ratio:.2f} (median of the rounds' ratios {rounds:.2f})"
+            )
 
 
 def _spec(work: Path) -> Path:

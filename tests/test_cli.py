@@ -82,6 +82,56 @@ def test_the_start_imports_only_what_it_uses() -> None:
     assert _loaded_after(up_path) == set()
 
 
+# What only a run under way uses (its events, its end): `up` starts its first task before it
+# imports any of them (bench/startup.py times that start), nor what they alone import.
+AFTER_FIRST_TASK = (
+    "distlaunch.launcher.diagnosis.evidence",
+    "distlaunch.launcher.diagnosis.formation",
+    "distlaunch.launcher.diagnosis.hints",
+    "distlaunch.launcher.diagnosis.progress_view",
+    "distlaunch.launcher.diagnosis.stacks",
+    "distlaunch.launcher.diagnosis.summary",
+    "distlaunch.launcher.record.checkpoints",
+    "ctypes",
+    "secrets",
+    "socket",
+    "sysconfig",
+)
+
+
+def test_up_starts_its_first_task_before_it_imports_what_runs_use(tmp: Path) -> None:
+    (tmp / "noop.py").write_text("")
+    spec = write_spec(tmp, program={"script": "noop.py"}, tasks={"worker": {"count": 1}})
+    # The modules new since the interpreter's start, seen as the supervisor has started the
+    # first task (the `started` event is written), then at the run's end.
+    up_run = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "from distlaunch.launcher.run.supervisor import Supervisor\n"
+        "start, seen = Supervisor._start, []\n"
+        "def first(self, plan, restarts=0):\n"
+        "    start(self, plan, restarts)\n"
+        "    if not seen:\n"
+        "        seen.append(set(sys.modules) - before)\n"
+        "Supervisor._start = first\n"
+        "from distlaunch.launcher.cli import cli\n"
+        f"cli.main(['up', {str(spec)!r}], standalone_mode=False)\n"
+        f"later = {AFTER_FIRST_TASK!r}\n"
+        "print(*sorted(m for m in later if m in seen[0]))\n"
+        "print(*sorted(m for m in later if m in set(sys.modules) - before))"
+    )
+    result = subprocess.run([sys.executable, "-c", up_run], cwd=tmp, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "succeeded" in result.stderr + result.stdout
+    at_start, at_end = result.stdout.split("\n")[-3:-1]
+    assert at_start == ""
+    # They are imported once used: the task's exit reads its evidence, teardown the checkpoints.
+    assert {
+        "distlaunch.launcher.diagnosis.evidence",
+        "distlaunch.launcher.record.checkpoints",
+    } <= set(at_end.split())
+
+
 # What a run with every task on this machine never needs: the SSH hosts' preflight, transport
 # and firewall, and the compose image builder (the CLI's option defaults name its image).
 NOT_FOR_LOCAL = (

@@ -30,12 +30,15 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
+from distlaunch.launcher.core.console import Console
 from distlaunch.launcher.core.errors import SpecError
 from distlaunch.launcher.network import netns
 from distlaunch.launcher.plan import isolation, ports
 from distlaunch.launcher.plan.placement import on_hosts
 from distlaunch.launcher.spec.model import load_spec
 from distlaunch.launcher.transports import procs
+from distlaunch.launcher.transports.base import UpOptions
+from distlaunch.launcher.transports.local.routing import LocalBackend
 
 CAPS = netns.probe()
 DEADLINE_S = 180  # generous: two TensorFlow imports on a busy 2-core machine
@@ -128,6 +131,28 @@ def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
             and "worker:0 at 10.1.2.3" in reached.reason
             and "firewall" in reached.remedy
         )
+
+
+def test_up_probes_this_machine_with_the_runs_own_holder(tmp: Path, needs_netns: None) -> None:
+    # `up`'s plan finds what this machine allows by starting the run's namespace holder, and the
+    # run uses that holder: one namespace made, not two. A plan that no run opens leaves none.
+    (tmp / "task.py").write_text("")
+    loaded = load_spec(write_spec(tmp))
+    backend = LocalBackend()
+    with backend.open(loaded, Console(), UpOptions()) as launch:
+        plan = launch.plan("probe-held", tmp / "runs" / "probe-held", 0)
+        held = [p.pid for p in processes_of_run("probe-held")]
+        # Where only a user namespace works, the probe found that and no holder is left.
+        assert len(held) == (1 if CAPS.netns else 0)
+        with launch.open(plan) as opened:
+            pid = opened.record["netns_holder_pid"]
+            assert [p.pid for p in processes_of_run("probe-held")] == [pid]
+            assert held in ([pid], [])
+    assert processes_of_run("probe-held") == []
+    with backend.open(loaded, Console(), UpOptions()) as launch:
+        launch.plan("probe-unused", tmp / "runs" / "probe-unused", 0)
+        assert len(processes_of_run("probe-unused")) == (1 if CAPS.netns else 0)
+    assert processes_of_run("probe-unused") == []
 
 
 def test_plan_shows_the_isolation_mode(tmp: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import os
 import re
 import shutil
@@ -193,7 +194,7 @@ _RECORD = (
 )
 # protobuf picks one of these markers at random (debugonly, debugproto, debugstr).
 _PROTO_MARK = rb"goo\.gle/debug(?:only|proto|str)"
-TF_NOISE = re.compile(
+TF_NOISE = (
     rb"^(?:"
     + _RECORD
     + rb"(?:(?P<proto>[^\n]*"
@@ -204,8 +205,7 @@ TF_NOISE = re.compile(
     rb"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR\n"
     rb"|To enable the following instructions: [^\n]*with the appropriate compiler flags\.\n"
     rb"|[^\n]*oneDNN custom operations are on[^\n]*\n"
-    rb")",
-    re.MULTILINE,
+    rb")"
 )
 # The tab lines that go on with a record cut off at the end of a piece (see QuietFilter).
 _TAB_LINES = re.compile(rb"(?:\t[^\n]*\n)*")
@@ -239,7 +239,7 @@ class QuietFilter:
             self._open, body = None, body[end:]
         if not any(hint in body for hint in _NOISE_HINTS):
             return body
-        return TF_NOISE.sub(self._drop, body)
+        return _tf_noise().sub(self._drop, body)
 
     def _drop(self, match: re.Match[bytes]) -> bytes:
         # A record that reaches the end of the piece may go on in the next one.
@@ -249,6 +249,13 @@ class QuietFilter:
             elif match.group("tab") is not None:
                 self._open = "tab"
         return b""
+
+
+@functools.cache
+def _tf_noise() -> re.Pattern[bytes]:
+    """TF_NOISE compiled (MULTILINE), at the first output that may hold it: compiling it takes
+    ~0.5 ms, which a run's first task need not wait for (bench/startup.py)."""
+    return re.compile(TF_NOISE, re.MULTILINE)
 
 
 def hide_tf_noise(body: bytes) -> bytes:

@@ -18,6 +18,7 @@ The only signal ever sent is the faulthandler fallback's SIGUSR2, to the task's 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -26,7 +27,6 @@ import signal
 import site
 import subprocess
 import sys
-import sysconfig
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,9 +62,6 @@ _FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<where>[^()]*?)(?::(?P<line>\d+))?\
 # a folder on the task's sys.path to the path below it (`tensorflow/python/eager/execute.py`), so
 # library files are also recognised by the folders of this interpreter's stdlib and site-packages.
 _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|^<frozen|^<built-in")
-_LIBRARY_ROOTS = tuple(
-    Path(p) for p in {sysconfig.get_paths()["stdlib"], *site.getsitepackages()} if p
-)
 
 # What a task waits in, recognised by its stack; the first match wins. Each entry: the wait, a
 # pattern of Python frames (`function file`) and one of native frames (symbol names).
@@ -467,7 +464,19 @@ def _try(source: Source) -> str | StackError:
 def _is_library(file: str) -> bool:
     if _LIBRARY.search(file):
         return True
-    return not file.startswith("/") and any((root / file).is_file() for root in _LIBRARY_ROOTS)
+    return not file.startswith("/") and any((root / file).is_file() for root in _library_roots())
+
+
+@functools.cache
+def _library_roots() -> tuple[Path, ...]:
+    """This interpreter's stdlib and site-packages folders, read at the first stack parsed.
+
+    Not at import: every transport imports this module on the way to a run's first task, and
+    sysconfig with its data takes ~1 ms to load (bench/startup.py).
+    """
+    import sysconfig
+
+    return tuple(Path(p) for p in {sysconfig.get_paths()["stdlib"], *site.getsitepackages()} if p)
 
 
 def _short(frame: Frame) -> str:

@@ -10,7 +10,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import stat
@@ -42,7 +41,9 @@ PRIVATE_UMASK = 0o077
 def new_run_id(name: str) -> str:
     """Return a fresh run id: the spec's name, the UTC time and a short random suffix."""
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+    # os.urandom is what secrets.token_hex reads; importing secrets would load hashlib and random
+    # (OpenSSL: ~5 ms) on the way to a run's first task (bench/startup.py).
+    return f"{name}-{stamp}-{os.urandom(2).hex()}"
 
 
 def check_run_id(run_id: str) -> None:

@@ -41,16 +41,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distlaunch.launcher.core.console import Console, LogFollower
 from distlaunch.launcher.core.errors import Interrupted
-from distlaunch.launcher.diagnosis import evidence, formation, stacks
 from distlaunch.launcher.diagnosis.oom import OomKills
-from distlaunch.launcher.diagnosis.progress_view import live_line, task_progress
-from distlaunch.launcher.diagnosis.summary import Failure, evidence_of
 from distlaunch.launcher.diagnosis.watchdog import Sample, Watchdog
 from distlaunch.launcher.plan.plan import Plan, TaskPlan, for_attempt
-from distlaunch.launcher.record import checkpoints, rundir
+from distlaunch.launcher.record import rundir
 from distlaunch.launcher.record.endings import EventKind
 from distlaunch.launcher.record.state import RunBook, RunRecord, RunState, TaskLedger, TaskState
 from distlaunch.launcher.run.policy import (
@@ -70,6 +68,15 @@ from distlaunch.launcher.transports.base import (
     exit_description,
 )
 from distlaunch.worker import contract
+
+if TYPE_CHECKING:
+    from distlaunch.launcher.diagnosis import evidence, stacks
+    from distlaunch.launcher.diagnosis.summary import Failure
+
+# What only a run's events and its end use (the evidence of a failure and its summary, the
+# tasks' stacks, the cluster's formation, the live progress line, the checkpoint index) is
+# imported by the methods that use it: loaded with this module, it would delay every run's
+# first task (bench/startup.py; tests/test_cli.py keeps it off that path).
 
 # How often logs are echoed and deadlines checked while nothing else happens.
 PUMP_INTERVAL_S = 0.05
@@ -255,6 +262,8 @@ class Supervisor:
 
     def _turn(self, ready: list[selectors.SelectorKey]) -> RunResult | None:
         """Handle one turn of the loop: the exits seen, signals, due restarts and checks."""
+        from distlaunch.launcher.diagnosis import evidence
+
         # Exits seen together: a task's own failure is handled before its peers' follow-on
         # errors, so that the root cause is the task that died, not a survivor.
         ready.sort(key=lambda k: evidence.peer_lost(self._evidence(k.data.plan)))
@@ -278,6 +287,8 @@ class Supervisor:
             if result is None:
                 self._tend_standbys(now)
         if self.console.live and now >= self._next_live:
+            from distlaunch.launcher.diagnosis.progress_view import live_line, task_progress
+
             self._next_live = now + LIVE_INTERVAL_S
             rows = task_progress(self.run_dir, self.record)
             self.console.show_live(live_line(rows))
@@ -336,6 +347,8 @@ class Supervisor:
 
     def _notify(self, signum: int) -> None:
         """Send every running training task a stop notice, or hold it for those still starting."""
+        from distlaunch.launcher.record import checkpoints
+
         notify = self.transport.notify  # type: ignore[attr-defined]  # the policy checked it
         savers = [t for n in self.policy.cluster.savers() if (t := self.tasks[n]).alive]
         self._held = {t.name for t in savers if not self._takes_notice(t)}
@@ -447,6 +460,8 @@ class Supervisor:
         return ""
 
     def _on_exit(self, task: _Task) -> RunResult | None:
+        from distlaunch.launcher.diagnosis import evidence
+
         assert task.handle is not None and task.follower is not None
         code = task.handle.exit_status()  # its exit fd is readable: it has exited, this reaps it
         assert code is not None, f"{task.name}: exit fd readable but no exit status"
@@ -542,6 +557,8 @@ class Supervisor:
     def _on_silence(self, task: _Task, silent_s: float) -> RunResult | None:
         """No task output, heartbeat or CPU for silence_s: capture where every task is, then
         report the silent task stuck in its own code (the others wait in TensorFlow for it)."""
+        from distlaunch.launcher.diagnosis import stacks
+
         captures = self._capture_stacks()
         # Who may be named hung: the tasks silent for most of the window too (the hung one went
         # quiet around when its peers blocked on it); a task that printed or beat since works.
@@ -563,6 +580,8 @@ class Supervisor:
     def _capture_stacks(self) -> list[stacks.Capture]:
         """Every running task's stacks, into RUN/stacks/<time>/ (Python frames: fast), each read
         where the task runs, as its transport says."""
+        from distlaunch.launcher.diagnosis import stacks
+
         sources = {
             t.name: self.transport.stacks(t.handle, native=False)
             for t in self.tasks.values()
@@ -579,12 +598,20 @@ class Supervisor:
         self.stacks_dir = str(captures[0].file.parent) if captures else ""
         return captures
 
+    def _stacks_where(self, silent: bool = False) -> tuple[str, ...]:
+        """Every running task's stacks captured (`_capture_stacks`), one line each."""
+        from distlaunch.launcher.diagnosis import stacks
+
+        return tuple(stacks.summary(self._capture_stacks(), silent=silent))
+
     def _program(self, task: _Task) -> int:
         """The pid of the task's program (below taskinit's keeper), found once it exists."""
         assert task.handle is not None
         keeper = task.handle.pid
         found = self._programs.get(task.name)
         if found is None or found == keeper:
+            from distlaunch.launcher.diagnosis import stacks
+
             found = self._programs[task.name] = stacks.program_pid(keeper)
         return found
 
@@ -652,13 +679,13 @@ class Supervisor:
         follow_on = f"{task.name} {how} with a follow-on error: peer lost"
         if decision.cause is None:
             # Nobody has died on their own (yet): the stacks of the others show who is stuck.
-            where = tuple(stacks.summary(self._capture_stacks()))
+            where = self._stacks_where()
             note = "; ".join(x for x in ("peer lost: no other task had failed", note) if x)
             return self._failure(task, how, note, where, event.kind, event.returncode)
         cause = self.tasks[decision.cause]
         if cause.alive:
             # Named lost by its peers but still there (frozen, or cut off): show where it is.
-            where = tuple(stacks.summary(self._capture_stacks()))
+            where = self._stacks_where()
             cause_how = "stopped answering its peers (its process was still there)"
             kind, code = EventKind.HUNG, None
         else:
@@ -797,7 +824,7 @@ class Supervisor:
         if self.timeouts.heartbeat_s is not None:
             silent = self._silent_for(task, wall)
             if silent is not None and silent > self.timeouts.heartbeat_s:
-                where = tuple(stacks.summary(self._capture_stacks(), silent=True))
+                where = self._stacks_where(silent=True)
                 return self._on_hang(task, f"no heartbeat for {silent:.0f} s", where, silent)
         silent = self.watchdog.observe(task.name, now, self._sample(task))
         if self.timeouts.silence_s is not None and silent > self.timeouts.silence_s:
@@ -866,6 +893,8 @@ class Supervisor:
     def _what_was_saved(self) -> str:
         """What a resume would start from, from the checkpoint index (what the tasks saved even
         when they could not say so)."""
+        from distlaunch.launcher.record import checkpoints
+
         assert self.notice is not None
         index = checkpoints.latest(contract.checkpoint_dir(self.run_dir))
         if index is None:
@@ -942,7 +971,7 @@ class Supervisor:
     ) -> RunResult | None:
         """A deadline passed for ``task`` (startup_s, formation_s, run_s): the policy decides;
         ``capture``: the stacks of every running task go with the failure."""
-        where = tuple(stacks.summary(self._capture_stacks())) if capture else ()
+        where = self._stacks_where() if capture else ()
         event = TaskEvent(task.name, task.plan.role, None, kind=kind, detail=how)
         return self._apply(task, event, self._decide(event), how, where=where)
 
@@ -954,6 +983,8 @@ class Supervisor:
             now, self.timeouts.formation_s
         ):
             return None
+        from distlaunch.launcher.diagnosis import formation
+
         self._formation_seen = self.settled_since
         name = formation.leader(list(self.tasks))
         if name is None:
@@ -1070,6 +1101,8 @@ class Supervisor:
         Stopping comes first and nothing here raises for a record it cannot write (a full
         disk): the tasks must end whatever happened to the run dir.
         """
+        from distlaunch.launcher.record import checkpoints
+
         self.console.show_live(None)
         self.book.best_effort = True
         if self.standbys is not None:
@@ -1102,6 +1135,8 @@ class Supervisor:
         kind: EventKind,
         exit_code: int | None,
     ) -> Failure:
+        from distlaunch.launcher.diagnosis.summary import Failure
+
         attempt = task.ledger.entry.attempt
         return Failure(
             task=task.name,
@@ -1119,6 +1154,8 @@ class Supervisor:
         )
 
     def _evidence(self, plan: TaskPlan) -> evidence.Evidence | None:
+        from distlaunch.launcher.diagnosis.summary import Failure, evidence_of
+
         error_file = contract.error_path(self.run_dir, plan.attempt, plan.role, plan.index)
         return evidence_of(Failure(plan.name, "", plan.log_file, str(error_file), 0.0))
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.console import Console
 from distlaunch.launcher.core.errors import Interrupted, Preempted, RunFailed, UsageError
-from distlaunch.launcher.diagnosis.summary import details, headline, preempted_line
 from distlaunch.launcher.plan.plan import Plan, masked_spec
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.record.state import RunFailure, RunRecord, RunState, latest_unfinished
@@ -183,6 +182,10 @@ def _supervise(supervisor: Supervisor, console: Console, spec_file: Path) -> Non
     except BaseException:
         book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time())
         raise
+    # The lines that tell how a run ended are loaded when it has: imported with the module, they
+    # would delay its first task (bench/startup.py).
+    from distlaunch.launcher.diagnosis.summary import details, headline, preempted_line
+
     if result.preemption is not None:
         saved = result.preemption
         preempted = {"step": saved.step, "save_s": saved.save_s}

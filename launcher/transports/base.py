@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from distlaunch.launcher.core import backends
 from distlaunch.launcher.core.console import Console
-from distlaunch.launcher.diagnosis.stacks import Source
 from distlaunch.launcher.plan.plan import Plan, TaskPlan
 from distlaunch.launcher.spec.model import LoadedSpec
 
 if TYPE_CHECKING:
+    from distlaunch.launcher.diagnosis.stacks import Source
     from distlaunch.launcher.record.state import RunRecord, TaskRecord
 
 

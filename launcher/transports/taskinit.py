@@ -45,7 +45,6 @@ or own handler could break the save.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import select
@@ -76,8 +75,6 @@ NOTICE = signal.SIGRTMIN + 1
 # Exit codes when the task's program cannot be started, as POSIX shells use them.
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def main(args: list[str]) -> None:
@@ -339,4 +336,9 @@ def _try_call(name: str, *args: int) -> int:
 
 
 if __name__ == "__main__":
+    # ctypes (~3 ms to import) is loaded in the task's process alone: the launcher imports this
+    # module for its path and NOTICE on its way to a run's first task (bench/startup.py).
+    import ctypes
+
+    _libc = ctypes.CDLL(None, use_errno=True)
     main(sys.argv[1:])

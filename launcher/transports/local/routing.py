@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.console import Console
-from distlaunch.launcher.diagnosis.stacks import Source
 from distlaunch.launcher.network import netns
 from distlaunch.launcher.plan import placement, ports
 from distlaunch.launcher.plan.cpu_fit import Topology
@@ -40,8 +39,10 @@ from distlaunch.launcher.transports.base import (
 from distlaunch.launcher.transports.local import cpus, gpus
 from distlaunch.launcher.transports.local.transport import LocalTransport, recorded_task_stacks
 
-if TYPE_CHECKING:  # imported where a run has SSH hosts (see the module docstring)
+if TYPE_CHECKING:  # annotations; what SSH hosts need is imported where a run has them
+    from distlaunch.launcher.diagnosis.stacks import Source
     from distlaunch.launcher.network.firewall import Protection
+    from distlaunch.launcher.plan.isolation import Capabilities
     from distlaunch.launcher.transports.ssh.preflight import HostReport
     from distlaunch.launcher.transports.ssh.transport import Session, SshTransport
 
@@ -129,6 +130,7 @@ def plan(
     remote_ports: dict[ports.TaskKey, int] | None = None,
     here: bool = True,
     remote_cpus: Mapping[str, Topology] | None = None,
+    find_caps: Callable[[], Capabilities] | None = None,
 ) -> Plan:
     """Place the tasks, decide the isolation, allocate ports and build the plan of this attempt
     (nothing started).
@@ -139,6 +141,7 @@ def plan(
     machine's CPUs (SpecError when their `cpus` do not fit it).
     ``here``: the plan is to be started on this machine, so its local tasks' GPUs must exist
     (SpecError otherwise); `plan`'s dry run may be written for another machine.
+    ``find_caps``: how this machine's isolation capabilities are found (netns.decide).
     """
     placed = placement.on_hosts(loaded)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -147,7 +150,7 @@ def plan(
     topos: dict[str, Topology | None] = dict(remote_cpus or {})
     topos[placement.THIS_MACHINE] = cpus.this_machine(visible)
     placed = placement.with_cpus(loaded, placed, topos)
-    isolation = netns.decide(loaded, placed)
+    isolation = netns.decide(loaded, placed, find_caps)
     picked = ports.allocate(loaded, placed, private=isolation.private, remote=remote_ports)
     return make_plan(
         loaded,
@@ -165,16 +168,25 @@ class LocalLaunch:
 
     def __init__(self, loaded: LoadedSpec) -> None:
         self.loaded = loaded
+        self._held: netns.Sandbox | None = None  # the run's holder, made by `plan` for `open`
 
     def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
-        """The plan (`plan` above): no host to check first."""
-        return plan(self.loaded, run_id, run_dir, attempt)
+        """The plan (`plan` above): no host to check first. This machine is probed by starting
+        the run's own namespace holder (netns.hold_or_probe), which `open` then uses."""
+
+        def find_caps() -> Capabilities:
+            self.close()
+            self._held, caps = netns.hold_or_probe(run_id)
+            return caps
+
+        return plan(self.loaded, run_id, run_dir, attempt, find_caps=find_caps)
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
         """The sandbox (when isolated) and the local transport; the sandbox closes only after
         the supervisor has stopped every task in it."""
-        with netns.sandbox(plan.isolation, plan.run_id) as sandbox:
+        held, self._held = self._held, None
+        with netns.sandbox(plan.isolation, plan.run_id, held) as sandbox:
             local = LocalTransport(sandbox, standby=plan.standby)
             note = network_note(plan)
             yield Opened(
@@ -185,6 +197,12 @@ class LocalLaunch:
                 None,
                 standbys=local.standbys,
             )
+
+    def close(self) -> None:
+        """End the holder `plan` made if no `open` took it (the start stopped in between)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
 
 def _sandbox_record(sandbox: netns.Sandbox | None) -> dict:
@@ -313,7 +331,11 @@ class LocalBackend:
         """One `up` (``options`` do not apply here); the SSH master connections close last."""
         remote = {n: h for n, h in loaded.hosts.items() if h.transport == TaskTransport.SSH}
         if not remote:
-            yield LocalLaunch(loaded)
+            launch = LocalLaunch(loaded)
+            try:
+                yield launch
+            finally:
+                launch.close()
             return
         from distlaunch.launcher.transports.ssh import transport as ssh
 

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from distlaunch.host import bootstrap
 from distlaunch.launcher.core.backends import TaskTransport
@@ -47,6 +47,12 @@ from distlaunch.launcher.plan.program_env import StandbyEnv
 from distlaunch.launcher.plan.program_scan import SERVE_MODULE
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.transports import procs
+
+if TYPE_CHECKING:
+    import socket
+
+# socket is imported by the methods that use it: standbys are made seconds after a run's tasks
+# have started, and loading it with this module would delay the first of them (bench/startup.py).
 
 
 @dataclass
@@ -134,6 +140,8 @@ class Standbys:
 
     def poll(self) -> None:
         """Note which standbys have finished their imports (for run.json); drop dead ones."""
+        import socket
+
         for name, standby in list(self._standbys.items()):
             if standby.ready:
                 continue
@@ -168,6 +176,8 @@ class Standbys:
             self._discard(standby)
 
     def _start(self, task: TaskPlan) -> _Standby | None:
+        import socket
+
         if self.sandbox is not None and not self.sandbox.alive():
             return None  # the supervisor learns of it from the tasks
         logs = Path(task.log_file).parent.parent  # RUN/logs: this attempt's folder comes later

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.network.netns import Sandbox, SandboxLost
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.launcher.record import rundir
@@ -18,6 +17,7 @@ from distlaunch.launcher.transports.local.standby import Standbys
 from distlaunch.worker import contract
 
 if TYPE_CHECKING:
+    from distlaunch.launcher.diagnosis import stacks
     from distlaunch.launcher.record.state import TaskRecord
 
 
@@ -28,6 +28,9 @@ def task_stacks(keeper: int, signal_file: Path, native: bool) -> stacks.Source:
     program's whole group) is never read or signalled."""
 
     def source() -> str:
+        # Imported when a task's stacks are read, not on the way to a run's first task.
+        from distlaunch.launcher.diagnosis import stacks
+
         program = stacks.program_pid(keeper)
         if program == keeper:
             raise stacks.StackError("its program has not started yet")
