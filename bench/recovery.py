@@ -17,7 +17,15 @@ Measurements from runs of `distlaunch up` with `restart: on-failure`:
 2 and 3 run in rounds alternating `restart.standby` on and off (the kill waits for the standbys
 to be ready where they are on); each figure is the median of its rounds.
 
-    python bench/recovery.py [--kills 20] [--rounds 2]
+``--backend`` says where the tasks run: ``local`` (this machine), ``ssh`` (two of the test
+suite's SSH hosts, tests/sshhosts.py: network namespaces with an sshd each on this machine;
+needs root) or ``slurm`` (tests/slurmcluster.py's two-node cluster on this machine, in one
+allocation held for the whole bench; needs root, slurm-wlm and munge; run it under
+``flock /tmp/dl-slurm.lock``). On ssh and slurm the tasks are spread over both machines
+(worker-1 on the second: alone over SSH, with the ps task on a Slurm node of 2 CPUs), each machine's agent keeps the standbys, the kill -9 is of the
+task's program there (found by its environment), and 1 (detection) is left out.
+
+    python bench/recovery.py [--kills 20] [--rounds 2] [--backend local|ssh|slurm]
 """
 
 from __future__ import annotations
@@ -28,12 +36,15 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
-from _common import DISTLAUNCH, median
+from _common import DISTLAUNCH, REPO, median
+
+sys.path.insert(0, str(REPO / "tests"))  # the SSH hosts' and the Slurm cluster's labs
 
 ON_FAILURE = {"policy": "on-failure", "max_restarts": 100, "backoff": {"initial_s": 0, "max_s": 0}}
 # A first checkpoint is written at this step, so a restarted gang has something to restore.
@@ -43,24 +54,171 @@ CHECKPOINT_EVERY = 5
 TARGETS = {"PSS": 0.25, "MWMS": 0.40}  # recovery over cold start, with warm standbys
 
 
+class Local:
+    """Every task on this machine; a task's pid in run.json is its process group's."""
+
+    name = "local"
+
+    def spec(self, tasks: dict) -> dict:
+        """The spec's fields that place ``tasks`` (role -> {"count": N})."""
+        return {"tasks": tasks}
+
+    def command(self, argv: list[str]) -> tuple[list[str], dict[str, str] | None]:
+        """How `distlaunch` is run against this backend: argv and env (None: ours)."""
+        return argv, None
+
+    def kill(self, run_dir: Path, task: str) -> None:
+        """kill -9 the task's program (attempt 0)."""
+        os.kill(_task(run_dir, task, 0)["pid"], signal.SIGKILL)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class Remote(Local):
+    """Tasks spread over two machines of a lab on this machine, worker-1 on the second
+    (`place`). A task's pid in run.json is its agent's client here: the kill finds the program
+    itself by its environment (the lab's machines share this machine's processes)."""
+
+    def place(self, tasks: dict, first: str, second: str, ps_second: bool = False) -> dict:
+        """``tasks`` (role -> {"count": N}) as lists naming a host each; ``ps_second``: the ps
+        task shares the second machine with worker-1 (a Slurm node has CPUs for two tasks)."""
+        seconds = {("worker", 1), *([("ps", 0)] if ps_second else [])}
+        return {
+            role: [{"host": second if (role, i) in seconds else first} for i in range(n)]
+            for role, n in ((r, t.get("count", 1)) for r, t in tasks.items())
+        }
+
+    def kill(self, run_dir: Path, task: str) -> None:
+        """kill -9 the task's program (attempt 0) where it runs."""
+        run_id = (_read(run_dir / "run.json") or {})["run_id"]
+        role, index = task.rsplit("-", 1)
+        wanted = {
+            f"DISTLAUNCH_RUN_ID={run_id}",
+            f"DISTLAUNCH_ROLE={role}",
+            f"DISTLAUNCH_INDEX={index}",
+            "DISTLAUNCH_ATTEMPT=0",
+        }
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) != proc.pid:
+                    continue  # the program leads its group; what it forked does not
+                env = set(open(f"/proc/{proc.pid}/environ", "rb").read().decode().split("\0"))
+            except (OSError, psutil.Error):
+                continue
+            if wanted <= env:
+                os.kill(proc.pid, signal.SIGKILL)
+                return
+        raise SystemExit(f"no program of {task} found to kill")
+
+
+class Ssh(Remote):
+    """Two SSH test hosts (tests/sshhosts.py)."""
+
+    name = "ssh"
+
+    def __init__(self) -> None:
+        import sshhosts
+
+        reason = sshhosts.unavailable_reason()
+        if reason:
+            raise SystemExit(f"recovery: cannot make SSH test hosts: {reason}")
+        self.lab = sshhosts.HostLab(2)
+
+    def spec(self, tasks: dict) -> dict:
+        """Both hosts, worker-1 alone on node2."""
+        first, second = self.lab.hosts
+        return {
+            "hosts": {h.name: self.lab.host_entry(h) for h in self.lab.hosts},
+            "tasks": self.place(tasks, first.name, second.name),
+        }
+
+    def close(self) -> None:
+        """Remove the hosts."""
+        self.lab.close()
+
+
+class Slurm(Remote):
+    """tests/slurmcluster.py's two nodes, in one allocation held for the whole bench."""
+
+    name = "slurm"
+
+    def __init__(self, work: Path) -> None:
+        from slurm_overhead import _allocation
+
+        from slurmcluster import SlurmLab, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise SystemExit(f"recovery: cannot make the Slurm cluster: {reason}")
+        self.lab = SlurmLab(2)
+        self.work = work
+        try:
+            # Both CPUs of each node: a node runs two tasks (PSS).
+            self.holder, self.env = _allocation(self.lab, work, "--ntasks-per-node=2")
+        except BaseException:
+            self.lab.close()
+            raise
+
+    def spec(self, tasks: dict) -> dict:
+        """Both nodes, worker-1 on the second (with the ps task: a node has CPUs for two)."""
+        first, second = (n.name for n in self.lab.nodes)
+        program_python = {"python": sys.executable}
+        placed = self.place(tasks, first, second, ps_second=True)
+        return {"backend": "slurm", "tasks": placed, **program_python}
+
+    def command(self, argv: list[str]) -> tuple[list[str], dict[str, str] | None]:
+        """Inside the allocation, with the lab's node names."""
+        return self.lab.command(argv), self.env
+
+    def close(self) -> None:
+        """Give the allocation back and stop the cluster."""
+        try:
+            self.lab.run(["scancel", self.env["SLURM_JOB_ID"]])
+            os.killpg(self.holder.pid, signal.SIGKILL)
+            self.holder.wait()
+            os.kill(int((self.work / "alloc.env.pid").read_text()), signal.SIGKILL)
+        finally:
+            self.lab.close()
+
+
 def main() -> None:
     """Run the measurements and print them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--backend", choices=("local", "ssh", "slurm"), default="local")
     options = parser.parse_args()
     # (strategy, standby on) -> [(recovery s, cold start s)]
     figures: dict[tuple[str, bool], list[tuple[float, float]]] = {}
     memory: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        latencies = detection(Path(tmp) / "detect", options.kills)
-        for round_ in range(options.rounds):
-            for standby in (True, False) if round_ % 2 == 0 else (False, True):
-                for name, measure in (("PSS", pss_worker), ("MWMS", mwms_gang)):
-                    work = Path(tmp) / f"{name}-{round_}-{'on' if standby else 'off'}"
-                    recovery, cold, sampled = measure(work, standby)
-                    figures.setdefault((name, standby), []).append((recovery, cold))
-                    memory += sampled
+        where: Local = (
+            Ssh()
+            if options.backend == "ssh"
+            else Slurm(Path(tmp))
+            if options.backend == "slurm"
+            else Local()
+        )
+        try:
+            latencies = (
+                detection(Path(tmp) / "detect", options.kills) if where.name == "local" else []
+            )
+            for round_ in range(options.rounds):
+                for standby in (True, False) if round_ % 2 == 0 else (False, True):
+                    for name, measure in (("PSS", pss_worker), ("MWMS", mwms_gang)):
+                        work = Path(tmp) / f"{name}-{round_}-{'on' if standby else 'off'}"
+                        recovery, cold, sampled = measure(work, standby, where)
+                        figures.setdefault((name, standby), []).append((recovery, cold))
+                        memory += sampled
+                        print(
+                            f"{name} standbys {'on' if standby else 'off'}: recovery "
+                            f"{recovery:.2f} s, cold start {cold:.2f} s",
+                            flush=True,
+                        )
+        finally:
+            where.close()
+    print(f"backend {where.name}")
     report(latencies, figures, memory)
 
 
@@ -71,11 +229,12 @@ def report(
 ) -> None:
     """Print the figures: detection latencies, (strategy, standby on) -> [(recovery s, cold
     start s)] per round, and the standby memory samples (MB)."""
-    p95 = statistics.quantiles(latencies, n=20)[-1]
-    print(
-        f"detection latency, kill -9 to decision ({len(latencies)} kills): p50 {statistics.median(latencies) * 1000:.1f} ms, "
-        f"p95 {p95 * 1000:.1f} ms (target p95 <= 200 ms)"
-    )
+    if latencies:
+        p95 = statistics.quantiles(latencies, n=20)[-1]
+        print(
+            f"detection latency, kill -9 to decision ({len(latencies)} kills): p50 {statistics.median(latencies) * 1000:.1f} ms, "
+            f"p95 {p95 * 1000:.1f} ms (target p95 <= 200 ms)"
+        )
     what = {
         "PSS": "PSS worker recovery (kill to serving again over its cold start)",
         "MWMS": "MWMS gang recovery (kill to the first step after the restore over a cold start to the first step)",
@@ -99,8 +258,9 @@ def report(
         print(
             f"standby memory ({len(memory)} standbys sampled): interpreter RSS "
             f"{median([m['rss'] for m in memory]):.0f} MB, USS {median([m['uss'] for m in memory]):.0f} MB "
-            f"(max RSS {max(m['rss'] for m in memory):.0f} MB); taskinit's keeper and init RSS "
-            f"{median([m['taskinit'] for m in memory]):.0f} MB together; one standby per local task"
+            f"(max RSS {max(m['rss'] for m in memory):.0f} MB); its keepers' RSS (local: taskinit's "
+            "keeper and init; remote: the agent's keeper) "
+            f"{median([m['taskinit'] for m in memory]):.0f} MB together; one standby per task"
         )
 
 
@@ -109,7 +269,12 @@ def detection(work: Path, kills: int) -> list[float]:
     work.mkdir()
     (work / "sleeper.py").write_text("import time\ntime.sleep(3600)\n")
     launcher, run_dir = _up(
-        work, {"script": "sleeper.py"}, "multi_worker_mirrored", {"worker": {"count": 1}}, False
+        work,
+        {"script": "sleeper.py"},
+        "multi_worker_mirrored",
+        {"worker": {"count": 1}},
+        False,
+        Local(),
     )
     latencies = []
     try:
@@ -135,7 +300,9 @@ def detection(work: Path, kills: int) -> list[float]:
     return latencies
 
 
-def pss_worker(work: Path, standby: bool) -> tuple[float, float, list[dict[str, float]]]:
+def pss_worker(
+    work: Path, standby: bool, where: Local
+) -> tuple[float, float, list[dict[str, float]]]:
     """Kill worker-1 of a PSS run; return (kill to serving again, cold start to serving, standby
     memory samples)."""
     work.mkdir()
@@ -144,7 +311,7 @@ def pss_worker(work: Path, standby: bool) -> tuple[float, float, list[dict[str, 
         "args": ["--epochs", "1000", "--steps-per-epoch", "100", "--train-examples", "2000"],
     }
     tasks = {"chief": {}, "worker": {"count": 2}, "ps": {}}
-    launcher, run_dir = _up(work, program, "parameter_server", tasks, standby)
+    launcher, run_dir = _up(work, program, "parameter_server", tasks, standby, where)
     try:
         _wait(
             lambda: (
@@ -157,9 +324,8 @@ def pss_worker(work: Path, standby: bool) -> tuple[float, float, list[dict[str, 
             run_dir, "worker-1", "started", 0
         )
         sampled = _standby_memory(run_dir, 4) if standby else []
-        pid = _task(run_dir, "worker-1", 0)["pid"]
         killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        where.kill(run_dir, "worker-1")
         back = _wait(
             lambda: _event_time(run_dir, "worker-1", "joined", 1), "worker-1 serving again"
         )
@@ -169,7 +335,9 @@ def pss_worker(work: Path, standby: bool) -> tuple[float, float, list[dict[str, 
     return back - killed_at, cold, sampled
 
 
-def mwms_gang(work: Path, standby: bool) -> tuple[float, float, list[dict[str, float]]]:
+def mwms_gang(
+    work: Path, standby: bool, where: Local
+) -> tuple[float, float, list[dict[str, float]]]:
     """Kill worker-1 of an MWMS run; return (kill to first step after restore, cold start to
     first step, standby memory samples)."""
     work.mkdir()
@@ -185,16 +353,15 @@ def mwms_gang(work: Path, standby: bool) -> tuple[float, float, list[dict[str, f
         ],
     }
     launcher, run_dir = _up(
-        work, program, "multi_worker_mirrored", {"worker": {"count": 2}}, standby
+        work, program, "multi_worker_mirrored", {"worker": {"count": 2}}, standby, where
     )
     try:
         first_step = _wait(lambda: _first_step_time(run_dir, 0, 0), "the first step")
         cold = first_step - _event_time(run_dir, "worker-0", "started", 0)
         _wait(lambda: (run_dir / "checkpoints" / "checkpoint").is_file(), "a checkpoint")
         sampled = _standby_memory(run_dir, 2) if standby else []
-        pid = _task(run_dir, "worker-1", 0)["pid"]
         killed_at = time.time()
-        os.kill(pid, signal.SIGKILL)
+        where.kill(run_dir, "worker-1")
         restored = _wait(
             lambda: _task(run_dir, "worker-0", 1) and _restored_step(run_dir), "the restore"
         )
@@ -209,7 +376,8 @@ def mwms_gang(work: Path, standby: bool) -> tuple[float, float, list[dict[str, f
 
 def _standby_memory(run_dir: Path, count: int) -> list[dict[str, float]]:
     """Wait until ``count`` standbys are ready; then each one's memory in MB: its interpreter's
-    RSS and USS, and the RSS of taskinit's keeper and init around it."""
+    RSS and USS, and the RSS of its keepers (taskinit's keeper and init around a local one, the
+    agent's keeper, remote.py, around a remote one)."""
     standbys = _wait(
         lambda: (
             (found := (_read(run_dir / "run.json") or {}).get("standbys") or {})
@@ -249,36 +417,35 @@ def _check_warm(run_dir: Path, task: str, standby: bool) -> None:
 
 
 def _up(
-    work: Path, program: dict, strategy: str, tasks: dict, standby: bool
+    work: Path, program: dict, strategy: str, tasks: dict, standby: bool, where: Local
 ) -> tuple[subprocess.Popen, Path]:
     spec = work / "spec.json"
+    placed = where.spec(tasks)
+    python = placed.pop("python", None)
     spec.write_text(
         json.dumps(
             {
                 "name": "recovery",
                 "strategy": strategy,
-                "program": program,
-                "tasks": tasks,
+                "program": {**program, **({"python": python} if python else {})},
+                **placed,
                 "shared_dir": "runs",
                 "restart": {**ON_FAILURE, "standby": standby},
                 "timeouts": {"grace_s": 1},
             }
         )
     )
-    launcher = subprocess.Popen(
-        [*DISTLAUNCH, "up", str(spec)],
-        cwd=work,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    run_dir = _wait(
-        lambda: (
-            next(iter((work / "runs").glob("*/run.json")), None)
-            if (work / "runs").exists()
-            else None
-        ),
-        "the run dir",
-    ).parent
+    argv, env = where.command([*DISTLAUNCH, "up", str(spec)])
+    with open(work / "up.err", "wb") as err:
+        launcher = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+    def run_json() -> Path | None:
+        if launcher.poll() is not None:  # it refused the spec, or the machines
+            said = (work / "up.err").read_text(errors="replace").strip()
+            raise SystemExit(f"`distlaunch up` exited with {launcher.returncode}: {said}")
+        return next(iter((work / "runs").glob("*/run.json")), None)
+
+    run_dir = _wait(run_json, "the run dir").parent
     return launcher, run_dir
 
 

@@ -297,7 +297,7 @@ def _standby_line(data: dict, wanted: bool) -> str:
         else ""
     )
     return (
-        f"standbys: on (one warm interpreter per local task for restarts{first}; "
+        f"standbys: on (one warm interpreter per task for restarts{first}; "
         '"restart": {"standby": false} turns them off)'
     )
 

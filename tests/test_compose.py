@@ -87,7 +87,7 @@ def test_each_task_is_a_service_on_an_internal_network_with_no_published_port(tm
         assert service["command"] == [
             "python",
             "-m",
-            "distlaunch.worker.bootstrap",
+            "distlaunch.host.bootstrap",
             str(tmp / "task.py"),
             "--out",
             "$$HOME/x",

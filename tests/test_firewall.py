@@ -1,4 +1,4 @@
-"""The per-run firewall of SSH hosts (launcher/network/firewall.py, worker/guard.py).
+"""The per-run firewall of SSH hosts (launcher/network/firewall.py, launcher/host/guard.py).
 
 Pure parts first (which rules each host gets, the nftables script, hostile run ids), then real
 runs on the SSH test hosts of tests/sshhosts.py, where a third namespace on the same bridge, the
@@ -32,9 +32,9 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
+from distlaunch.host import guard
 from distlaunch.launcher.network import firewall
 from distlaunch.launcher.plan.plan import Plan, TaskPlan
-from distlaunch.worker import guard
 from test_ssh import PS_JOB, _nothing_left, _script, _spec
 
 # Appended to a task program: say so, then wait for the test to create <run dir>/release. While a
@@ -226,7 +226,7 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
         netns_name,
         sys.executable,
         "-m",
-        "distlaunch.worker.guard",
+        "distlaunch.host.guard",
     ]
     if backend == "iptables":
         argv = _hiding_nft(argv)  # every program execs the next: the pid stays the guard's
@@ -278,7 +278,7 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
 def test_remove_takes_away_what_a_sigkilled_guard_left(netns_name: str, backend: str) -> None:
     """`down` runs ``guard --remove NAME`` on a Slurm run's nodes, where a cancelled step
     SIGKILLs its guard."""
-    argv = ["ip", "netns", "exec", netns_name, sys.executable, "-m", "distlaunch.worker.guard"]
+    argv = ["ip", "netns", "exec", netns_name, sys.executable, "-m", "distlaunch.host.guard"]
     if backend == "iptables":
         argv = _hiding_nft(argv)
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -544,7 +544,7 @@ def test_a_host_without_cap_net_admin_is_named_open_or_refused(
 
 def test_the_guard_imports_neither_launcher_nor_tensorflow() -> None:
     code = (
-        "import sys, distlaunch.worker.guard; "
+        "import sys, distlaunch.host.guard; "
         "bad = [m for m in sys.modules if m.startswith(('distlaunch.launcher', 'tensorflow'))]; "
         "assert not bad, bad"
     )

@@ -10,7 +10,7 @@ import sys
 
 from distlaunch.launcher.network.heartbeat import HEARTBEAT_S, Heartbeat, Pipe
 
-HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]
+HELPER = [sys.executable, "-m", "distlaunch.host.remote"]
 # The helper's silence limit: past HEARTBEAT_S with room for a busy machine, and well below how
 # long the task runs, so that without the heartbeat the helper would kill the task.
 SILENCE_S = HEARTBEAT_S + 2

@@ -29,11 +29,12 @@ import pytest
 import yaml
 
 from conftest import distlaunch, write_spec
+from distlaunch.host import k8s_entry
 from distlaunch.launcher.core.errors import SpecError
 from distlaunch.launcher.export import k8s
 from distlaunch.launcher.spec.model import load_spec
 from distlaunch.launcher.transports.compose.docker import docker
-from distlaunch.worker import contract, k8s_entry
+from distlaunch.worker import contract
 from test_compose import TEST_IMAGE, engine, image  # noqa: F401  (fixtures: the engine, the image)
 from test_injection import NAME_PAYLOADS, PATH_PAYLOADS, PAYLOADS, chain
 
@@ -212,7 +213,7 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
         assert command == [
             "python",
             "-m",
-            "distlaunch.worker.k8s_entry",
+            "distlaunch.host.k8s_entry",
             "--umask",
             "077",
             "--notice",
@@ -221,7 +222,7 @@ def test_every_manifest_validates_and_carries_every_payload_unchanged(tmp, mix, 
             *(tells if ends and role == "chief" else []),
             "python",
             "-m",
-            "distlaunch.worker.bootstrap",
+            "distlaunch.host.bootstrap",
             str(loaded.script),
             *PAYLOADS,
         ]
@@ -522,7 +523,7 @@ def test_the_entrypoint_runs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp):
         [
             sys.executable,
             "-m",
-            "distlaunch.worker.k8s_entry",
+            "distlaunch.host.k8s_entry",
             "--",
             sys.executable,
             "-c",
@@ -543,7 +544,7 @@ def test_the_entrypoint_runs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp):
     )
     assert (tmp / "run" / "status").is_dir() and (tmp / "run" / "errors" / "attempt-0").is_dir()
     bad = subprocess.run(
-        [sys.executable, "-m", "distlaunch.worker.k8s_entry", "--", "true"],
+        [sys.executable, "-m", "distlaunch.host.k8s_entry", "--", "true"],
         env={**environ, contract.JOB_COMPLETION_INDEX: "5"},
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """A pod's SIGTERM is a stop notice (issue 26, Kubernetes): the pod entrypoint as PID 1.
 
-First the entrypoint as real processes here (`python -m distlaunch.worker.k8s_entry`, programs
+First the entrypoint as real processes here (`python -m distlaunch.host.k8s_entry`, programs
 that stand in for a training program: they report their state in the status file as
 distlaunch.worker does): where the SIGTERM goes for each `--notice`, the notice sent again once
 a strategy is built, the exit code a podFailurePolicy sees. Then the generated pods on the Docker
@@ -99,7 +99,7 @@ def _entry(tmp: Path, role: str, notice: list[str], program: str, log: Path) -> 
             [
                 sys.executable,
                 "-m",
-                "distlaunch.worker.k8s_entry",
+                "distlaunch.host.k8s_entry",
                 "--notice",
                 *notice,
                 "--",

@@ -6,7 +6,8 @@ and single modules. The two roots, `distlaunch.launcher` and the package root `d
 modules of different layers, so their own modules are each listed: a module added there, or in a
 package no layer names, is unplaced and fails the test. Every import statement counts, also one
 inside a function or under TYPE_CHECKING: a lazy import is still a dependency.
-`distlaunch.worker` is below everything and imports no launcher code.
+`distlaunch.worker` is below everything and imports no launcher code; `distlaunch.host` (what runs
+on a task's host) is next, and imports no launcher code either.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ PACKAGES = {
     "distlaunch": REPO / "launcher" / "root",  # the package root, kept inside launcher/
     "distlaunch.launcher": REPO / "launcher",
     "distlaunch.worker": REPO / "worker",
+    "distlaunch.host": REPO
+    / "launcher"
+    / "host",  # what runs on a task's host, kept inside launcher/
 }
 # Packages whose modules are not placed by the package's name: each is listed.
 ROOTS = ("distlaunch", "distlaunch.launcher")
@@ -27,6 +31,10 @@ LAYERS = (
     (  # the runtime a training script imports
         "worker",
         ("distlaunch.worker",),
+    ),
+    (  # what runs on a task's host beside the program: the agent, keepers, guard, bootstrap
+        "host",
+        ("distlaunch.host",),
     ),
     (  # what every layer uses; the launcher's root package is a docstring
         "core",
@@ -121,8 +129,10 @@ def _modules() -> dict[str, Path]:
     found = {}
     for package, folder in PACKAGES.items():
         for path in sorted(folder.rglob("*.py")):
-            if package == "distlaunch.launcher" and PACKAGES["distlaunch"] in path.parents:
-                continue  # launcher/root is the package `distlaunch`, not a launcher module
+            if package == "distlaunch.launcher" and any(
+                PACKAGES[other] in path.parents for other in ("distlaunch", "distlaunch.host")
+            ):
+                continue  # launcher/root and launcher/host are packages of their own
             parts = path.relative_to(folder).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]

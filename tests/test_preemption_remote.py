@@ -49,7 +49,7 @@ from test_preemption import (
 )
 from test_ssh import _nothing_left
 
-HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]
+HELPER = [sys.executable, "-m", "distlaunch.host.remote"]
 
 # A data-loader child that notes a SIGTERM reaching it while its parent, the program, still runs:
 # the helper sends what the program left behind SIGTERM once the program has exited (the child is

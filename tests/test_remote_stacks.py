@@ -22,13 +22,13 @@ import psutil
 import pytest
 
 from conftest import REPO, events, run_record, wait_for, wait_for_run_dir
+from distlaunch.host import bootstrap
 from distlaunch.launcher.diagnosis import stacks
-from distlaunch.worker import bootstrap
 from test_compose import _env, _leftovers, _start_up, engine, image  # noqa: F401 (fixtures)
 
 # py-spy is not beside this interpreter nor on this PATH: the helper must fall back.
 SYSTEM_PYTHON = "/usr/bin/python3"
-HELPER_BY_PATH = [SYSTEM_PYTHON, "-I", "-S", str(REPO / "worker" / "remote.py")]
+HELPER_BY_PATH = [SYSTEM_PYTHON, "-I", "-S", str(REPO / "launcher" / "host" / "remote.py")]
 
 WAITER = """
 import time
@@ -110,7 +110,7 @@ def _start_task(tmp: Path, argv: list[str], env: dict[str, str]) -> subprocess.P
     """A task started by the remote helper, as the SSH transport starts one; returns once it
     printed "up" (its faulthandler, if any, is in place by then)."""
     helper = subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.worker.remote"],
+        [sys.executable, "-m", "distlaunch.host.remote"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

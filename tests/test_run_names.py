@@ -18,11 +18,11 @@ import pytest
 
 import sshhosts
 from conftest import distlaunch, run_record, wait_for, write_spec
+from distlaunch.host import guard
 from distlaunch.launcher.export import k8s
 from distlaunch.launcher.network import firewall
 from distlaunch.launcher.plan.plan import Plan, TaskPlan
 from distlaunch.launcher.spec.model import load_spec
-from distlaunch.worker import guard
 from test_firewall import (
     LISTENER,
     _rules_left,
@@ -71,7 +71,7 @@ def test_runs_that_share_an_id_or_its_spelling_get_rules_of_their_own() -> None:
 
 def _start_guard(netns: str, name: str, port: int) -> subprocess.Popen:
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", netns, sys.executable, "-m", "distlaunch.worker.guard"],
+        ["ip", "netns", "exec", netns, sys.executable, "-m", "distlaunch.host.guard"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

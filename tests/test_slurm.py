@@ -270,7 +270,7 @@ time.sleep(600)
 def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
     lab: SlurmLab, tmp: Path
 ) -> None:
-    from distlaunch.worker import remote
+    from distlaunch.host import remote
 
     (tmp / "server.py").write_text(SERVER)
     spec = _spec(tmp, {"script": "server.py"}, {"worker": {"count": 2}})
@@ -433,8 +433,13 @@ def test_a_worker_killed_on_its_node_is_restarted_and_training_resumes(
             launcher=launcher,
         )
         node2 = lab.nodes[1]
+        # The task's program, not its warm standby (the same command line: only its initial
+        # environment names DISTLAUNCH_STANDBY).
         victim = [
-            p for p in lab.processes(node2) if "distlaunch.worker.examples.mnist_mlp" in p.cmdline()
+            p
+            for p in lab.processes(node2)
+            if "distlaunch.worker.examples.mnist_mlp" in p.cmdline()
+            and b"DISTLAUNCH_STANDBY=" not in Path(f"/proc/{p.pid}/environ").read_bytes()
         ]
         assert len(victim) == 1
         victim[0].kill()
@@ -628,9 +633,9 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
 def test_the_helper_runs_by_path_without_site_packages_or_else_as_a_module() -> None:
     from distlaunch.launcher.transports.slurm import transport as slurm
 
-    path = "/opt/venv/lib/python3.11/site-packages/distlaunch/worker/remote.py"
+    path = "/opt/venv/lib/python3.11/site-packages/distlaunch/launcher/host/remote.py"
     assert slurm.helper_argv("py", path) == ["py", "-I", "-S", path]
-    module = ["py", "-m", "distlaunch.worker.remote"]
+    module = ["py", "-m", "distlaunch.host.remote"]
     assert slurm.helper_argv("py", None) == module
     assert slurm.helper_argv("py", "/opt/distlaunch.zip/distlaunch/worker/remote.pyc") == module
 

@@ -305,7 +305,7 @@ def test_the_helper_gives_the_notice_to_the_program_alone_and_lets_it_save(
         "term_is_notice": how != "notice line",
     }
     helper = subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.worker.remote"],
+        [sys.executable, "-m", "distlaunch.host.remote"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -24,7 +24,7 @@ from conftest import distlaunch, only_run_dir, wait_for, wait_for_run_dir
 from distlaunch.launcher.spec.model import Host, load_spec
 from distlaunch.launcher.transports.ssh import transport as ssh
 
-HELPER = [sys.executable, "-m", "distlaunch.worker.remote"]
+HELPER = [sys.executable, "-m", "distlaunch.host.remote"]
 # A task that says it is up (after its SIGTERM handler is set, when it has one), then waits.
 SLEEPER = """
 import os, signal, sys, time
@@ -214,7 +214,7 @@ def test_helper_refuses_what_it_cannot_start(request_: dict, code: int, says: by
 
 def test_helper_imports_neither_launcher_nor_tensorflow() -> None:
     code = (
-        "import sys, distlaunch.worker.remote; "
+        "import sys, distlaunch.host.remote; "
         "bad = [m for m in sys.modules if m.startswith(('distlaunch.launcher', 'tensorflow'))]; "
         "assert not bad, bad"
     )
@@ -357,7 +357,7 @@ def test_plan_names_every_host_address_and_runs_the_host_python(tmp: Path) -> No
     remote, local = data["tasks"]
     assert remote["tf_config"]["cluster"] == {"worker": ["10.1.0.1:4000", "10.1.0.9:4001"]}
     assert (remote["transport"], remote["host_name"], remote["cwd"]) == ("ssh", "node1", "~/job")
-    boot = ["/venv/bin/python", "-m", "distlaunch.worker.bootstrap"]
+    boot = ["/venv/bin/python", "-m", "distlaunch.host.bootstrap"]
     assert remote["argv"][:4] == [*boot, str(tmp / "task.py")]
     assert local["transport"] == "local" and local["argv"][0] == sys.executable
     assert data["isolation"]["mode"] == "host"  # remote tasks must reach the local one

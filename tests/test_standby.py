@@ -27,13 +27,13 @@ from conftest import (
     wait_for_run_dir,
     write_spec,
 )
+from distlaunch.host import bootstrap
 from distlaunch.launcher.plan.placement import on_hosts
 from distlaunch.launcher.plan.plan import for_attempt, make_plan
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.spec.model import load_spec
 from distlaunch.launcher.transports import procs
 from distlaunch.launcher.transports.local.standby import Standbys
-from distlaunch.worker import bootstrap
 
 pytestmark = pytest.mark.integration
 

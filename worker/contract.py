@@ -25,7 +25,7 @@ CHECKPOINT_DIR = "DISTLAUNCH_CHECKPOINT_DIR"
 METRICS_FILE = "DISTLAUNCH_METRICS_FILE"
 
 # Kubernetes: the training cluster of a task's role (TF_CONFIG's "cluster", JSON), from which
-# distlaunch.worker.k8s_entry builds TF_CONFIG with the index Kubernetes gives the pod.
+# distlaunch.host.k8s_entry builds TF_CONFIG with the index Kubernetes gives the pod.
 CLUSTER = "DISTLAUNCH_CLUSTER"
 JOB_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"  # set by Kubernetes in every pod of an Indexed Job
 # Parameter-server ps and worker tasks that no launcher stops (Kubernetes Jobs, a compose file run
@@ -117,7 +117,7 @@ def status_path(run_dir: Path, role: str, index: int) -> Path:
     return run_dir / "status" / f"{task_name(role, index)}.json"
 
 
-# The signal on which every task (through distlaunch.worker.bootstrap) dumps every thread's stack
+# The signal on which every task (through distlaunch.host.bootstrap) dumps every thread's stack
 # (faulthandler) into `stacks_signal_path`: the launcher's fallback where py-spy cannot attach.
 STACKS_SIGNAL_NAME = "SIGUSR2"
 

@@ -336,7 +336,7 @@ def local(pid: int, native: bool = True, fallback: Path | None = None) -> Source
 
 def helper(argv: Sequence[str], run_id: str, task: str, native: bool, at: str) -> Source:
     """The source of ``task`` read where it runs by the remote helper that ``argv`` starts there
-    (worker/remote.py's stacks query: py-spy on that host, else the program's faulthandler).
+    (launcher/host/remote.py's stacks query: py-spy on that host, else the program's faulthandler).
     ``at`` (the host, node or container) heads the one line that says why there are none."""
     line = json.dumps({"stacks": {"run_id": run_id, "task": task, "native": native}}) + "\n"
 
@@ -355,7 +355,7 @@ def helper(argv: Sequence[str], run_id: str, task: str, native: bool, at: str) -
             raise StackError(f"{at}: {exc}") from None
         if done.returncode != 0:
             why = last_message(done.stderr.decode(errors="replace"))
-            why = why.removeprefix("distlaunch.worker.remote: ")
+            why = why.removeprefix("distlaunch.host.remote: ")
             raise StackError(f"{at}: {why or f'exit code {done.returncode}'}")
         return done.stdout.decode(errors="replace")
 

@@ -4,7 +4,7 @@ What it decides, per run:
 - one headless Service (the run's DNS subdomain) and one Indexed Job per role: a pod's hostname
   is ``<job>-<index>`` and it resolves as ``<job>-<index>.<service>``, so every address in
   TF_CONFIG is known before anything runs. Kubernetes alone knows which index a pod is, so the
-  container starts `distlaunch.worker.k8s_entry`, which builds TF_CONFIG from
+  container starts `distlaunch.host.k8s_entry`, which builds TF_CONFIG from
   JOB_COMPLETION_INDEX and the role's cluster (DISTLAUNCH_CLUSTER) and execs the program;
 - a NetworkPolicy that admits the task port only from the run's own pods (TensorFlow's gRPC has
   no authentication: the equivalent of the compose backend's internal network);
@@ -12,7 +12,7 @@ What it decides, per run:
   podFailurePolicy that replaces a pod that saved on a stop notice without counting it (the
   "preempted" codes of contract.EXIT_CODES), fails the Job on non-retryable exit codes and does
   not count evictions;
-- the pod's SIGTERM is a stop notice (`notice_of`, worker/pod_init.py), and
+- the pod's SIGTERM is a stop notice (`notice_of`, launcher/host/pod_init.py), and
   terminationGracePeriodSeconds leaves timeouts.save_s for the save, then grace_s.
   A Job retries its own pods only: MWMS needs the whole gang restarted, which only a JobSet can
   do (``jobset=True``: ``failurePolicy.maxRestarts`` recreates every Job of the set);
@@ -39,6 +39,8 @@ from typing import Any
 
 import yaml
 
+from distlaunch.host import k8s_entry
+from distlaunch.host.pod_init import Notice
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import SpecError, UsageError
 from distlaunch.launcher.plan import placement
@@ -47,8 +49,7 @@ from distlaunch.launcher.plan.placement import IMAGE_PYTHON, Placements
 from distlaunch.launcher.plan.plan import TaskPlan, make_plan
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.spec.model import IMAGE_REF, K8S_LABEL, LoadedSpec, task_json_path
-from distlaunch.worker import chief_result, contract, k8s_entry
-from distlaunch.worker.pod_init import Notice
+from distlaunch.worker import chief_result, contract
 
 # Every task's TensorFlow server port: each pod has its own IP, so one port serves all.
 PORT = 2222
@@ -319,7 +320,7 @@ def _pod_template(
 
 
 def notice_of(saves_on_notice: bool, strategy: str, role: str) -> Notice:
-    """Where a pod of ``role`` sends its SIGTERM (worker/pod_init.py), as `up` sends its stop
+    """Where a pod of ``role`` sends its SIGTERM (launcher/host/pod_init.py), as `up` sends its stop
     notice: to the program of every training task when the program can save (program_scan's
     ``saves_on_notice``; PSS: the chief's, whose servers wait for its save), else to the whole
     process group (a stop, as before)."""

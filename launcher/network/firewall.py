@@ -5,14 +5,16 @@ private network namespace (netns.py), a compose run on an internal network; a ru
 must keep them open to its peers, so each remote host gets a firewall for the run's lifetime: its
 task ports admit the run's own hosts and loopback only (`plan_rules`, pure, what `plan` shows).
 
-The host owns its rules, not the launcher: a guard (`distlaunch.worker.guard`) per host installs
+The host owns its rules, not the launcher: a guard (`distlaunch.host.guard`) per host installs
 one nftables table (an iptables chain where nft is missing) and deletes it
 when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
 however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
 that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` works through
 any remote transport: it only needs a local process per host whose stdin and stdout reach the
-guard there, waiting for its request (`start_guard` of ``ssh HOST 'exec PYTHON -m ...'`` for SSH
-hosts; on Slurm nodes the node's preflight probe, a job step, goes on as its guard).
+guard there, waiting for its request (on Slurm nodes the node's preflight probe, a job step, goes
+on as its guard). On SSH hosts the host's agent is the guard (`protect_by_agents`): it takes the
+same request over its channel and holds the rules until it ends, so a host runs one distlaunch
+process for the run.
 
 The rules of one run on one host have a name of their own (`rules_name`: the run id and a digest
 of the run id, the run dir's path and the host): runs that share an id (``nightly`` in two shared
@@ -46,13 +48,13 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from distlaunch.host import guard
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError
 from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat, Pipe
 from distlaunch.launcher.plan.plan import Plan
-from distlaunch.worker import guard
 
-GUARD_MODULE = "distlaunch.worker.guard"
+GUARD_MODULE = "distlaunch.host.guard"
 AUTO, OFF, REQUIRED = "auto", "off", "required"
 # How long a guard may take to answer: a connection, a Python start and one nft call.
 ANSWER_TIMEOUT_S = 60.0
@@ -328,27 +330,76 @@ def protect(
     firewalled.
     """
     if mode == OFF or not rules:
-        yield Protection(
-            mode,
-            tuple(
-                HostState(r.host, r.ports, False, "protection is off", r.name)
-                for r in rules.values()
-            ),
-        )
+        yield _off(mode, rules)
         return
     guards = Guards(run_id, rules, start)
     try:
-        protection = Protection(mode, guards.open())
-        if mode == REQUIRED and protection.open_hosts():
-            why = "; ".join(f"{h.host}: {h.why}" for h in protection.open_hosts())
-            raise HostError(
-                f'"network": {{"protect": "required"}}, but not every host can be firewalled ({why}); '
-                "nothing was started",
-                [],
-            )
-        yield protection
+        yield _required(Protection(mode, guards.open()))
     finally:
         guards.close()
+
+
+def protect_by_agents(
+    mode: str,
+    run_id: str,
+    rules: Mapping[str, HostRules],
+    guard: Callable[[Mapping[str, dict], float], Mapping[str, dict | str]],
+) -> Protection:
+    """Firewall every host of ``rules`` through the host's agent, which holds the rules until it
+    ends (`distlaunch.host.agent`'s ``guard``): one process per host, not an agent and a guard.
+
+    ``guard(requests, timeout_s)`` makes each host's agent its guard (`HostRules.request` by
+    host) and gives each one's answer, or why there is none. Raise HostError when ``mode`` is
+    ``required`` and a host cannot be firewalled (the caller then ends the agents).
+    """
+    if mode == OFF or not rules:
+        return _off(mode, rules)
+    answers = guard({name: r.request(run_id) for name, r in rules.items()}, ANSWER_TIMEOUT_S)
+    states = []
+    for name, r in rules.items():
+        answer = answers.get(name, "its agent gave no answer")
+        if isinstance(answer, str):
+            states.append(HostState(name, r.ports, False, answer, r.name))
+        else:
+            states.append(host_state(r, answer, "its agent gave no reason"))
+    return _required(Protection(mode, tuple(states)))
+
+
+def _off(mode: str, rules: Mapping[str, HostRules]) -> Protection:
+    return Protection(
+        mode,
+        tuple(
+            HostState(r.host, r.ports, False, "protection is off", r.name) for r in rules.values()
+        ),
+    )
+
+
+def _required(protection: Protection) -> Protection:
+    """``protection``, unless its mode is ``required`` and a host is open: HostError then."""
+    if protection.mode == REQUIRED and protection.open_hosts():
+        why = "; ".join(f"{h.host}: {h.why}" for h in protection.open_hosts())
+        raise HostError(
+            f'"network": {{"protect": "required"}}, but not every host can be firewalled ({why}); '
+            "nothing was started",
+            [],
+        )
+    return protection
+
+
+def host_state(rules: HostRules, answer: dict, why_none: str) -> HostState:
+    """A host's state from its guard's ``answer`` line (an empty dict: none came, ``why_none``)."""
+    if answer.get("protected"):
+        return HostState(
+            rules.host,
+            rules.ports,
+            True,
+            name=rules.name,
+            how=str(answer.get("how", "nftables")),
+            table=str(answer.get("table", "")),
+            allowed=tuple(answer.get("allowed", ())),
+        )
+    why = str(answer.get("why", "the guard gave no reason")) if answer else why_none
+    return HostState(rules.host, rules.ports, False, why, rules.name)
 
 
 def start_guard(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen:
@@ -455,22 +506,10 @@ class Guards:
         return answers
 
     def _state(self, name: str, answer: dict | None) -> HostState:
-        ports, rules = self.rules[name].ports, self.rules[name].name
-        if answer is not None and answer.get("protected"):
-            return HostState(
-                name,
-                ports,
-                True,
-                name=rules,
-                how=str(answer.get("how", "nftables")),
-                table=str(answer.get("table", "")),
-                allowed=tuple(answer.get("allowed", ())),
-            )
         if answer is not None:
-            why = str(answer.get("why", "the guard gave no reason"))
-            return HostState(name, ports, False, why, rules)
+            return host_state(self.rules[name], answer, "the guard gave no reason")
         why = f"its guard did not answer: {self._stderr(name)}"
-        return HostState(name, ports, False, why, rules)
+        return HostState(name, self.rules[name].ports, False, why, self.rules[name].name)
 
     def _stderr(self, name: str) -> str:
         proc = self._procs[name]

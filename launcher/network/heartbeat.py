@@ -1,11 +1,12 @@
 """The launcher's heartbeat to the processes it keeps on other machines over a local client's stdin.
 
-A remote task's helper (`distlaunch.worker.remote`, behind an ssh or srun client) and a host's
-firewall guard (`distlaunch.worker.guard`) both read their launcher's stdin: one request line,
-then lines that say the launcher lives. Both end what they hold when that stdin reaches EOF or
-stays silent for HEARTBEAT_TIMEOUT_S (a network that vanished without a reset). One `Heartbeat`
-thread per transport writes an empty line every HEARTBEAT_S to each `Pipe` it was given, until
-the pipe is closed or its client has exited.
+A host's agent (`distlaunch.host.agent`, behind an ssh or srun client, whose thread in
+launcher/transports/agent.py beats on its own) and a host's firewall guard
+(`distlaunch.host.guard`) both read their launcher's stdin: one request line, then lines that
+say the launcher lives. Both end what they hold when that stdin reaches EOF or stays silent for
+HEARTBEAT_TIMEOUT_S (a network that vanished without a reset). One `Heartbeat` thread per guard
+set writes an empty line every HEARTBEAT_S to each `Pipe` it was given, until the pipe is closed
+or its client has exited.
 """
 
 from __future__ import annotations

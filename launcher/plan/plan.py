@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from distlaunch.host import bootstrap
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.plan import cpu_fit, program_scan, tfconfig
 from distlaunch.launcher.plan.cpu_fit import UNPINNED, TaskCpus
@@ -25,14 +26,17 @@ from distlaunch.launcher.plan.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.plan.placement import Placement, Placements
 from distlaunch.launcher.plan.program_scan import ProgramChoice
 from distlaunch.launcher.spec.model import RESERVED_ENV, LoadedSpec
-from distlaunch.worker import bootstrap, contract
+from distlaunch.worker import contract
 
 # Env names whose values `plan` and summaries mask: they usually carry credentials
 # (PASS: DB_PASS, PASSWORD, PASSWD; PWD: MYSQL_PWD; AUTH: AUTH_TOKEN, X_AUTH_HEADER).
 SECRET_ENV = re.compile(r"(SECRET|TOKEN|PASS|PWD|AUTH|KEY|CREDENTIAL)", re.IGNORECASE)
 # The password of a URL's user:password@ (HTTPS_PROXY, DATABASE_URL), whatever the variable's name.
 URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
-BOOTSTRAP_MODULE = "distlaunch.worker.bootstrap"
+BOOTSTRAP_MODULE = "distlaunch.host.bootstrap"
+# The tasks that get warm standbys: this machine's, and those an agent runs (SSH hosts, Slurm
+# nodes); a container or a pod is started anew by its engine.
+STANDBY_TRANSPORTS = (TaskTransport.LOCAL, TaskTransport.SSH, TaskTransport.SLURM)
 
 
 @dataclass(frozen=True)
@@ -82,9 +86,9 @@ class Plan:
     tasks: tuple[TaskPlan, ...] = field(default_factory=tuple)
     isolation: Isolation = HOST_NETWORK
     program: ProgramChoice = ProgramChoice(contract.KERAS3, "")
-    # Local tasks get warm standbys (launcher/transports/local/standby.py): a restart policy, not
-    # switched off, and a program that imports TensorFlow after env writes a standby can repeat (or
-    # PSS servers).
+    # Local, SSH and Slurm tasks get warm standbys (launcher/transports/local/standby.py, and
+    # agent_standby.py for the agents' hosts): a restart policy, not switched off, and a program
+    # that imports TensorFlow after env writes a standby can repeat (or PSS servers).
     standby: bool = False
 
     def task(self, name: str) -> TaskPlan:
@@ -241,7 +245,7 @@ def make_plan(
         standby=restart.policy != "never"
         and restart.standby
         and (program.warm_restarts or program.serve_ps_workers)
-        and any(t.transport == TaskTransport.LOCAL for t in tasks),
+        and any(t.transport in STANDBY_TRANSPORTS for t in tasks),
     )
 
 
@@ -249,7 +253,7 @@ def _argv(loaded: LoadedSpec, row: Placement, serves: bool = False) -> tuple[str
     """The task's command, run by ``row``'s python (on an SSH host the script path must exist
     there). ``serves``: a PSS ps or worker task that only runs a server.
 
-    The program starts through distlaunch.worker.bootstrap, so that an import or syntax error in it
+    The program starts through distlaunch.host.bootstrap, so that an import or syntax error in it
     is recorded like any uncaught exception (and never retried). Where the launcher's files are
     (this machine, a Slurm cluster) the bootstrap is run by path: ``program.python`` need not have
     distlaunch installed; elsewhere it is.

@@ -74,6 +74,15 @@ def spawn(
     return _start(argv, env, cwd, log_file, stdin, flags, ())
 
 
+def spawn_client(
+    argv: Sequence[str], env: Mapping[str, str], cwd: str, death_signal: int = signal.SIGKILL
+) -> subprocess.Popen:
+    """`spawn` a client the launcher talks to over pipes (a host's agent behind ssh): stdin,
+    stdout and stderr are pipes of this process; it dies with the launcher as `spawn`'s do."""
+    flags = [] if death_signal == signal.SIGKILL else ["--death", str(int(death_signal))]
+    return _start(argv, env, cwd, None, subprocess.PIPE, flags, ())
+
+
 def spawn_contained(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -110,17 +119,21 @@ def _start(
     argv: Sequence[str],
     env: Mapping[str, str],
     cwd: str,
-    log_file: str | int,
+    log_file: str | int | None,
     stdin: int,
     flags: list[str],
     pass_fds: Sequence[int],
 ) -> subprocess.Popen:
     if _tasks_nofile is not None:
         flags = [*flags, "--nofile", str(_tasks_nofile)]
-    if isinstance(log_file, int):
+    if log_file is None:  # a client whose output the launcher reads (`spawn_client`)
+        fd, stderr = subprocess.PIPE, subprocess.PIPE
+    elif isinstance(log_file, int):
         fd = os.dup(log_file)  # closed below like an opened one; the caller keeps its own
     else:
         fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    if log_file is not None:
+        stderr = subprocess.STDOUT
     try:
         # No preexec_fn: taskinit sets the parent-death signal itself, after exec.
         return subprocess.Popen(
@@ -137,14 +150,15 @@ def _start(
             ],
             stdin=stdin,
             stdout=fd,
-            stderr=subprocess.STDOUT,
+            stderr=stderr,
             cwd=cwd,
             env={**os.environ, **env},
             start_new_session=True,
             pass_fds=tuple(pass_fds),
         )
     finally:
-        os.close(fd)
+        if fd != subprocess.PIPE:
+            os.close(fd)
 
 
 def wait_tree(tree_fd: int, timeout_s: float = TREE_TIMEOUT_S) -> bool:

@@ -12,10 +12,9 @@ firewall: the launcher's start is part of every local run's time (bench/log_fani
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -31,6 +30,7 @@ from distlaunch.launcher.record.state import RunRecord, TaskRecord
 from distlaunch.launcher.spec.model import Host, LoadedSpec
 from distlaunch.launcher.transports.base import (
     Opened,
+    StandbyPool,
     TaskHandle,
     TaskStacks,
     Transport,
@@ -38,14 +38,13 @@ from distlaunch.launcher.transports.base import (
 )
 from distlaunch.launcher.transports.local import cpus, gpus
 from distlaunch.launcher.transports.local.transport import LocalTransport, recorded_task_stacks
-from distlaunch.worker import contract
 
 if TYPE_CHECKING:  # annotations; what SSH hosts need is imported where a run has them
     from distlaunch.launcher.diagnosis.stacks import Source
     from distlaunch.launcher.network.firewall import Protection
     from distlaunch.launcher.plan.isolation import Capabilities
     from distlaunch.launcher.transports.ssh.preflight import HostReport
-    from distlaunch.launcher.transports.ssh.transport import Session
+    from distlaunch.launcher.transports.ssh.transport import Session, SshTransport
 
 ISOLATED_NOTE = (
     "isolated: tasks run in a private network namespace (loopback only: their ports cannot be "
@@ -235,54 +234,53 @@ class HostsLaunch:
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
-        """The SSH hosts' firewall, the sandbox (when isolated) and both transports. The
-        firewall is up before any task starts and goes after every task has stopped; the sandbox
-        closes only after the supervisor has stopped every task in it."""
+        """The SSH transport, whose hosts' agents start first as their firewall guards, the
+        sandbox (when isolated) and the local transport. The firewall is up before any task
+        starts and goes after every task has stopped (with the agents); the sandbox closes only
+        after the supervisor has stopped every task in it."""
         from distlaunch.launcher.transports.ssh import transport as ssh
 
         grace_s = self.loaded.spec.timeouts.grace_s
-        with (
-            self._protect(plan) as protection,
-            netns.sandbox(plan.isolation, plan.run_id) as sandbox,
-            ssh.SshTransport(self.session, grace_s, self.umask) as remote,
-        ):
-            record = _sandbox_record(sandbox)
-            notes = [note for note in (network_note(plan), *protection.notes()) if note]
-            section = None
-            if self.reports:
-                section = SshHosts.of(self.loaded, [r.name for r in self.reports])
-                record["network"] = protection.to_json()
-                if not self.loaded.spec.shared_dir_is_shared:
-                    notes.append(
-                        "SSH hosts keep their run files on their own disks; "
-                        f"`distlaunch collect {plan.run_id}` copies them here"
-                    )
-            shown = HostConsole(self.console, plan) if self.reports else None
-            local = LocalTransport(sandbox, standby=plan.standby)
-            yield Opened(
-                HostRouter(local, remote),
-                record,
-                section,
-                tuple(notes),
-                shown,
-                standbys=local.standbys,
-            )
+        with ssh.SshTransport(self.session, grace_s, self.umask, plan.run_id) as remote:
+            protection = self._protect(plan, remote)
+            with netns.sandbox(plan.isolation, plan.run_id) as sandbox:
+                record = _sandbox_record(sandbox)
+                notes = [note for note in (network_note(plan), *protection.notes()) if note]
+                section = None
+                if self.reports:
+                    section = SshHosts.of(self.loaded, [r.name for r in self.reports])
+                    record["network"] = protection.to_json()
+                    if not self.loaded.spec.shared_dir_is_shared:
+                        notes.append(
+                            "SSH hosts keep their run files on their own disks; "
+                            f"`distlaunch collect {plan.run_id}` copies them here"
+                        )
+                shown = HostConsole(self.console, plan) if self.reports else None
+                local = LocalTransport(sandbox, standby=plan.standby)
+                standbys: StandbyPool | None = local.standbys
+                if local.standbys is not None:
+                    from distlaunch.launcher.transports import agent_standby
 
-    def _protect(self, plan: Plan) -> AbstractContextManager[Protection]:
-        """The firewall of the run's SSH hosts: one guard per host, over ssh."""
+                    hosts = agent_standby.AgentStandbys(remote, TaskTransport.SSH)
+                    standbys = agent_standby.JointStandbys(local.standbys, hosts)
+                yield Opened(
+                    HostRouter(local, remote),
+                    record,
+                    section,
+                    tuple(notes),
+                    shown,
+                    standbys=standbys,
+                )
+
+    def _protect(self, plan: Plan, remote: SshTransport) -> Protection:
+        """The firewall of the run's SSH hosts: each host's agent, started now, is its guard
+        (the rules go when the agent ends, after its tasks: `remote` closes last)."""
         from distlaunch.launcher.network import firewall
         from distlaunch.launcher.transports.ssh import transport as ssh
 
-        session = self.session
-
-        def start(name: str) -> subprocess.Popen:
-            python = ssh.remote_python(session.hosts[name].python)
-            argv = session.argv(name, f"exec {python} -m {firewall.GUARD_MODULE}")
-            # The run id lets `distlaunch down` find the guards' ssh clients like the tasks'.
-            return firewall.start_guard(argv, {contract.RUN_ID: plan.run_id})
-
-        rules = firewall.run_rules(plan, ssh.jumped_hosts(session.hosts))
-        return firewall.protect(self.loaded.spec.network.protect, plan.run_id, rules, start)
+        rules = firewall.run_rules(plan, ssh.jumped_hosts(self.session.hosts))
+        mode = self.loaded.spec.network.protect
+        return firewall.protect_by_agents(mode, plan.run_id, rules, remote.guard)
 
 
 @dataclass(frozen=True)

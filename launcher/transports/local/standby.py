@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from distlaunch.host import bootstrap
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.network.netns import Sandbox
 from distlaunch.launcher.plan import program_scan
@@ -46,7 +47,6 @@ from distlaunch.launcher.plan.program_env import StandbyEnv
 from distlaunch.launcher.plan.program_scan import SERVE_MODULE
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.transports import procs
-from distlaunch.worker import bootstrap
 
 if TYPE_CHECKING:
     import socket

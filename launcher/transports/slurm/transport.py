@@ -7,15 +7,17 @@ Why it is built this way:
 - Placement is one pure decision (`place`): a task that names a node goes there; the others are
   spread over the nodes, the least loaded first, or packed ``slurm.tasks_per_node`` at a time.
   Every problem (an unknown node, more tasks than a node's CPUs) is one line.
-- Each task is a *local* `srun` client, a child process of the launcher like an SSH task's `ssh`:
-  ``srun --nodes=1 --ntasks=1 --nodelist=NODE --exact ... PYTHON -I -S .../worker/remote.py``.
-  The helper needs only the standard library, so it runs by the path where the node's preflight
-  found it, without site-packages: every task start waits for that interpreter, and skipping
-  the scan of site-packages saved 0.15-0.25 s per step on the test cluster.
-  srun forwards its stdin to the step, so the remote helper works exactly as over SSH: the task's
-  argv and environment arrive as one JSON line (no shell parses a spec value), the helper runs it
-  in its own process group with the run's umask and error files, `stop` ends it with TERM, grace,
-  KILL, and EOF kills it at once.
+- Each node runs one agent (`distlaunch.host.agent`, launcher/transports/agent.py) as one job
+  step, behind a *local* `srun` client, a child process of the launcher like an SSH host's `ssh`:
+  ``srun --nodes=1 --ntasks=1 --nodelist=NODE --exact ... PYTHON -I -S .../launcher/host/agent.py``.
+  The step holds the CPUs and GPUs of all the node's tasks; the agent starts each task under its
+  helper (`launcher/host/remote.py`), side by side. Both need only the standard library, so they run by
+  the path where the node's preflight found them, without site-packages (skipping the scan of
+  site-packages saved 0.15-0.25 s per step on the test cluster). srun forwards its stdin to the
+  step, so the agent works exactly as over SSH: each task's argv and environment arrive as data
+  (no shell parses a spec value), its helper runs it in its own process group with the run's
+  umask and error files, `stop` ends it with TERM, grace, KILL, and EOF kills it at once. A node
+  left without tasks (a gang restart) ends its step; the next attempt starts a new one.
 - Measured on Slurm 22.05 (tests/slurmcluster.py): closing srun's stdin ends the step within
   0.1 s (the helper sees EOF); SIGTERM to srun cancels the step; but SIGKILL to srun leaves the
   step running on its own for a while (about 2.5 s in the tests; nothing promises how long). So
@@ -63,6 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.console import Console
 from distlaunch.launcher.core.errors import HostError, Interrupted, Preempted, UsageError
 from distlaunch.launcher.diagnosis import stacks
@@ -76,14 +79,15 @@ from distlaunch.launcher.record import rundir
 from distlaunch.launcher.record.state import RunRecord, TaskRecord
 from distlaunch.launcher.spec.model import LOCAL_HOSTS, LoadedSpec, task_json_path
 from distlaunch.launcher.transports import procs
-from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
-from distlaunch.launcher.transports.helper import (
-    HELPER_MODULE,
-    HelperCommand,
-    HelperHandle,
-    HelperTransport,
-    still_running,
+from distlaunch.launcher.transports.agent import (
+    AGENT_MODULE,
+    AgentCommand,
+    AgentHandle,
+    AgentTransport,
 )
+from distlaunch.launcher.transports.agent_standby import AgentStandbys
+from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
+from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.launcher.transports.local.routing import HostConsole
 from distlaunch.launcher.transports.ssh.preflight import (
     HostReport,
@@ -100,6 +104,7 @@ KILL_WAIT_S = 5.0
 STEP_PREFIX = "distlaunch"
 # The step of a node's firewall guard is named distlaunch.<run id>.guard.<node>.
 GUARD_STEP = "guard"
+AGENT_STEP = "agent"
 # The step that reads a task's stacks on its node is named distlaunch.<run id>.stacks.<task>.
 STACKS_STEP = "stacks"
 # Set by the batch script `distlaunch sbatch` writes, to the job id: this job exists for this run.
@@ -325,8 +330,7 @@ def slurm_plan(
     ``node:port`` with the nodes' own ports (``picked``).
 
     A task with GPUs asks Slurm for them (``--gpus-per-task``) and gets Slurm's CUDA_VISIBLE_DEVICES;
-    a task without any gets "" (CPU only), as elsewhere. Steps get no warm standbys: those are
-    local processes. ``topos``: what each node gives the run (the probes' reports; none: counts
+    a task without any gets "" (CPU only), as elsewhere. ``topos``: what each node gives the run (the probes' reports; none: counts
     only, on the allocation's CPUs per node).
     """
     placed = on_nodes(loaded, nodes).with_ports(picked)
@@ -380,14 +384,35 @@ def helper_argv(python: str, helper: str | None) -> list[str]:
     return [python, "-m", HELPER_MODULE]
 
 
+def agent_step_name(run_id: str, node: str) -> str:
+    """The job step name of the agent of a run on ``node`` (no dot after the run id: a run
+    whose id begins like this one's never takes it for its own)."""
+    return step_name(run_id, f"{AGENT_STEP}-{node}")
+
+
+def agent_argv(python: str, helper: str | None) -> list[str]:
+    """The command that runs a node's agent: by path, beside the helper the node's preflight
+    found (isolated, no site, as `helper_argv`), or as a module."""
+    if helper and os.path.isabs(helper) and helper.endswith(".py"):
+        return [python, "-I", "-S", os.path.join(os.path.dirname(helper), "agent.py")]
+    return [python, "-m", AGENT_MODULE]
+
+
 def srun_argv(
-    job_id: str, node: str, name: str, gpus: int = 0, overlap: bool = False, cpus: int = 0
+    job_id: str,
+    node: str,
+    name: str,
+    gpus: int = 0,
+    overlap: bool = False,
+    cpus: int = 0,
+    bind: bool | None = None,
 ) -> list[str]:
     """The srun command of one single-task step on ``node``; the step's command follows it.
 
-    ``--exact``: the step takes only its own CPUs (``cpus``, its share of the node; 0: one, as
-    for a task whose `cpus` is "all"), so the tasks of a node run side by side; ``overlap``
-    (preflight's probe) shares CPUs with the tasks instead.
+    ``--exact``: the step takes only its own CPUs (``cpus``, its tasks' share of the node; 0:
+    one, as for a task whose `cpus` is "all"), so the steps of a node run side by side;
+    ``overlap`` (preflight's probe) shares CPUs with the tasks instead. ``bind`` (default: when
+    ``cpus`` is given) asks Slurm to bind the step to cores.
     """
     argv = [
         "srun",
@@ -400,7 +425,7 @@ def srun_argv(
         "--quiet",
         "--overlap" if overlap else "--exact",
     ]
-    if cpus:
+    if cpus if bind is None else bind:
         argv.append("--cpu-bind=cores")
     if gpus:
         argv.append(f"--gpus-per-task={gpus}")
@@ -569,10 +594,13 @@ def _ended(proc: subprocess.Popen) -> str:
 # ---- transport -------------------------------------------------------------------------------
 
 
-class StepTransport(HelperTransport):
-    """Starts tasks as job steps of the allocation and stops them (on the node: TERM, grace, KILL).
+class StepTransport(AgentTransport):
+    """Starts tasks through one agent per node, each a job step of the allocation, and stops
+    them (on the node: TERM, grace, KILL).
 
-    A task's local srun client holds its stdin, as an SSH task's ssh client does."""
+    A node's agent step holds the CPUs and GPUs of all of the node's tasks (``--exact``); it
+    ends once the node has no task left (a gang restart, the end), so that the next attempt's
+    step gets those resources back, and Slurm sees the run's steps end with its tasks."""
 
     def __init__(
         self,
@@ -582,49 +610,45 @@ class StepTransport(HelperTransport):
         grace_s: float,
         umask: int | None,
         helpers: Mapping[str, str] | None = None,
+        tasks: Sequence[TaskPlan] = (),
     ) -> None:
-        super().__init__(grace_s, umask, heartbeat="srun-heartbeat")
+        super().__init__(grace_s, umask, close_idle=True, term_is_notice=True)
         self.alloc = alloc
         self.run_id = run_id
         self.python = python
         self.helpers = dict(helpers or {})  # node -> the helper's path there (preflight's finding)
+        self.tasks = list(tasks)
 
-    def helper_command(self, task: TaskPlan) -> HelperCommand:
-        """The task's srun client: one step on its node running the helper."""
+    def agent_command(self, machine: str) -> AgentCommand:
+        """The node's agent: one step holding what the node's tasks are given."""
+        mine = [t for t in self.tasks if t.host_name == machine]
+        counts = [t.cpus.count for t in mine]
         argv = [
             *srun_argv(
                 self.alloc.job_id,
-                task.host_name,
-                step_name(self.run_id, task.name),
-                gpus=len(task.gpus),
-                cpus=task.cpus.count,
+                machine,
+                agent_step_name(self.run_id, machine),
+                gpus=sum(len(t.gpus) for t in mine),
+                # A task whose `cpus` is "all" counts one, and the step is not bound (as its
+                # own step was not).
+                cpus=sum(max(count, 1) for count in counts),
+                bind=all(counts),
             ),
-            *helper_argv(self.python, self.helpers.get(task.host_name)),
+            *agent_argv(self.python, self.helpers.get(machine)),
         ]
         # SIGTERM, not SIGKILL, when the launcher dies: srun then cancels its step; a killed srun
         # would leave it running.
-        return HelperCommand(tuple(argv), {contract.RUN_ID: self.run_id}, signal.SIGTERM)
+        env = {contract.RUN_ID: self.run_id}
+        return AgentCommand(tuple(argv), env, f"node {machine}", signal.SIGTERM)
 
     def request(self, task: TaskPlan) -> dict:
-        """The helper's request, with SIGTERM taken as a stop notice: Slurm SIGTERMs every
-        process of a job it requeues or preempts (KillWait before its SIGKILL), the helper too,
+        """The keeper's request, with SIGTERM taken as a stop notice: Slurm SIGTERMs every
+        process of a job it requeues or preempts (KillWait before its SIGKILL), the keeper too,
         which then passes it to the program alone instead of ending the task after grace_s.
-        ``keep_bound``: where Slurm bound the step to CPUs of its choosing, the helper keeps them
-        instead of the plan's."""
+        ``keep_bound``: where Slurm bound the step to CPUs of its choosing, they stand."""
         return {**super().request(task), "term_is_notice": True, "keep_bound": True}
 
-    def kill(self, handles: Sequence[HelperHandle]) -> None:
-        """End the steps now: EOF makes each helper SIGKILL its task and exit, which ends the step.
-
-        An srun still there after KILL_WAIT_S gets SIGTERM (it cancels the step), then SIGKILL.
-        """
-        for handle in handles:
-            handle.stdin.close()
-        late = still_running(handles, KILL_WAIT_S)
-        if late:
-            procs.stop_groups(late, KILL_WAIT_S)
-
-    def stacks(self, handle: HelperHandle, native: bool) -> stacks.Source:
+    def stacks(self, handle: AgentHandle, native: bool) -> stacks.Source:
         """The task's program, read on its node (see `task_stacks`)."""
         task = handle.task
         helper = helper_argv(self.python, self.helpers.get(task.host_name))
@@ -696,10 +720,13 @@ def cancel_steps(
 
 
 def run_step_names(run_id: str, tasks: Collection[str], nodes: Collection[str]) -> set[str]:
-    """Every step name run ``run_id`` gives: its tasks' and its guards' on ``nodes``."""
-    return {step_name(run_id, task) for task in tasks} | {
-        guard_step_name(run_id, node) for node in nodes
-    }
+    """Every step name run ``run_id`` gives: its tasks' (before the agents), its guards' and its
+    agents' on ``nodes``."""
+    return (
+        {step_name(run_id, task) for task in tasks}
+        | {guard_step_name(run_id, node) for node in nodes}
+        | {agent_step_name(run_id, node) for node in nodes}
+    )
 
 
 def _remove_rules(job: str, node: str, run_id: str, rules: str, python: str) -> None:
@@ -800,7 +827,7 @@ class SlurmLaunch:
         with (
             self._protect(plan) as protection,
             StepTransport(
-                self.alloc, plan.run_id, python, grace_s, self.umask, self.helpers
+                self.alloc, plan.run_id, python, grace_s, self.umask, self.helpers, plan.tasks
             ) as steps,
         ):
             notes = (
@@ -818,7 +845,17 @@ class SlurmLaunch:
                 record = {"network": protection.to_json()}
                 console = HostConsole(self.console, plan)
                 why = None if limit is None else limit.why
-                yield Opened(steps, record, self.alloc, notes, console, save_s=save_s, save_why=why)
+                standbys = AgentStandbys(steps, TaskTransport.SLURM) if plan.standby else None
+                yield Opened(
+                    steps,
+                    record,
+                    self.alloc,
+                    notes,
+                    console,
+                    standbys=standbys,
+                    save_s=save_s,
+                    save_why=why,
+                )
             except Preempted:
                 # Saved on a notice: Slurm's time-limit or preemption signal (SIGUSR2), or its
                 # SIGTERM of a job it requeues itself (requeueing it again changes nothing).

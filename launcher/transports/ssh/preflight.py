@@ -10,8 +10,8 @@ all reported together in one HostError (exit 2: nothing was started).
 
 `probe_all` is that check; a `Probe` says how one kind of machine is reached: `SshProbe` here
 (over the run's ssh session), the node probe in slurm.py (a job step). `check` is the SSH hosts'
-preflight. The SSH probe's ssh is also the host's first connection of the run: it becomes the
-master that the tasks' sessions share.
+preflight. The SSH probe runs on a connection of its own; the host's agent (started before any
+task, as the host's firewall guard) opens the run's master connection.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from distlaunch.host import remote
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError, last_message
 from distlaunch.launcher.plan import gpu_fit, placement, ports
@@ -33,7 +34,6 @@ from distlaunch.launcher.plan.cpu_fit import Topology, cpulist
 from distlaunch.launcher.plan.placement import Placement
 from distlaunch.launcher.spec.model import LoadedSpec, task_json_path
 from distlaunch.launcher.transports.ssh.transport import Session, remote_python
-from distlaunch.worker import remote
 
 PROBE_TIMEOUT_S = 60.0
 # ssh's own failures (exit 255) and what they mean for the user; the first match wins.
@@ -241,7 +241,11 @@ class SshProbe:
         command = f"exec {remote_python(host.python)} - {shlex.quote(json.dumps(request))}"
         timeout = host.connect_timeout_s + PROBE_TIMEOUT_S
         try:
-            done = self.session.run(name, command, stdin=probe_source().encode(), timeout=timeout)
+            # On a connection of its own: the run's master is the one its agent rides (a probe
+            # that fails leaves none behind).
+            done = self.session.run(
+                name, command, stdin=probe_source().encode(), timeout=timeout, shared=False
+            )
         except subprocess.TimeoutExpired:
             return f"no answer within {timeout:g} s"
         stderr = done.stderr.decode(errors="replace")

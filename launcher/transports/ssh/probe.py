@@ -9,7 +9,7 @@ Request keys: ``fixed_ports`` (to check free), ``auto_ports`` (how many free por
 ``shared_dir`` and ``shared`` (whether the launcher's files should be visible there), ``token_file``
 and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, ``script``, ``umask``,
 ``then_guard``: when true and nothing is wrong here, the probe goes on as the host's firewall
-guard (`distlaunch.worker.guard`, its request then comes on stdin), which saves the guard a
+guard (`distlaunch.host.guard`, its request then comes on stdin), which saves the guard a
 process start of its own. ``count_gpus``: report the host's NVIDIA GPUs as the fact ``gpus`` (the
 launcher checks them against the tasks' `gpus`). ``read_cpus``: report the CPUs this host gives
 the run (the probe's own affinity mask, which the tasks' helpers inherit), its NUMA nodes and its
@@ -18,7 +18,6 @@ between the host's tasks).
 """
 
 import errno
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -57,27 +56,25 @@ def main():
     ports = check_ports(request.get("fixed_ports", []), request.get("auto_ports", 0), problems)
     print(json.dumps({"problems": problems, "ports": ports, "facts": facts}), flush=True)
     if request.get("then_guard") and not problems:
-        from distlaunch.worker import guard
+        from distlaunch.host import guard
 
         sys.exit(guard.main())
 
 
 def check_distlaunch(problems, facts):
     try:
-        from distlaunch.worker import remote
+        from distlaunch.host import agent, remote
     except Exception as exc:  # noqa: BLE001 - any failure to import means the same thing here
         problems.append(
-            f"{sys.executable} cannot import distlaunch.worker.remote ({type(exc).__name__}: {exc}); "
+            f"{sys.executable} cannot import distlaunch.host.agent ({type(exc).__name__}: {exc}); "
             "install distlaunch in this interpreter or set the host's python"
         )
         return
-    facts["protocol"] = remote.PROTOCOL
+    # The agent and the helper it runs each task under change together: one number for both.
+    facts["protocol"] = remote.PROTOCOL if agent.PROTOCOL == remote.PROTOCOL else -1
     # Where this interpreter finds the helper: a Slurm step runs it by path (see slurm.py).
     facts["helper"] = remote.__file__
-    try:
-        facts["distlaunch"] = importlib.metadata.version("distlaunch")
-    except importlib.metadata.PackageNotFoundError:
-        facts["distlaunch"] = "unknown"
+    facts["distlaunch"] = version("distlaunch") or "unknown"
 
 
 def check_tensorflow(problems, facts):
@@ -86,12 +83,60 @@ def check_tensorflow(problems, facts):
         problems.append(f"tensorflow is not installed for {sys.executable}")
         return
     for dist in TENSORFLOW_DISTS:
-        try:
-            facts["tensorflow"] = importlib.metadata.version(dist)
+        found = version(dist)
+        if found is not None:
+            facts["tensorflow"] = found
             return
-        except importlib.metadata.PackageNotFoundError:
-            continue
     facts["tensorflow"] = "unknown"
+
+
+def version(dist):
+    """The installed version of distribution ``dist``, or None: the ``Version`` of the first
+    ``*.dist-info`` (or ``*.egg-info``) of that name on sys.path, as importlib.metadata finds it.
+    Read here because importing importlib.metadata (email's parser and more) costs more than the
+    rest of the probe, on every host of every `up`; only a layout this does not read (a zipped
+    egg, a custom finder) pays for it."""
+    wanted = _normalized(dist)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            stem, dot, kind = name.rpartition(".")
+            if not dot or kind not in ("dist-info", "egg-info"):
+                continue
+            if _normalized(stem.partition("-")[0]) != wanted:
+                continue
+            found = _metadata_version(os.path.join(entry or ".", name))
+            if found is not None:
+                return found
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _normalized(name):
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _metadata_version(path):
+    """The ``Version:`` header of a dist-info's METADATA (an egg-info's PKG-INFO, or the file
+    itself), None when there is none."""
+    for file in ("METADATA", "PKG-INFO", ""):
+        try:
+            with open(os.path.join(path, file) if file else path, encoding="utf-8") as f:
+                for line in f:
+                    if not line.strip():
+                        break  # the headers end at the first empty line
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            continue
+    return None
 
 
 def read_topology():

@@ -1,4 +1,4 @@
-"""The SSH transport: a task on another host runs there under `distlaunch.worker.remote`, held by a local ssh client.
+"""The SSH transport: a task on another host runs there under `distlaunch.host.remote`, held by a local ssh client.
 
 Why it is built this way:
 - The system's OpenSSH client does the connecting, so ~/.ssh/config, agents, ProxyJump and
@@ -11,7 +11,7 @@ Why it is built this way:
   (`ssh -O exit`); ControlPersist is short, so a master left by a killed launcher ends on its own
   once its sessions are gone.
 - Each task is a helper transport's task (transports/helper.py): a local ssh client runs
-  ``ssh HOST 'exec PYTHON -m distlaunch.worker.remote'`` and the task travels as one JSON line on
+  ``ssh HOST 'exec PYTHON -m distlaunch.host.remote'`` and the task travels as one JSON line on
   its stdin. Only the interpreter's path is in the remote command, shell-quoted. The launcher keeps
   the client's stdin (heartbeats, ``stop``); EOF (the launcher died or killed the client, the
   connection dropped) or the heartbeat's silence makes the helper SIGKILL the task's remote
@@ -25,22 +25,24 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.launcher.spec.model import Host
-from distlaunch.launcher.transports import procs
-from distlaunch.launcher.transports.helper import (
-    HELPER_MODULE,
-    HelperCommand,
-    HelperHandle,
-    HelperTransport,
+from distlaunch.launcher.transports.agent import (
+    AGENT_MODULE,
+    AgentCommand,
+    AgentHandle,
+    AgentTransport,
 )
+from distlaunch.launcher.transports.helper import HELPER_MODULE
 from distlaunch.worker import contract
 
-# Tasks per master connection: sshd refuses sessions past MaxSessions (10 by default) on one
-# connection; one is kept spare for preflight and `collect`.
+# Sessions one master connection carries at most at once: sshd refuses sessions past MaxSessions
+# (10 by default) on one connection. The run's master carries the agent (the host's guard too), so the
+# stacks queries (up to this many at once) ride a master of their own (STACKS_SLOT).
 MUX_SESSIONS = 8
 # How long an idle master outlives its last session when nobody ends it (`ssh -O exit`).
 CONTROL_PERSIST_S = 30
@@ -50,6 +52,11 @@ ALIVE_COUNT = 3
 # The master connection of the launcher's stacks queries, apart from the tasks': a capture asks
 # about up to 8 tasks of a host at once, which would not fit beside 8 tasks on one master.
 STACKS_SLOT = -1
+# The most ssh clients a launcher runs at once for per-host work (`ssh -G`, `ssh -O exit`).
+PARALLEL_SSH = 32
+
+A = TypeVar("A")
+T = TypeVar("T")
 
 
 def remote_python(python: str) -> str:
@@ -65,7 +72,20 @@ def remote_python(python: str) -> str:
 def jumped_hosts(hosts: Mapping[str, Host]) -> list[str]:
     """The SSH hosts among ``hosts`` that ssh reaches through a jump host (`Session.through_jump_host`)."""
     session = Session({n: h for n, h in hosts.items() if h.transport == "ssh"})
-    return [name for name in sorted(session.hosts) if session.through_jump_host(name)]
+    names = sorted(session.hosts)
+    # One `ssh -G` per host, side by side: one after another they cost a run of 100 hosts seconds.
+    found = _each(session.through_jump_host, names)
+    return [name for name, jumped in zip(names, found, strict=True) if jumped]
+
+
+def _each(work: Callable[[A], T], items: Sequence[A]) -> list[T]:
+    """``work`` of every item, at most PARALLEL_SSH at once (each mostly waits on an ssh client)."""
+    if len(items) < 2:
+        return [work(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_SSH, len(items))) as pool:
+        return list(pool.map(work, items))
 
 
 class Session:
@@ -87,7 +107,7 @@ class Session:
     def argv(self, name: str, remote_command: str, slot: int = 0) -> list[str]:
         """The ssh command line that runs ``remote_command`` (POSIX shell text) on host ``name``.
 
-        ``slot`` picks the master connection: slot k carries tasks k*MUX_SESSIONS onwards.
+        ``slot`` picks the master connection: 0 is the run's (the agent's, which is the guard).
         """
         return [
             "ssh",
@@ -105,14 +125,19 @@ class Session:
         stdin: bytes = b"",
         timeout: float | None = None,
         slot: int = 0,
+        shared: bool = True,
     ) -> subprocess.CompletedProcess:
         """Run ``remote_command`` on host ``name`` and wait; output is captured as bytes.
 
-        The first call for a host (and slot) opens its master connection, which stays for the run.
+        The first call for a host (and slot) opens its master connection, which stays for the run;
+        with ``shared`` False it runs on a connection of its own, closed when it ends.
         """
         host = self.hosts[name]
+        argv = self.argv(name, remote_command, slot)
+        if not shared:
+            argv = ["ssh", "-T", *self._options(name, slot, control=False), *argv[-3:]]
         return subprocess.run(
-            self.argv(name, remote_command, slot),
+            argv,
             input=stdin,
             capture_output=True,
             timeout=timeout if timeout is not None else host.connect_timeout_s + 60,
@@ -138,21 +163,25 @@ class Session:
         """End every master connection this session opened and remove the control dir."""
         if self._control_dir is None:
             return
-        for name, slot in sorted(self._masters):
-            host = self.hosts[name]
-            try:
-                # Without a master (the host was never reached) this fails at once, harmlessly.
-                subprocess.run(
-                    ["ssh", *self._options(name, slot), "-O", "exit", "--", host.address_of(name)],
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    timeout=host.connect_timeout_s + 10,
-                )
-            except subprocess.TimeoutExpired:
-                pass  # a master that hangs goes away by itself ControlPersist after its last session
+        # All at once: the launcher's exit waits for the last of them.
+        _each(self._end_master, sorted(self._masters))
         shutil.rmtree(self._control_dir, ignore_errors=True)
         self._control_dir = None
         self._masters.clear()
+
+    def _end_master(self, master: tuple[str, int]) -> None:
+        name, slot = master
+        host = self.hosts[name]
+        try:
+            # Without a master (the host was never reached) this fails at once, harmlessly.
+            subprocess.run(
+                ["ssh", *self._options(name, slot), "-O", "exit", "--", host.address_of(name)],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=host.connect_timeout_s + 10,
+            )
+        except subprocess.TimeoutExpired:
+            pass  # a master that hangs goes away by itself ControlPersist after its last session
 
     def __enter__(self) -> Session:
         return self
@@ -218,49 +247,32 @@ def task_stacks(
     return stacks.helper(argv, run_id, task, native, f"on {session.target(host)}")
 
 
-class SshTransport(HelperTransport):
-    """Starts tasks on SSH hosts through `session` and stops them (remotely: TERM, grace, KILL)."""
+class SshTransport(AgentTransport):
+    """Starts tasks on SSH hosts through one agent per host, each behind one ssh session."""
 
-    def __init__(self, session: Session, grace_s: float, umask: int | None) -> None:
-        super().__init__(grace_s, umask, heartbeat="ssh-heartbeat")
+    def __init__(
+        self, session: Session, grace_s: float, umask: int | None, run_id: str = ""
+    ) -> None:
+        super().__init__(grace_s, umask)
         self.session = session
-        self._slots: dict[str, int] = {}
-        self._per_host: dict[str, int] = {}
-        self._opened: set[tuple[str, int]] = set()
+        self.run_id = run_id  # for `distlaunch down`, on the agents' clients
 
-    def helper_command(self, task: TaskPlan) -> HelperCommand:
-        """The task's ssh client, on the master connection of its slot (opened first if new)."""
-        slot = self._slot(task)
-        if slot > 0 and (task.host_name, slot) not in self._opened:
-            # Opened before the slot's first task, so that its tasks do not race to be master.
-            self._opened.add((task.host_name, slot))
-            try:
-                self.session.run(task.host_name, "true", slot=slot)
-            except subprocess.TimeoutExpired:
-                pass  # the task's own ssh then reports what is wrong
-        command = (
-            f"exec {remote_python(self.session.hosts[task.host_name].python)} -m {HELPER_MODULE}"
-        )
-        # The client gets the launcher's environment (agent socket, ssh config) plus the run id that
-        # `distlaunch down` looks for; the task's own environment travels in the request.
-        env = {contract.RUN_ID: task.env.get(contract.RUN_ID, "")}
-        return HelperCommand(tuple(self.session.argv(task.host_name, command, slot)), env)
+    def agent_command(self, machine: str) -> AgentCommand:
+        """The host's agent, on the host's master connection (opened by it if it is the first)."""
+        python = remote_python(self.session.hosts[machine].python)
+        # The client gets the launcher's environment (agent socket, ssh config) plus the run id
+        # that `distlaunch down` looks for; the tasks' own environments travel in the requests.
+        env = {contract.RUN_ID: self.run_id}
+        argv = self.session.argv(machine, f"exec {python} -m {AGENT_MODULE}")
+        return AgentCommand(tuple(argv), env, self.session.target(machine))
 
-    def kill(self, handles: Sequence[HelperHandle]) -> None:
-        """Kill the tasks' local ssh clients: the helpers see EOF and SIGKILL their tasks at once."""
-        procs.kill_groups(h.proc for h in handles)
+    def start(self, task: TaskPlan) -> AgentHandle:
+        """Start one task through its host's agent."""
+        self.run_id = task.env.get(contract.RUN_ID, "")
+        return super().start(task)
 
-    def stacks(self, handle: HelperHandle, native: bool) -> stacks.Source:
+    def stacks(self, handle: AgentHandle, native: bool) -> stacks.Source:
         """The task's program, read on its host (see `task_stacks`)."""
         task = handle.task
         run_id = task.env.get(contract.RUN_ID, "")
         return task_stacks(self.session, task.host_name, run_id, task.name, native, STACKS_SLOT)
-
-    def _slot(self, task: TaskPlan) -> int:
-        """The master connection a task uses, stable across restarts of the task."""
-        key = f"{task.host_name}/{task.name}"
-        if key not in self._slots:
-            count = self._per_host.get(task.host_name, 0)
-            self._per_host[task.host_name] = count + 1
-            self._slots[key] = count // MUX_SESSIONS
-        return self._slots[key]

@@ -1,12 +1,14 @@
 """The remote end of an SSH task: runs the task in its own process group and never lets it outlive the launcher.
 
-The launcher runs ``ssh HOST 'exec PYTHON -m distlaunch.worker.remote'`` and talks to this helper
+The launcher runs ``ssh HOST 'exec PYTHON -m distlaunch.host.remote'`` and talks to this helper
 over the SSH session's stdin, one line at a time:
 
 - line 1 is a JSON request: ``{"argv": [...], "env": {...}, "cwd": "..." | null,
   "mkdirs": [...], "umask": 63 | null, "grace_s": 5, "heartbeat_s": 20, "cpus": [0, 1]}``
   (``cpus``: the CPUs the task is pinned to, its share of the host; none or empty: not pinned
-  here; with ``"keep_bound": true``, a Slurm step, not where Slurm already bound it to as many).
+  here; with ``"keep_bound": true``, a Slurm step, not where Slurm already bound it to as many;
+  ``standby_fd``: a warm standby's control socket, passed on by the agent: the task gets it under
+  that number and this helper closes its own copy once the task has started).
   Arguments, environment
   and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
   starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
@@ -60,9 +62,11 @@ import sys
 import time
 from typing import Any
 
-# Bumped whenever the request format or the worker contract changes; the launcher's preflight
-# refuses a host whose helper speaks another protocol.
-PROTOCOL = 3
+# Bumped whenever the request format, the agent's lines (distlaunch.host.agent, which has the
+# same number) or the worker contract changes; preflight refuses a host that speaks another.
+# 4: one agent per host runs every task of the host under this helper.
+# 5: the agent keeps warm standbys (``prepare``), started by this helper with ``standby_fd``.
+PROTOCOL = 5
 STOP = b"stop"
 NOTICE = b"notice"
 # Exit codes for a task that could not be started, as POSIX shells use them.
@@ -79,7 +83,7 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 # How each line this helper says itself begins (on its stderr: the task's log).
-_SAID = "distlaunch.worker.remote: "
+_SAID = "distlaunch.host.remote: "
 
 
 def main() -> int:
@@ -106,14 +110,21 @@ def main() -> int:
     try:
         for path in request["mkdirs"]:
             os.makedirs(path, exist_ok=True)
+        bound = os.sched_getaffinity(0)
         if request["cpus"] and not (
-            request["keep_bound"] and len(os.sched_getaffinity(0)) <= len(request["cpus"])
+            request["keep_bound"]
+            and (len(bound) <= len(request["cpus"]) or not set(request["cpus"]) <= bound)
         ):
             # Pinned here, before the start: the task inherits the mask, so TensorFlow sizes its
             # thread pools to it from its first line (this helper only waits, on any CPU). A
-            # Slurm step already bound to its share (``keep_bound``) keeps Slurm's CPUs.
+            # Slurm step already bound to its share (``keep_bound``) keeps Slurm's CPUs, and so
+            # does a node's agent step that Slurm bound to CPUs other than the plan's.
             os.sched_setaffinity(0, request["cpus"])
         child = _start(request)
+        if request["standby_fd"] is not None:
+            # Only the standby holds its control socket now: the agent reads its EOF when the
+            # standby dies.
+            os.close(request["standby_fd"])
     except OSError as exc:
         _say(f"cannot start the task: {exc}")
         return (
@@ -143,6 +154,9 @@ def _parse(line: bytes | None) -> dict[str, Any]:
     cpus = request.get("cpus") or []
     if not (isinstance(cpus, list) and all(type(c) is int and c >= 0 for c in cpus)):
         raise ValueError("cpus must be a list of CPU ids")
+    standby_fd = request.get("standby_fd")
+    if standby_fd is not None and not (type(standby_fd) is int and standby_fd > 2):
+        raise ValueError("standby_fd must be a descriptor number above 2")
     return {
         "argv": [_home(argv[0]), *argv[1:]],
         "env": env,
@@ -154,6 +168,7 @@ def _parse(line: bytes | None) -> dict[str, Any]:
         "term_is_notice": bool(request.get("term_is_notice")),
         "cpus": cpus,
         "keep_bound": bool(request.get("keep_bound")),
+        "standby_fd": standby_fd,
     }
 
 
@@ -183,6 +198,8 @@ def _start(request: dict[str, Any]) -> subprocess.Popen:
         env={**os.environ, **request["env"]},
         start_new_session=True,
         preexec_fn=die_with_helper,
+        # A standby's control socket (the agent's warm standbys), under its own number.
+        pass_fds=() if request["standby_fd"] is None else (request["standby_fd"],),
     )
 
 

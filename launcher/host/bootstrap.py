@@ -1,8 +1,8 @@
 """How every task's program starts: the error hook, then the script or module, as Python would.
 
-The launcher runs ``PYTHON .../distlaunch/worker/bootstrap.py SCRIPT ARGS...`` (by path, so that
+The launcher runs ``PYTHON .../distlaunch/launcher/host/bootstrap.py SCRIPT ARGS...`` (by path, so that
 any interpreter works, also one without distlaunch installed) or, where distlaunch is installed
-(SSH hosts, containers), ``PYTHON -m distlaunch.worker.bootstrap -m MODULE ARGS...``.
+(SSH hosts, containers), ``PYTHON -m distlaunch.host.bootstrap -m MODULE ARGS...``.
 
 A warm standby (launcher/transports/local/standby.py) runs the task's own command, with the env, cwd
 and output of the task's next attempt and one more variable, DISTLAUNCH_STANDBY: the socket FD it

@@ -36,7 +36,7 @@ import signal
 import time
 from pathlib import Path
 
-from . import contract
+from distlaunch.worker import contract
 
 # How often, while a notice waits on a status file, that file is read again.
 POLL_S = 0.25

@@ -3,8 +3,8 @@
 TensorFlow's gRPC servers listen on every interface with no authentication. On a host of a run
 across machines, this guard admits TCP connections to the run's task ports on that host only from
 the run's own hosts and loopback, and drops all others. The launcher (or any remote transport)
-runs ``python -m distlaunch.worker.guard`` on each host before any task starts and talks to it
-over stdin, as to `distlaunch.worker.remote`:
+runs ``python -m distlaunch.host.guard`` on each host before any task starts and talks to it
+over stdin, as to `distlaunch.host.remote`:
 
 - line 1 is a JSON request: ``{"run_id": "...", "name": "...", "ports": [2222, ...], "allow":
   ["10.0.0.11", "node2", ...], "allow_client": true, "heartbeat_s": 20}``. ``name`` names this
@@ -31,7 +31,7 @@ it deletes the table by the handle nft gave it, so a table that a later attempt 
 its place is never removed by the earlier guard. Where nft is missing, iptables does the same with
 a chain (``DL-<digest of the name>``, IPv4 and IPv6) that INPUT jumps to for the task ports. A
 guard that is SIGKILLed cannot clean up: that is the one way to leave its rules behind. ``python
--m distlaunch.worker.guard --remove NAME`` removes what a guard of that name left on the host (its
+-m distlaunch.host.guard --remove NAME`` removes what a guard of that name left on the host (its
 table, or its chains and INPUT's jumps to them); `distlaunch down` runs it on a Slurm run's nodes,
 with the names run.json recorded, where a cancelled step or a killed srun SIGKILLs the guard.
 
@@ -465,7 +465,7 @@ def _user() -> str:
 
 def _say(message: str) -> None:
     try:
-        sys.stderr.write(f"distlaunch.worker.guard: {message}\n")
+        sys.stderr.write(f"distlaunch.host.guard: {message}\n")
         sys.stderr.flush()
     except (BrokenPipeError, OSError):
         pass

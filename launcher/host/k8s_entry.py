@@ -9,7 +9,7 @@ run-dir folders those files go in, and then runs the program under `pod_init`, w
 the pod's PID 1: it turns the pod's SIGTERM into a stop notice where the program can save
 (``--notice``: see pod_init), reaps orphans, and exits with the program's code.
 
-    python -m distlaunch.worker.k8s_entry [--umask 077] [--notice program] [--save-s 30] \
+    python -m distlaunch.host.k8s_entry [--umask 077] [--notice program] [--save-s 30] \
         -- python -m my.trainer --epochs 3
 
 A pod whose environment is wrong (a manifest edited by hand) exits 2, which `distlaunch k8s`
@@ -25,10 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import contract, pod_init
+from distlaunch.worker import contract
+
+from . import pod_init
 
 USAGE = (
-    "usage: python -m distlaunch.worker.k8s_entry [--umask OCTAL] [--notice program|chief|group] "
+    "usage: python -m distlaunch.host.k8s_entry [--umask OCTAL] [--notice program|chief|group] "
     "[--save-s S] -- PROGRAM [ARGS...]"
 )
 

@@ -1,0 +1,363 @@
+"""One agent per remote host (distlaunch.host.agent): on its own (its lines and frames, its
+keepers, its death), then a run of 32 stand-in tasks on the two SSH test hosts through one ssh
+session per host.
+
+Host tests skip, with the reason, where the machine cannot make the hosts (not root, no sshd).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import sshhosts
+from conftest import events, wait_for, wait_for_run_dir
+from distlaunch.host import agent, guard, remote
+
+AGENT = [sys.executable, "-m", "distlaunch.host.agent"]
+# A task that needs no TensorFlow: it listens on its TF_CONFIG port (the launcher sees it join),
+# says so, and exits 0 once the test's go-file exists.
+STAND_IN = """
+import json, os, pathlib, socket, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+me = cfg["task"]
+port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", port))
+server.listen()
+print("up", os.getpid(), flush=True)
+go = pathlib.Path(sys.argv[1])
+deadline = time.monotonic() + 300
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+"""
+SLEEPER = "import os, time\nprint('up', os.getpid(), flush=True)\ntime.sleep(600)\n"
+
+
+class _Channel:
+    """The launcher's end of an agent run here: commands in, frames out."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(AGENT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def send(self, command: dict) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def frame(self) -> tuple[bytes, int, bytes]:
+        assert self.proc.stdout is not None
+        header = self.proc.stdout.readline()
+        kind, number, length = header.split()
+        payload = self.proc.stdout.read(int(length) + 1)  # and the newline that ends a frame
+        return kind, int(number), payload[:-1]
+
+    def until_end(self, number: int) -> tuple[bytes, int]:
+        """The task's output and its exit code, from the frames up to its end."""
+        output = b""
+        while True:
+            kind, got, payload = self.frame()
+            if got == number and kind == b"o":
+                output += payload
+            if got == number and kind == b"x":
+                return output, int(payload)
+
+
+def _start(channel: _Channel, number: int, code: str) -> None:
+    channel.send({"start": number, "request": {"argv": [sys.executable, "-c", code], "env": {}}})
+
+
+def test_agent_and_helper_speak_one_protocol() -> None:
+    assert agent.PROTOCOL == remote.PROTOCOL
+
+
+def test_agent_runs_tasks_side_by_side_and_relays_each_end() -> None:
+    channel = _Channel()
+    channel.send({"agent": agent.PROTOCOL, "heartbeat_s": 60})
+    _start(channel, 1, "import sys; print('one'); sys.exit(3)")
+    _start(channel, 2, "import os, signal; print('two', flush=True); os.kill(os.getpid(), 9)")
+    ends: dict[int, tuple[bytes, int]] = {}
+    outputs: dict[int, bytes] = {1: b"", 2: b""}
+    while len(ends) < 2:
+        kind, number, payload = channel.frame()
+        if kind == b"o":
+            outputs[number] += payload
+        elif kind == b"x":
+            ends[number] = (outputs[number], int(payload))
+    assert ends[1] == (b"one\n", 3)
+    assert ends[2][1] == 128 + 9 and remote.ended_by(ends[2][0], 9)
+    assert channel.proc.stdin is not None
+    channel.proc.stdin.close()
+    assert channel.proc.wait(timeout=30) == 1  # the launcher's channel ended
+
+
+def test_an_agent_of_another_protocol_says_so_and_starts_nothing() -> None:
+    done = subprocess.run(
+        AGENT, input=b'{"agent": 1, "heartbeat_s": 20}\n', capture_output=True, timeout=60
+    )
+    assert done.returncode == agent.EXIT_PROTOCOL
+    assert b"protocol" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["eof", "sigkill"])
+def test_no_task_outlives_its_agent(tmp: Path, how: str) -> None:
+    script = tmp / "sleeper.py"
+    script.write_text(SLEEPER)
+    channel = _Channel()
+    channel.send({"agent": agent.PROTOCOL, "heartbeat_s": 60})
+    for number in (1, 2):
+        channel.send(
+            {"start": number, "request": {"argv": [sys.executable, str(script)], "env": {}}}
+        )
+    outputs = {1: b"", 2: b""}
+    while not all(b"\n" in out for out in outputs.values()):
+        kind, number, payload = channel.frame()
+        if kind == b"o":
+            outputs[number] += payload
+    pids = [int(out.split()[1]) for out in outputs.values()]
+    if how == "eof":
+        assert channel.proc.stdin is not None
+        channel.proc.stdin.close()
+    else:
+        channel.proc.kill()
+    channel.proc.wait(timeout=30)
+    wait_for(lambda: not any(psutil.pid_exists(p) for p in pids), "the tasks to be gone", 60)
+
+
+# ---- the SSH test hosts ---------------------------------------------------------------------
+
+
+def _agents(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> list[psutil.Process]:
+    return [p for p in lab.processes(host) if "distlaunch.host.agent" in _cmdline(p)]
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    """``proc``'s command line, empty for one that is going (gone, or a zombie being reaped)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+@pytest.mark.integration
+def test_32_tasks_on_two_hosts_run_through_one_ssh_session_each(ssh_lab, tmp: Path) -> None:
+    lab: sshhosts.HostLab = ssh_lab
+    (tmp / "task.py").write_text(STAND_IN)
+    go = tmp / "go"
+    tasks = [{"host": h.name} for h in lab.hosts for _ in range(16)]
+    spec = {
+        "name": "agents",
+        "strategy": "multi_worker_mirrored",
+        "program": {"script": "task.py", "args": [str(go)]},
+        "hosts": {h.name: lab.host_entry(h) for h in lab.hosts},
+        "tasks": {"worker": tasks},
+        "shared_dir": "runs",
+        "timeouts": {"grace_s": 2, "startup_s": 240},
+    }
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "distlaunch.launcher", "up", "spec.json"],
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        logs = run_dir / "logs" / "attempt-0"
+
+        def all_up() -> bool:
+            files = [logs / f"worker-{i}.log" for i in range(32)]
+            return all(f.exists() and "up " in f.read_text() for f in files)
+
+        wait_for(all_up, "every task up", launcher=launcher)
+        clients = [
+            " ".join(p.cmdline())
+            for p in psutil.Process(launcher.pid).children()
+            if p.name() == "ssh"
+        ]
+        assert sum("distlaunch.host.agent" in c for c in clients) == 2, clients
+        assert not any("distlaunch.host.remote" in c for c in clients), clients
+        assert [len(_agents(lab, h)) for h in lab.hosts] == [1, 1]
+        go.write_text("go")
+        out, err = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 0, err
+    started = [e for e in events(run_dir) if e.get("event") == "started"]
+    assert len(started) == 32
+    wait_for(lambda: not any(lab.processes(h) for h in lab.hosts), "the hosts to be empty", 60)
+
+
+def _hosts_spec(folder: Path, lab: sshhosts.HostLab, hosts: dict, tasks: list, **fields) -> Path:
+    spec = {
+        "name": "agents",
+        "strategy": "multi_worker_mirrored",
+        "program": {"script": "task.py"},
+        "hosts": hosts,
+        "tasks": {"worker": tasks},
+        "shared_dir": "runs",
+        "timeouts": {"grace_s": 2, "startup_s": 120},
+        **fields,
+    }
+    path = folder / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _up(folder: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "distlaunch.launcher", "up", "spec.json"],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_up(run_dir: Path, count: int, launcher: subprocess.Popen) -> None:
+    logs = run_dir / "logs" / "attempt-0"
+    files = [logs / f"worker-{i}.log" for i in range(count)]
+    wait_for(
+        lambda: all(f.exists() and "up " in f.read_text() for f in files),
+        "every task up",
+        launcher=launcher,
+    )
+
+
+@pytest.mark.integration
+def test_a_host_with_an_older_distlaunch_is_one_line_and_nothing_starts(ssh_lab, tmp: Path) -> None:
+    lab: sshhosts.HostLab = ssh_lab
+    old = tmp / "old" / "distlaunch" / "host"
+    old.mkdir(parents=True)
+    for name in ("distlaunch/__init__.py", "distlaunch/host/__init__.py"):
+        (tmp / "old" / name).write_text("")
+    for name in ("agent.py", "remote.py"):
+        (old / name).write_text("PROTOCOL = 3\n")
+    python = tmp / "oldpython"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={tmp / "old"} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    (tmp / "task.py").write_text(SLEEPER)
+    node1, node2 = lab.hosts
+    hosts = {
+        node1.name: lab.host_entry(node1, python=str(python)),
+        node2.name: lab.host_entry(node2),
+    }
+    _hosts_spec(tmp, lab, hosts, [{"host": node1.name}, {"host": node2.name}])
+    launcher = _up(tmp)
+    out, err = launcher.communicate(timeout=240)
+    assert launcher.returncode == 2, err
+    problems = [line for line in err.splitlines() if "protocol" in line]
+    assert len(problems) == 1 and problems[0].strip().startswith(f"{node1.name} ("), err
+    assert f"speaks protocol 3, this launcher {remote.PROTOCOL}" in problems[0]
+    assert not list((tmp / "runs").glob("*/logs/*/*.log"))
+    assert not any(lab.processes(h) for h in lab.hosts)
+
+
+@pytest.mark.integration
+def test_an_agent_killed_on_its_host_ends_its_tasks_and_the_run_names_the_host(
+    ssh_lab, tmp: Path
+) -> None:
+    lab: sshhosts.HostLab = ssh_lab
+    (tmp / "task.py").write_text(SLEEPER)
+    node1, node2 = lab.hosts
+    hosts = {h.name: lab.host_entry(h) for h in lab.hosts}
+    tasks = [{"host": node1.name}, {"host": node1.name}, {"host": node2.name}]
+    _hosts_spec(tmp, lab, hosts, tasks)
+    launcher = _up(tmp)
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        _wait_up(run_dir, 3, launcher)
+        (killed,) = _agents(lab, node1)
+        killed.kill()
+        out, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 1, err
+    log = (run_dir / "logs" / "attempt-0" / "worker-0.log").read_text()
+    assert f"lost the agent on {node1.name} (" in log
+    assert f"{node1.name}" in err and "failed: worker-" in err, err
+    wait_for(lambda: not any(lab.processes(h) for h in lab.hosts), "the hosts to be empty", 60)
+
+
+@pytest.fixture(scope="module")
+def four_hosts():
+    """Four SSH test hosts (tests/sshhosts.py) for the link-cut test."""
+    reason = sshhosts.unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with sshhosts.HostLab(4) as made:
+        yield made
+
+
+@pytest.mark.integration
+def test_a_cut_link_is_named_and_leaves_nothing_on_its_host(four_hosts, tmp: Path) -> None:
+    lab: sshhosts.HostLab = four_hosts
+    (tmp / "task.py").write_text(SLEEPER)
+    hosts = {h.name: lab.host_entry(h) for h in lab.hosts}
+    _hosts_spec(tmp, lab, hosts, [{"host": h.name} for h in lab.hosts])
+    cut = lab.hosts[2]
+    leg = f"{cut.netns}v"  # the host's end of its cable to the switch (tests/netlab.py)
+    launcher = _up(tmp)
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        _wait_up(run_dir, 4, launcher)
+        # One distlaunch process per host: the agent, which holds the host's firewall rules too.
+        assert [len(_agents(lab, h)) for h in lab.hosts] == [1] * 4
+        assert not any("distlaunch.host.guard" in _cmdlines(lab, h) for h in lab.hosts)
+        if shutil.which("nft") is not None:
+            assert all(_run_tables(h) for h in lab.hosts)
+        subprocess.run(["ip", "-n", cut.netns, "link", "set", leg, "down"], check=True)
+        cut_at = time.time()
+        try:
+            out, err = launcher.communicate(timeout=120)
+            # The host's agent heard nothing for its heartbeat timeout: it killed its task.
+            wait_for(lambda: not lab.processes(cut), "the cut host to be empty", 60)
+        finally:
+            subprocess.run(["ip", "-n", cut.netns, "link", "set", leg, "up"], check=True)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 1, err
+    log = (run_dir / "logs" / "attempt-0" / "worker-2.log").read_text()
+    assert f"lost the agent on {cut.name} (" in log, log
+    assert "failed: worker-2" in err, err
+    ended = [e for e in events(run_dir) if e.get("task") == "worker-2" and "exit" in e]
+    # A figure, not an assertion (bench/ holds the timed checks): how soon the cut was named.
+    print(f"link cut named after {ended[0]['time'] - cut_at:.1f} s")
+    wait_for(lambda: not any(lab.processes(h) for h in lab.hosts), "every host to be empty", 60)
+    # Nor are the run's firewall rules: each agent held its host's and removed them as it ended,
+    # the cut host's on the launcher's silence.
+    assert {h.name: _run_tables(h) for h in lab.hosts} == {h.name: [] for h in lab.hosts}
+
+
+def _cmdlines(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> str:
+    """Every command line in the host's namespace, one string."""
+    return "\n".join(_cmdline(proc) for proc in lab.processes(host))
+
+
+def _run_tables(host: sshhosts.TestHost) -> list[str]:
+    """The run tables (nftables) in the host's namespace; none where nft is missing (the run
+    then had no firewall: the guard says why)."""
+    if shutil.which("nft") is None:
+        return []
+    listed = subprocess.run(
+        ["ip", "netns", "exec", host.netns, "nft", "list", "tables"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return [line for line in listed.stdout.splitlines() if guard.TABLE_PREFIX in line]
