@@ -24,9 +24,12 @@ def docs_block(page: str) -> str:
 
 
 def runs_under(folder: Path) -> list[Path]:
-    """The run dirs of the tf_cluster runs under ``folder``, oldest first (run ids start with
-    their start time)."""
-    return sorted((p.parent for p in folder.glob("**/tf_cluster/*/run.json")), key=lambda p: p.name)
+    """The run dirs of the tf_cluster runs under ``folder``, oldest first (by run.json's
+    started_at: run ids name their start to the second, and quick runs share a second)."""
+    records = folder.glob("**/tf_cluster/*/run.json")
+    return [
+        p.parent for p in sorted(records, key=lambda p: json.loads(p.read_text())["started_at"])
+    ]
 
 
 def assert_nothing_left(runs: list[Path]) -> None:
