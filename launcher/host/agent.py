@@ -5,11 +5,16 @@ session, however many tasks the host has) and talks to the agent over that sessi
 
 Each task runs under its own keeper, `remote.py` (the per-task helper: its own process group and
 session, the task's CPUs, SIGTERM, grace, SIGKILL of the group, a subreaper's sweep of whatever
-the task forked), started by path with an isolated interpreter (no site-packages, so it starts in
-tens of milliseconds). The agent is the keepers' launcher on the host: it holds their stdin (EOF
-makes a keeper SIGKILL its task's group at once) and reads their stdout (the task's output and
-the keeper's own lines). So when the agent dies (killed, or its channel gone) every keeper sees
-EOF and nothing of the run is left on the host, exactly as when a per-task client died before.
+the task forked). A keeper is a fork of the agent that runs `remote.main` (the agent imported it
+once): a fork costs about a millisecond of CPU where starting an interpreter and importing the
+keeper cost 30-40 ms, for every task and every restart of every task on the host (128 tasks on
+16 hosts: 4 s of CPU). The fork closes everything of the agent's but its own pipes and drops the
+agent's signal handlers before the keeper's code runs; its command line reads as the keeper's
+(`KEEPER_TITLE`), so `ps` on the host tells the agent from its keepers. The agent is the keepers'
+parent on the host: it holds their stdin (EOF makes a keeper SIGKILL its task's group at once)
+and reads their stdout (the task's output and the keeper's own lines). So when the agent dies
+(killed, or its channel gone) every keeper sees EOF, and nothing of the run is left on the
+host, exactly as when a per-task client died before.
 
 The launcher's side (stdin), one line each:
 
@@ -49,14 +54,16 @@ library only too, is imported when a ``guard`` line comes: run by path, an agent
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import select
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -66,8 +73,10 @@ if TYPE_CHECKING:
 # lines or frames or the keeper's request change; preflight refuses a host that speaks another.
 PROTOCOL = 5
 EXIT_PROTOCOL = 3
-# The keeper of each task: this folder's remote.py, run by path (no package import needed).
+# The keeper of each task: this folder's remote.py, loaded by path (no package import needed).
 KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote.py")
+# What a keeper's command line reads on the host (as much of it as the agent's own has room for).
+KEEPER_TITLE = "distlaunch.host.remote: keeper of task %d"
 # After a keeper exits, how long its output pipe may stay open (a process it failed to end).
 DRAIN_S = 1.0
 # How long the agent waits for its keepers to end their tasks before it exits anyway.
@@ -88,24 +97,18 @@ def frame(kind: bytes, task: int, payload: bytes) -> bytes:
 
 
 class _Keeper:
-    """One task's keeper process, its pipes and what is known of its end."""
+    """One task's keeper process (a fork of the agent, `_fork_keeper`), its pipes and what is
+    known of its end."""
 
     def __init__(self, task: int, request: dict, pass_fds: tuple[int, ...] = ()) -> None:
         self.task = task
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", KEEPER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            pass_fds=pass_fds,
-        )
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.stdin = self.proc.stdin
-        self.out = self.proc.stdout.fileno()
+        self.pid, stdin, self.out = _fork_keeper(task, pass_fds)
+        self.stdin = os.fdopen(stdin, "wb")
         os.set_blocking(self.out, False)
-        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.pidfd = os.pidfd_open(self.pid)
         self.out_open = True
         self.exited_at: float | None = None
+        self.code: int | None = None
         # Its heartbeat is this pipe staying open: the agent watches the launcher's.
         self.send(json.dumps({**request, "heartbeat_s": None}).encode())
 
@@ -121,10 +124,24 @@ class _Keeper:
 
     def close_out(self, sel: selectors.BaseSelector) -> None:
         """Stop reading the keeper's output (its end, or it has had DRAIN_S since its exit)."""
-        assert self.proc.stdout is not None
         self.out_open = False
         sel.unregister(self.out)
-        self.proc.stdout.close()
+        os.close(self.out)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The keeper's exit code (negative: the signal that ended it), once it has exited
+        (within ``timeout`` seconds; None if it has not)."""
+        if self.code is None and select.select([self.pidfd], [], [], timeout)[0]:
+            _, status = os.waitpid(self.pid, 0)
+            self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def kill(self) -> None:
+        """SIGKILL the keeper (its task dies with it: its parent-death signal)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def close_stdin(self) -> None:
         """EOF: the keeper SIGKILLs its task's group at once."""
@@ -175,6 +192,97 @@ class _StandbyKeeper(_Keeper):
         except OSError:
             return False
         return True
+
+
+_keeper_module: ModuleType | None = None
+
+
+def _keeper_code() -> ModuleType:
+    """The keepers' code, `remote.py`, imported once by the agent (so by every fork of it): as
+    the package's module where the agent runs as one, else by path (a Slurm step runs the agent
+    by path without site-packages)."""
+    global _keeper_module
+    if _keeper_module is None:
+        if __package__:
+            from distlaunch.host import remote as module
+        else:
+            spec = importlib.util.spec_from_file_location("distlaunch_keeper", KEEPER)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        _keeper_module = module
+    return _keeper_module
+
+
+def _fork_keeper(task: int, pass_fds: tuple[int, ...]) -> tuple[int, int, int]:
+    """Fork the keeper of ``task``: its pid, the write end of its stdin and the read end of its
+    output (stdout and stderr). The child keeps its pipes as 0, 1 and 2 and ``pass_fds`` under
+    their numbers, and nothing else of the agent's; it runs `remote.main` and exits with its
+    code. The agent starts no thread, so the fork copies a process that is whole."""
+    keeper = _keeper_code()
+    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (stdin_r, stdin_w, out_r, out_w):
+            os.close(fd)
+        raise
+    if pid == 0:  # the keeper: nothing here may return into the agent's code
+        code = 1
+        try:
+            code = _be_keeper(keeper, task, stdin_r, out_w, pass_fds)
+        finally:
+            os._exit(code)
+    os.close(stdin_r)
+    os.close(out_w)
+    return pid, stdin_w, out_r
+
+
+def _be_keeper(
+    keeper: ModuleType, task: int, stdin: int, out: int, pass_fds: tuple[int, ...]
+) -> int:
+    """In the forked child: become the keeper of ``task`` (see `_fork_keeper`)."""
+    signal.set_wakeup_fd(-1)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    os.dup2(stdin, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    keep = sorted({2, *pass_fds})
+    for low, high in zip(keep, [*keep[1:], os.sysconf("SC_OPEN_MAX")]):
+        os.closerange(low + 1, high)
+    # Fresh streams over the new 0, 1 and 2: the agent's own may hold buffered bytes of its
+    # channel, which must not come out here.
+    sys.stdin = open(0, "rb", closefd=False)  # noqa: SIM115 (the keeper's, for its life)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    _retitle(keeper, (KEEPER_TITLE % task).encode())
+    try:
+        return keeper.main()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass
+
+
+def _retitle(keeper: ModuleType, title: bytes) -> None:
+    """Make this process's command line (/proc/self/cmdline, what `ps` shows) read ``title``:
+    the kernel reads it from the process's own argv area, which is overwritten here, cut to that
+    area's size, as setproctitle does on Linux: the area's last byte made non-zero tells the
+    kernel to read the title up to its first zero byte, not the whole area as arguments."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        # Fields 48 and 49 (arg_start, arg_end); the command name (field 2) may hold spaces.
+        start, end = (int(x) for x in stat[stat.rindex(b")") + 2 :].split()[45:47])
+    except (OSError, ValueError):
+        return
+    size = end - start
+    if size > 1:
+        keeper.ctypes.memmove(start, title[: size - 2].ljust(size - 1, b"\0") + b" ", size)
 
 
 class Agent:
@@ -272,7 +380,7 @@ class Agent:
             self.keepers[task] = keeper
             self.sel.register(keeper.out, selectors.EVENT_READ, ("out", keeper))
             self.sel.register(keeper.pidfd, selectors.EVENT_READ, ("exit", keeper))
-            self._emit(b"s", task, str(keeper.proc.pid).encode())
+            self._emit(b"s", task, str(keeper.pid).encode())
             return
         for word in ("stop", "notice"):
             if word in command and int(command[word]) in self.keepers:
@@ -291,7 +399,7 @@ class Agent:
                 return
             self._watch(standby)
             self.sel.register(standby.control, selectors.EVENT_READ, ("control", standby))
-            self._emit(b"s", number, str(standby.proc.pid).encode())
+            self._emit(b"s", number, str(standby.pid).encode())
             return
         if "discard" in command:
             standby = self.keepers.get(int(command["discard"]))
@@ -314,7 +422,7 @@ class Agent:
         del self.keepers[used]
         standby.task = task
         self.keepers[task] = standby
-        self._emit(b"s", task, str(standby.proc.pid).encode())
+        self._emit(b"s", task, str(standby.pid).encode())
         held, standby.held = bytes(standby.held), None
         if held:
             self._emit(b"o", task, held)
@@ -368,7 +476,8 @@ class Agent:
                 continue
             if keeper.out_open:
                 keeper.close_out(self.sel)
-            code = keeper.proc.wait()
+            code = keeper.wait()
+            assert code is not None  # its pidfd said it has exited
             os.close(keeper.pidfd)
             keeper.close_stdin()
             del self.keepers[keeper.task]
@@ -383,10 +492,9 @@ class Agent:
                 keeper.send(b"stop")
         deadline = time.monotonic() + END_WAIT_S
         for keeper in self.keepers.values():
-            try:
-                keeper.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                keeper.proc.kill()
+            if keeper.wait(timeout=max(0.0, deadline - time.monotonic())) is None:
+                keeper.kill()
+                keeper.wait()
         return 1 if kill else 0
 
     def _guard(self, line: object) -> dict:
@@ -471,6 +579,7 @@ def main() -> int:
             f"the launcher {wanted}; install the same distlaunch version on every host\n"
         )
         return EXIT_PROTOCOL
+    _keeper_code()  # now, before any task waits for it
     served = Agent(heartbeat_s, term_is_notice, beat_s)
     code = 1
     try:
