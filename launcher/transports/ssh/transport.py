@@ -125,19 +125,14 @@ class Session:
         stdin: bytes = b"",
         timeout: float | None = None,
         slot: int = 0,
-        shared: bool = True,
     ) -> subprocess.CompletedProcess:
         """Run ``remote_command`` on host ``name`` and wait; output is captured as bytes.
 
-        The first call for a host (and slot) opens its master connection, which stays for the run;
-        with ``shared`` False it runs on a connection of its own, closed when it ends.
+        The first call for a host (and slot) opens its master connection, which stays for the run.
         """
         host = self.hosts[name]
-        argv = self.argv(name, remote_command, slot)
-        if not shared:
-            argv = ["ssh", "-T", *self._options(name, slot, control=False), *argv[-3:]]
         return subprocess.run(
-            argv,
+            self.argv(name, remote_command, slot),
             input=stdin,
             capture_output=True,
             timeout=timeout if timeout is not None else host.connect_timeout_s + 60,
