@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import standins
 
 import sshhosts
 from conftest import events, wait_for, wait_for_run_dir
@@ -24,21 +25,11 @@ from distlaunch.host import agent, guard, remote
 AGENT = [sys.executable, "-m", "distlaunch.host.agent"]
 # A task that needs no TensorFlow: it listens on its TF_CONFIG port (the launcher sees it join),
 # says so, and exits 0 once the test's go-file exists.
-STAND_IN = """
-import json, os, pathlib, socket, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["task"]
-port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", port))
-server.listen()
-print("up", os.getpid(), flush=True)
-go = pathlib.Path(sys.argv[1])
-deadline = time.monotonic() + 300
-while not go.exists() and time.monotonic() < deadline:
-    time.sleep(0.1)
-"""
+STAND_IN = (
+    standins.listening(standins.ANY)
+    + 'print("up", os.getpid(), flush=True)\n'
+    + standins.until_exists("sys.argv[1]", limit_s=300)
+)
 SLEEPER = "import os, time\nprint('up', os.getpid(), flush=True)\ntime.sleep(600)\n"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import standins
 
 import sshhosts
 from conftest import events, wait_for, wait_for_run_dir
@@ -27,16 +28,15 @@ pytestmark = pytest.mark.integration
 STAND_IN_IMPORT = 'import os\nprint("tensorflow imported by", os.getpid(), flush=True)\n'
 # Attempt 0: worker-0 fails once both standbys of attempt 1 are ready. Attempt 1: each task waits
 # for its standby of attempt 2 (never used), then succeeds.
-PROGRAM = """
-import json, os, socket, sys, time
+PROGRAM = (
+    """
+import os, sys
 print("preloaded", "tensorflow" in sys.modules, os.getpid(), flush=True)
 import tensorflow
-cfg = json.loads(os.environ["TF_CONFIG"])
+"""
+    + standins.listening(standins.ANY)
+    + """
 me = cfg["task"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])))
-server.listen()
 attempt = int(os.environ["DISTLAUNCH_ATTEMPT"])
 run_json = os.path.join(os.environ["DISTLAUNCH_RUN_DIR"], "run.json")
 while True:
@@ -54,6 +54,7 @@ if attempt == 0 and me["index"] == 0:
 if attempt == 0:
     time.sleep(600)  # the gang restart stops it
 """
+)
 
 
 def _fake_tensorflow(folder: Path) -> Path:

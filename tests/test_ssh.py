@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import standins
 
 import sshhosts
 from conftest import distlaunch, only_run_dir, wait_for, wait_for_run_dir
@@ -532,19 +533,10 @@ def test_spec_values_reach_the_remote_task_as_data(
 
 # Holds its TF_CONFIG port like a TensorFlow server. Attempt 0: worker 1 fails, worker 0 would
 # serve forever; attempt 1: both succeed, worker 0 taking its port back (retrying a while).
-FLAKY = """
-import json, os, socket, sys, time
-config = json.loads(os.environ["TF_CONFIG"])
-index, attempt = config["task"]["index"], int(os.environ["DISTLAUNCH_ATTEMPT"])
-port = int(config["cluster"]["worker"][index].rsplit(":", 1)[1])
-server = socket.socket()
-for _ in range(300):
-    try:
-        server.bind(("0.0.0.0", port))
-        break
-    except OSError:
-        time.sleep(0.1)
-server.listen()
+FLAKY = (
+    standins.listening(standins.ANY, bind_tries=300)
+    + """
+index, attempt = cfg["task"]["index"], int(os.environ["DISTLAUNCH_ATTEMPT"])
 print("serving", port, "attempt", attempt, flush=True)
 if attempt == 0:
     if index == 1:
@@ -552,6 +544,7 @@ if attempt == 0:
         sys.exit(3)
     time.sleep(600)
 """
+)
 
 
 @pytest.mark.integration
