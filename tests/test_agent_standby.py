@@ -14,12 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 import standins
 
 import sshhosts
-from conftest import events, wait_for, wait_for_run_dir
+from conftest import events, wait_for, wait_for_run_dir, with_cmdline
 from distlaunch.host import agent
 from test_agent import _Channel
 
@@ -102,17 +101,7 @@ def test_an_agents_standby_becomes_the_task_and_an_unused_or_dead_one_leaves_not
     channel.proc.stdin.close()
     assert channel.proc.wait(timeout=30) == 1
     # Standby 3 was never used: it went with its agent.
-    wait_for(
-        lambda: (
-            # info= reads each process once and says None for one that is going (a zombie)
-            not any(
-                str(tmp / "prog.py") in " ".join(p.info["cmdline"] or [])
-                for p in psutil.process_iter(["cmdline"])
-            )
-        ),
-        "no standby left",
-        30,
-    )
+    wait_for(lambda: not with_cmdline(str(tmp / "prog.py")), "no standby left", 30)
 
 
 def test_a_gang_restart_on_ssh_hosts_starts_from_the_agents_standbys(ssh_lab, tmp: Path) -> None:
