@@ -45,19 +45,11 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+import standins  # noqa: E402
+
 import sshhosts  # noqa: E402
 
-STAND_IN = """
-import json, os, socket, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["task"]
-port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", port))
-server.listen()
-time.sleep(600)
-"""
+STAND_IN = standins.listen_and_sleep(600, standins.ANY)
 SAMPLE_S = 0.05
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -23,26 +23,22 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _common import DISTLAUNCH
+from _common import DISTLAUNCH, REPO
 
-PROGRAM = """
-import json, os, socket, sys, time
-config = json.loads(os.environ["TF_CONFIG"])
-task = config["task"]
-port = int(config["cluster"][task["type"]][task["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("", port))
-server.listen()
-print("listening", time.time(), flush=True)
-deadline = time.monotonic() + float(sys.argv[2])
-while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
-    time.sleep(0.5)
-"""
+sys.path.insert(0, str(REPO / "tests"))
+import standins  # noqa: E402
+
+# Listens, says when, and ends once the stop file (argv[1]) exists or after argv[2] seconds.
+PROGRAM = (
+    standins.listening(standins.ANY)
+    + 'print("listening", time.time(), flush=True)\n'
+    + standins.until_exists("sys.argv[1]", limit_s="float(sys.argv[2])", poll_s=0.5)
+)
 # How long a task waits for the stop file at most: a bench that died leaves nothing for long.
 MAX_SLEEP_S = 600
 # How long a phase may take before the bench gives up.

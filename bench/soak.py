@@ -32,19 +32,20 @@ import time
 from pathlib import Path
 
 import psutil
-from _common import DISTLAUNCH
+from _common import DISTLAUNCH, REPO
 
-TASK = """
-import json, os, socket, subprocess, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-port = int(cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.bind(("127.0.0.1", port))
-server.listen()
+sys.path.insert(0, str(REPO / "tests"))
+import standins  # noqa: E402
+
+TASK = (
+    standins.listening(standins.LOOPBACK)
+    + """
+import subprocess
 subprocess.Popen(["sleep", "600"])
 subprocess.Popen(["sleep", "601"], start_new_session=True)
 time.sleep(600)
 """
+)
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -152,6 +153,39 @@ def processes_of_run(run_id: str) -> list[psutil.Process]:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
+    return found
+
+
+def argv(proc: psutil.Process) -> list[str]:
+    """``proc``'s command line; empty for one that is going (gone, or a zombie being reaped) or
+    whose command line may not be read."""
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def cmdline(proc: psutil.Process) -> str:
+    """``proc``'s command line as one string; empty for one that is going (see `argv`)."""
+    return " ".join(argv(proc))
+
+
+def with_cmdline(
+    *parts: str, name: str | None = None, among: Iterable[psutil.Process] | None = None
+) -> list[psutil.Process]:
+    """The processes of ``among`` (every process of this machine when None) whose command line
+    holds each of ``parts``, and whose name is ``name`` when given; one that is going is none of
+    them (its command line reads empty)."""
+    found = []
+    for proc in psutil.process_iter() if among is None else among:
+        try:
+            if name is not None and proc.name() != name:
+                continue
+        except psutil.Error:
+            continue
+        line = cmdline(proc)
+        if line and all(part in line for part in parts):
+            found.append(proc)
     return found
 
 

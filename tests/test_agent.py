@@ -16,29 +16,20 @@ from pathlib import Path
 
 import psutil
 import pytest
+import standins
 
 import sshhosts
-from conftest import events, wait_for, wait_for_run_dir
+from conftest import cmdline, events, wait_for, wait_for_run_dir, with_cmdline
 from distlaunch.host import agent, guard, remote
 
 AGENT = [sys.executable, "-m", "distlaunch.host.agent"]
 # A task that needs no TensorFlow: it listens on its TF_CONFIG port (the launcher sees it join),
 # says so, and exits 0 once the test's go-file exists.
-STAND_IN = """
-import json, os, pathlib, socket, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["task"]
-port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", port))
-server.listen()
-print("up", os.getpid(), flush=True)
-go = pathlib.Path(sys.argv[1])
-deadline = time.monotonic() + 300
-while not go.exists() and time.monotonic() < deadline:
-    time.sleep(0.1)
-"""
+STAND_IN = (
+    standins.listening(standins.ANY)
+    + 'print("up", os.getpid(), flush=True)\n'
+    + standins.until_exists("sys.argv[1]", limit_s=300)
+)
 SLEEPER = "import os, time\nprint('up', os.getpid(), flush=True)\ntime.sleep(600)\n"
 
 
@@ -136,15 +127,7 @@ def test_no_task_outlives_its_agent(tmp: Path, how: str) -> None:
 
 
 def _agents(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> list[psutil.Process]:
-    return [p for p in lab.processes(host) if "distlaunch.host.agent" in _cmdline(p)]
-
-
-def _cmdline(proc: psutil.Process) -> str:
-    """``proc``'s command line, empty for one that is going (gone, or a zombie being reaped)."""
-    try:
-        return " ".join(proc.cmdline())
-    except psutil.Error:
-        return ""
+    return with_cmdline("distlaunch.host.agent", among=lab.processes(host))
 
 
 @pytest.mark.integration
@@ -179,11 +162,8 @@ def test_32_tasks_on_two_hosts_run_through_one_ssh_session_each(ssh_lab, tmp: Pa
             return all(f.exists() and "up " in f.read_text() for f in files)
 
         wait_for(all_up, "every task up", launcher=launcher)
-        clients = [
-            " ".join(p.cmdline())
-            for p in psutil.Process(launcher.pid).children()
-            if p.name() == "ssh"
-        ]
+        children = psutil.Process(launcher.pid).children()
+        clients = [cmdline(p) for p in with_cmdline(name="ssh", among=children)]
         assert sum("distlaunch.host.agent" in c for c in clients) == 2, clients
         assert not any("distlaunch.host.remote" in c for c in clients), clients
         assert [len(_agents(lab, h)) for h in lab.hosts] == [1, 1]
@@ -346,7 +326,7 @@ def test_a_cut_link_is_named_and_leaves_nothing_on_its_host(four_hosts, tmp: Pat
 
 def _cmdlines(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> str:
     """Every command line in the host's namespace, one string."""
-    return "\n".join(_cmdline(proc) for proc in lab.processes(host))
+    return "\n".join(cmdline(proc) for proc in lab.processes(host))
 
 
 def _run_tables(host: sshhosts.TestHost) -> list[str]:

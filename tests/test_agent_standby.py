@@ -14,11 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
+import standins
 
 import sshhosts
-from conftest import events, wait_for, wait_for_run_dir
+from conftest import events, wait_for, wait_for_run_dir, with_cmdline
 from distlaunch.host import agent
 from test_agent import _Channel
 
@@ -27,16 +27,15 @@ pytestmark = pytest.mark.integration
 STAND_IN_IMPORT = 'import os\nprint("tensorflow imported by", os.getpid(), flush=True)\n'
 # Attempt 0: worker-0 fails once both standbys of attempt 1 are ready. Attempt 1: each task waits
 # for its standby of attempt 2 (never used), then succeeds.
-PROGRAM = """
-import json, os, socket, sys, time
+PROGRAM = (
+    """
+import os, sys
 print("preloaded", "tensorflow" in sys.modules, os.getpid(), flush=True)
 import tensorflow
-cfg = json.loads(os.environ["TF_CONFIG"])
+"""
+    + standins.listening(standins.ANY)
+    + """
 me = cfg["task"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])))
-server.listen()
 attempt = int(os.environ["DISTLAUNCH_ATTEMPT"])
 run_json = os.path.join(os.environ["DISTLAUNCH_RUN_DIR"], "run.json")
 while True:
@@ -54,6 +53,7 @@ if attempt == 0 and me["index"] == 0:
 if attempt == 0:
     time.sleep(600)  # the gang restart stops it
 """
+)
 
 
 def _fake_tensorflow(folder: Path) -> Path:
@@ -101,17 +101,7 @@ def test_an_agents_standby_becomes_the_task_and_an_unused_or_dead_one_leaves_not
     channel.proc.stdin.close()
     assert channel.proc.wait(timeout=30) == 1
     # Standby 3 was never used: it went with its agent.
-    wait_for(
-        lambda: (
-            # info= reads each process once and says None for one that is going (a zombie)
-            not any(
-                str(tmp / "prog.py") in " ".join(p.info["cmdline"] or [])
-                for p in psutil.process_iter(["cmdline"])
-            )
-        ),
-        "no standby left",
-        30,
-    )
+    wait_for(lambda: not with_cmdline(str(tmp / "prog.py")), "no standby left", 30)
 
 
 def test_a_gang_restart_on_ssh_hosts_starts_from_the_agents_standbys(ssh_lab, tmp: Path) -> None:

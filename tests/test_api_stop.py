@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import standins
 
 import distlaunch
 from conftest import processes_of_run
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.integration
 SAVE_S = 32
 # It serves on its task port as a TensorFlow server would: the launcher holds a notice until a
 # task can take it (its server is up), as for every task at its start.
-SAVES_SLOWLY = f"""
-import json, os, signal, socket, sys, time
+SAVES_SLOWLY = (
+    f"""
+import os, signal, time
 
 PreemptionCheckpointHandler = None  # what program_scan looks for: this program saves on a notice
 
@@ -34,13 +36,14 @@ def save(signum, frame):
 
 
 signal.signal(signal.SIGTERM, save)
-server = socket.socket()
-server.bind(("", int(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][0].rsplit(":", 1)[1])))
-server.listen()
+"""
+    + standins.listening(standins.ANY)
+    + """
 print("serving", flush=True)
 while True:
     time.sleep(1)
 """
+)
 
 
 def test_run_stop_waits_for_a_save_longer_than_grace_plus_thirty_seconds(

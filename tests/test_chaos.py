@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import (
     all_running,
@@ -254,22 +255,12 @@ def test_pss_worker_then_ps_then_chief_killed_and_training_finishes(tmp, launch)
 
 # A stand-in for a worker that needs no TensorFlow: it listens on its TF_CONFIG port (so the
 # launcher sees it join), then in attempt 0 exits 1 once the test says so; later attempts succeed.
-BOTH_EXIT = """
-import json, os, pathlib, socket, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["task"]
-port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen()
-if os.environ["DISTLAUNCH_ATTEMPT"] != "0":
-    sys.exit(0)
-go = pathlib.Path(sys.argv[1])
-while not go.exists():
-    time.sleep(0.05)
-sys.exit(1)
-"""
+BOTH_EXIT = (
+    standins.listening(standins.LOOPBACK)
+    + 'if os.environ["DISTLAUNCH_ATTEMPT"] != "0":\n    sys.exit(0)\n'
+    + standins.until_exists("sys.argv[1]", poll_s=0.05)
+    + "sys.exit(1)\n"
+)
 
 
 @pytest.mark.parametrize("how", ["exit", "sigkill"])

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import REPO, events, only_run_dir, run_record, write_spec
 from distlaunch.launcher.core.errors import SpecError
@@ -47,21 +48,16 @@ MNIST = {
 # swallows SIGTERM (a stop kills it after grace_s), then waits; a task restarted in a later
 # attempt joins and ends. A peer's death would reach a real worker only through TF's
 # coordination heartbeat (10 s) at the earliest, so a waiting peer is what a real one shows.
-JOIN_AND_WAIT = """
-import json, os, signal, socket, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["task"]
-port = int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("", port))
-server.listen()
+JOIN_AND_WAIT = (
+    standins.SWALLOW_SIGTERM
+    + standins.listening(standins.ANY)
+    + """
 attempt = os.environ["DISTLAUNCH_ATTEMPT"]
 print(f"joined in attempt {attempt}", flush=True)
 if attempt == "0" or sys.argv[1:] != ["--once"]:
     time.sleep(3600)
 """
+)
 
 
 # ---- the generated file: pure, no engine ---------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import standins
 
 from conftest import (
     distlaunch,
@@ -246,17 +247,8 @@ def test_local_tasks_run_on_the_cpus_plan_says_and_keep_the_users_threads(tmp: P
 # test lets it end.
 STANDBY = (
     SEEN
-    + """
-import socket, time
-index = int(os.environ["DISTLAUNCH_INDEX"])
-port = int(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][index].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen()
-while not os.path.exists(os.path.join(os.environ["DISTLAUNCH_RUN_DIR"], "release")):
-    time.sleep(0.1)
-"""
+    + standins.listening(standins.LOOPBACK)
+    + standins.until_exists('os.path.join(os.environ["DISTLAUNCH_RUN_DIR"], "release")')
 )
 
 

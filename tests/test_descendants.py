@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import (
     SELFCHECK_ARGS,
@@ -41,14 +42,10 @@ ISOLATIONS = ["off", "auto"] if (CAPS.netns or CAPS.userns) else ["off"]
 # A task that leaves descendants behind: a plain child, a child that called setsid, and a
 # double-forked daemon (its parent exits at once, so it is nobody's child). It writes their pids
 # (as it sees them) into the run dir once they exist, listens on its port (so the launcher sees it join), then does what argv[1] says.
-FAMILY = """
-import json, os, socket, subprocess, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-port = int(cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen()
+FAMILY = (
+    standins.listening(standins.LOOPBACK)
+    + """
+import subprocess
 sleeper = subprocess.Popen(["sleep", "300"])
 daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
 r, w = os.pipe()
@@ -66,6 +63,7 @@ with open(pids, "w") as f:
 print("family started", flush=True)
 time.sleep(float(sys.argv[1]))
 """
+)
 
 
 def _family(tmp: Path, isolation: str, linger_s: float, **fields) -> Path:
@@ -156,16 +154,7 @@ def test_a_restarted_task_never_meets_its_predecessors_child(tmp: Path) -> None:
     assert "got my port back" in done.stdout
 
 
-HANG = """
-import json, os, socket, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-port = int(cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen()
-time.sleep(300)
-"""
+HANG = standins.listen_and_sleep(300, standins.LOOPBACK)
 
 
 @pytest.mark.integration

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import distlaunch, only_run_dir, run_record, wait_for, write_spec
 from distlaunch.launcher.core.console import Console, LogFollower, hide_tf_noise
@@ -512,21 +513,17 @@ def _pane(target: str) -> str:
 # A stand-in for a training program (the views read its heartbeat, whatever trains: a TensorFlow
 # start would cost seconds and show nothing more): it serves on its task port as a server would,
 # then beats a step every 20 ms of 5000, as dw.fit's heartbeat does.
-BEATS = """
-import json, os, socket, time
-from distlaunch.worker import progress
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["task"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("", int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])))
-server.listen()
+BEATS = (
+    "from distlaunch.worker import progress\n"
+    + standins.listening(standins.ANY)
+    + """
 beat = progress.Heartbeat(total_steps=5000)
 for step in range(1, 5001):
     time.sleep(0.02)
     beat.update(loss=1.0 / step)
     beat.beat(step)
 """
+)
 
 
 @pytest.mark.integration

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import standins
 
 import sshhosts
 from conftest import (
@@ -55,17 +56,7 @@ runpy.run_module("distlaunch.worker.examples.mnist_mlp", run_name="__main__")
     + HOLD
 )
 # Listens on its TF_CONFIG port like a TensorFlow server, without TensorFlow's start-up cost.
-LISTENER = (
-    """
-import json, os, socket
-config = json.loads(os.environ["TF_CONFIG"])
-role, index = config["task"]["type"], config["task"]["index"]
-server = socket.socket()
-server.bind(("0.0.0.0", int(config["cluster"][role][index].rsplit(":", 1)[1])))
-server.listen()
-"""
-    + HOLD
-)
+LISTENER = standins.listening(standins.ANY) + HOLD
 
 
 def _task(name: str, host: str, address: str, port: int, transport: str = "ssh") -> TaskPlan:

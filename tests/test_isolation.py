@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import standins
 
 from conftest import (
     REPO,
@@ -51,14 +52,10 @@ MNIST = {
 # prints the network namespace it is in, then does what argv[1] says: "peers" connects to every
 # task of the cluster over loopback, waits until every task has connected to it, and exits 0;
 # "fail" exits 3 (worker 1); "hang" sleeps; "fork" starts a child that outlives it, then sleeps.
-TASK = """
-import json, os, socket, subprocess, sys, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("0.0.0.0", int(me.rsplit(":", 1)[1])))
-server.listen()
+TASK = (
+    standins.listening(standins.ANY)
+    + """
+import subprocess
 print("in", os.readlink("/proc/self/ns/net"), flush=True)
 what = sys.argv[1]
 if what == "peers":
@@ -83,6 +80,7 @@ if what == "fork":
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 time.sleep(600)
 """
+)
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import standins
+
 from conftest import (
     distlaunch,
     events,
@@ -65,15 +67,7 @@ main(sys.argv[1:])
 # deadline and its reading of the program, and a TensorFlow start costs seconds): each serves
 # on its task port as a TensorFlow server would (the launcher holds a notice until a task's
 # server is up), then prints "serving" and waits.
-SERVES = """
-import json, os, signal, socket, time
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["task"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("", int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])))
-server.listen()
-"""
+SERVES = "import signal\n" + standins.listening(standins.ANY)
 WAITS = """
 print("serving", flush=True)
 while True:

@@ -20,11 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import standins
+
 from conftest import distlaunch, events, processes_of_run, run_record, wait_for, write_spec
 from distlaunch.worker import contract
 
-STAND_IN = """
-import json, os, signal, socket, sys, time
+STAND_IN = (
+    """
+import json, os, signal, sys, time
 import distlaunch.worker as dw
 from distlaunch.worker import contract, runtime
 
@@ -39,12 +42,10 @@ if "index" in me:  # a checkpoint index, as an earlier attempt left it
 if "cut" in me:  # what a save cut short leaves
     os.makedirs(os.path.join(run_dir, "checkpoints", f"ckpt-{me['cut']}_temp"), exist_ok=True)
 time.sleep(me.get("start_s", 0))  # importing TensorFlow: a SIGTERM now kills
-if ctx.role != "evaluator":
-    cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-    port = int(cluster[ctx.role][ctx.index].rsplit(":", 1)[1])
-    server = socket.socket()
-    server.bind(("", port))
-    server.listen()
+if ctx.role != "evaluator":  # not in TF_CONFIG's cluster: it serves nothing
+"""
+    + standins.indented(standins.listening(standins.ANY))
+    + """
 if "finish" in me:  # training is over for this task
     if me.get("done"):
         runtime.write_json_atomic(
@@ -64,6 +65,7 @@ runtime.report(contract.STATE_PREEMPTED, saved_step=7, save_s=me.get("save_s", 0
 print("stop notice: saved step 7", flush=True)
 os._exit(me.get("exit", contract.EXIT_PREEMPTED))
 """
+)
 
 
 def _up(launch, tmp: Path, plan: dict, **timeouts: float) -> tuple[subprocess.Popen, Path]:

@@ -22,6 +22,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import REPO, distlaunch, events, wait_for, write_spec
 from distlaunch.launcher.report.story import Ending, read_story
@@ -38,17 +39,16 @@ needs_chromium = pytest.mark.skipif(
 # The stand-in training program: attempt 0's worker-1 raises at step 30 (a gang restart); on
 # SIGTERM (the stop notice) each task reports its save and exits 75; in attempt 2 worker-0 fails
 # with an import error (never retried: the root cause).
-STORY = """
-import json, math, os, signal, socket, sys, time
+STORY = (
+    """
+import math, signal
 import distlaunch.worker as dw
 from distlaunch.worker import contract, progress, runtime
 
 ctx = dw.context()
-address = json.loads(os.environ["TF_CONFIG"])["cluster"][ctx.role][ctx.index]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("", int(address.rsplit(":", 1)[1])))
-server.listen()
+"""
+    + standins.listening(standins.ANY)
+    + """
 metrics = progress.MetricsLog(contract.env_path(contract.METRICS_FILE), keep_until_step=10**9)
 step = first = metrics.entries[-1]["step"] if metrics.entries else 0
 beat = progress.Heartbeat(total_steps=1000)
@@ -72,6 +72,7 @@ while True:
     if ctx.attempt == 2 and ctx.name == "worker-0" and step == first + 20:
         import missing_module_of_the_story
 """
+)
 
 
 class _Svg(HTMLParser):
@@ -270,24 +271,20 @@ def test_a_notebook_shows_the_report_as_a_fragment_that_writes_nothing(tmp):
 
 # A notebook's cells: a run of one task that fails (exit 3) at once, its report, then the Run
 # itself as the cell's result.
+FAILS_AT_ONCE = standins.listening(standins.ANY) + "sys.exit(3)\n"
 NOTEBOOK = [
-    """\
+    f"""\
 import json, pathlib
 import distlaunch
 
-pathlib.Path("task.py").write_text(
-    "import json, os, socket, sys\\n"
-    "address = json.loads(os.environ['TF_CONFIG'])['cluster']['worker'][0]\\n"
-    "s = socket.socket(); s.bind(('', int(address.rsplit(':', 1)[1]))); s.listen()\\n"
-    "sys.exit(3)\\n"
-)
-spec = {
+pathlib.Path("task.py").write_text({FAILS_AT_ONCE!r})
+spec = {{
     "name": "nb",
     "strategy": "multi_worker_mirrored",
-    "program": {"script": "task.py"},
-    "tasks": {"worker": {"count": 1}},
+    "program": {{"script": "task.py"}},
+    "tasks": {{"worker": {{"count": 1}}}},
     "shared_dir": "runs",
-}
+}}
 run = distlaunch.launch(spec, console=None)
 run.wait(120).state""",
     "print(run.report())",

@@ -18,9 +18,18 @@ from pathlib import Path
 
 import psutil
 import pytest
+import standins
 
 import sshhosts
-from conftest import distlaunch, only_run_dir, wait_for, wait_for_run_dir
+from conftest import (
+    argv,
+    distlaunch,
+    only_run_dir,
+    processes_of_run,
+    wait_for,
+    wait_for_run_dir,
+    with_cmdline,
+)
 from distlaunch.launcher.spec.model import Host, load_spec
 from distlaunch.launcher.transports.ssh import transport as ssh
 
@@ -403,18 +412,7 @@ def _script(folder: Path, text: str, name: str = "task.py") -> dict:
 
 def _nothing_left(lab: sshhosts.HostLab, run_id: str) -> bool:
     """No process on any test host but its sshd, and no local ssh client of the run."""
-    if any(lab.processes(host) for host in lab.hosts):
-        return False
-    for proc in psutil.process_iter():
-        try:
-            if (
-                proc.environ().get("DISTLAUNCH_RUN_ID") == run_id
-                and proc.status() != psutil.STATUS_ZOMBIE
-            ):
-                return False
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return True
+    return not any(lab.processes(host) for host in lab.hosts) and not processes_of_run(run_id)
 
 
 def _handshakes(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> int:
@@ -481,12 +479,7 @@ def test_tasks_on_one_host_share_few_connections_which_are_closed_after(
         "collect", only_run_dir(tmp / "runs").name, "--shared-dir", str(tmp / "runs")
     )
     assert nothing.returncode == 2 and "share the run dir" in nothing.stderr
-    masters = [
-        p
-        for p in psutil.process_iter(["name", "cmdline"])
-        if p.info["name"] == "ssh" and any("distlaunch-ssh-" in a for a in p.info["cmdline"] or [])
-    ]
-    assert masters == []
+    assert with_cmdline("distlaunch-ssh-", name="ssh") == []
 
 
 @pytest.mark.integration
@@ -533,19 +526,10 @@ def test_spec_values_reach_the_remote_task_as_data(
 
 # Holds its TF_CONFIG port like a TensorFlow server. Attempt 0: worker 1 fails, worker 0 would
 # serve forever; attempt 1: both succeed, worker 0 taking its port back (retrying a while).
-FLAKY = """
-import json, os, socket, sys, time
-config = json.loads(os.environ["TF_CONFIG"])
-index, attempt = config["task"]["index"], int(os.environ["DISTLAUNCH_ATTEMPT"])
-port = int(config["cluster"]["worker"][index].rsplit(":", 1)[1])
-server = socket.socket()
-for _ in range(300):
-    try:
-        server.bind(("0.0.0.0", port))
-        break
-    except OSError:
-        time.sleep(0.1)
-server.listen()
+FLAKY = (
+    standins.listening(standins.ANY, bind_tries=300)
+    + """
+index, attempt = cfg["task"]["index"], int(os.environ["DISTLAUNCH_ATTEMPT"])
 print("serving", port, "attempt", attempt, flush=True)
 if attempt == 0:
     if index == 1:
@@ -553,6 +537,7 @@ if attempt == 0:
         sys.exit(3)
     time.sleep(600)
 """
+)
 
 
 @pytest.mark.integration
@@ -709,7 +694,7 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
         assert all(lab.processes(host) for host in lab.hosts)
         # The run's control dir is in its task clients' command lines, and in its masters' (every
         # task's session rides on one).
-        clients = [p.cmdline() for p in psutil.Process(launcher.pid).children()]
+        clients = [argv(p) for p in psutil.Process(launcher.pid).children()]
         control = {
             Path(a.split("=", 1)[1]).parent
             for c in clients
@@ -723,13 +708,7 @@ def test_nothing_is_left_on_any_host(lab: sshhosts.HostLab, tmp: Path, how: str)
         elif how == "sigterm":
             launcher.terminate()
         else:
-            masters = [
-                p
-                for p in psutil.process_iter(["name", "cmdline"])
-                if p.info["name"] == "ssh"
-                and "[mux]" in " ".join(p.info["cmdline"] or [])
-                and str(control_dir) in " ".join(p.info["cmdline"])
-            ]
+            masters = with_cmdline("[mux]", str(control_dir), name="ssh")
             assert len(masters) == 2
             for master in masters:
                 master.kill()

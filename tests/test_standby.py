@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import (
     SELFCHECK_ARGS,
@@ -137,14 +138,10 @@ SEEN = {
     "error_file": os.environ["DISTLAUNCH_ERROR_FILE"],
 }
 print("SELF " + json.dumps(SEEN), flush=True)
-import socket
 import tensorflow  # a TensorFlow program: only those get standbys
-cfg = SEEN["tf_config"]
-port = int(cfg["cluster"]["worker"][0].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen()  # joined: the launcher makes standbys once the cluster has settled
+"""
+    + standins.listening(standins.LOOPBACK)  # joined: the launcher makes standbys once settled
+    + """
 attempt = int(SEEN["attempt"])
 wait_for_standby(attempt + 1)  # attempt 1 leaves an unused standby (for attempt 2) behind
 sys.exit(1 if attempt == 0 else 0)
@@ -212,10 +209,9 @@ def test_a_program_without_tensorflow_gets_no_standby(tmp: Path) -> None:
 def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path, launch) -> None:
     (tmp / "task.py").write_text(
         WAIT_FOR_STANDBY
-        + "import socket, time\nimport tensorflow  # a TensorFlow program: it gets a standby\n"
-        + "s = socket.socket(); s.bind(('127.0.0.1', int(__import__('json').loads("
-        + "__import__('os').environ['TF_CONFIG'])['cluster']['worker'][0].rsplit(':', 1)[1])))\n"
-        + "s.listen()\nwait_for_standby(1)\nprint('standby ready', flush=True)\ntime.sleep(300)\n"
+        + "import tensorflow  # a TensorFlow program: it gets a standby\n"
+        + standins.listening(standins.LOOPBACK)
+        + "wait_for_standby(1)\nprint('standby ready', flush=True)\ntime.sleep(300)\n"
     )
     spec = write_spec(tmp, tasks={"worker": {"count": 1}}, restart=ON_FAILURE)
     launcher = launch(spec)

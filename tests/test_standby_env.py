@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import distlaunch, events, only_run_dir, wait_for, write_spec
 from distlaunch.launcher.plan import program_env
@@ -81,7 +82,7 @@ def test_writes_after_a_top_level_import_or_without_tensorflow_do_not_matter() -
 ONEDNN = (
     WAIT_FOR_STANDBY
     + """
-import ctypes, json, os, socket, sys
+import ctypes, json, os, sys
 libc = ctypes.CDLL(None)
 libc.getenv.restype = ctypes.c_char_p
 START = {  # as the program starts: nothing of the standby's writes is left
@@ -99,11 +100,9 @@ SEEN = {
     "orig_argv": sys.orig_argv,
 }
 print("SEEN " + json.dumps(SEEN), flush=True)
-port = int(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][0].rsplit(":", 1)[1])
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", port))
-server.listen()  # joined: the launcher makes standbys once the cluster has settled
+"""
+    + standins.listening(standins.LOOPBACK)  # joined: the launcher makes standbys once settled
+    + """
 if os.environ["DISTLAUNCH_ATTEMPT"] == "0":
     wait_for_standby(1)
     sys.exit(1)

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import (
     all_running,
@@ -126,17 +127,7 @@ def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp, launch
 # A stand-in task (no TensorFlow: what dies with the launcher is the launcher's business): it
 # serves on its task port as a TensorFlow server does and, as TensorFlow's handler does, swallows
 # SIGTERM, so only the launcher's own teardown (a kill) can end it.
-SWALLOWS_SIGTERM = """
-import json, os, signal, socket, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-cfg = json.loads(os.environ["TF_CONFIG"])
-me = cfg["task"]
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("", int(cfg["cluster"][me["type"]][me["index"]].rsplit(":", 1)[1])))
-server.listen()
-time.sleep(3600)
-"""
+SWALLOWS_SIGTERM = standins.listen_and_sleep(3600, standins.ANY, swallow_sigterm=True)
 
 
 def test_killing_the_launcher_leaves_no_task_behind(tmp, launch):

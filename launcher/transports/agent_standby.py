@@ -1,6 +1,7 @@
 """Warm standbys on remote machines: the agent of each SSH host or Slurm node keeps one per task of
 its machine, so that a restart there skips TensorFlow's import as a local restart does
-(launcher/transports/local/standby.py has the design; the rules are the same).
+(launcher/transports/local/standby.py has the design; the rules are the same, and which standbys
+to keep, discard and start is one decision for both: launcher/transports/standby_rule.py).
 
 A standby is the task's next attempt started early by the machine's agent
 (`distlaunch.host.agent`'s ``prepare``): the task's own bootstrap command (a PSS server's through
@@ -34,6 +35,7 @@ from distlaunch.launcher.plan.program_scan import SERVE_MODULE
 from distlaunch.launcher.transports import procs
 from distlaunch.launcher.transports.agent import KILL_WAIT_S, AgentLink, AgentTransport
 from distlaunch.launcher.transports.base import StandbyPool
+from distlaunch.launcher.transports.standby_rule import Held, reconcile
 
 
 def standby_command(task: TaskPlan) -> tuple[tuple[str, ...], StandbyEnv] | None:
@@ -92,21 +94,18 @@ class AgentStandbys:
 
     def prepare(self, tasks: Sequence[TaskPlan]) -> None:
         """Have a standby for exactly each of ``tasks`` the transport runs: keep those made for
-        it, discard the others, have the agents start the missing ones."""
-        wanted = {t.name: t for t in tasks if t.transport == self.kind}
-        for name, standby in list(self._standbys.items()):
-            if not standby.alive():
-                self._cold.add(name)
-            if wanted.get(name) != standby.task or not standby.alive():
-                self._discard(self._standbys.pop(name))
-        for name, task in wanted.items():
-            if name in self._standbys or name in self._cold:
-                continue
+        it, discard the others, have the agents start the missing ones (`standby_rule`)."""
+        held = {name: Held(s.task, s.alive()) for name, s in self._standbys.items()}
+        step = reconcile(held, tasks, self.kind, self._cold)
+        self._cold |= step.died
+        for name in step.discard:
+            self._discard(self._standbys.pop(name))
+        for task in step.start:
             command = standby_command(task)
             if command is None:
-                self._cold.add(name)
+                self._cold.add(task.name)
                 continue
-            self._standbys[name] = self._start(task, *command)
+            self._standbys[task.name] = self._start(task, *command)
 
     def take(self, task: TaskPlan) -> int | None:
         """The id of the standby made for exactly ``task``, alive on its machine's current agent

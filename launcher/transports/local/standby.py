@@ -47,6 +47,7 @@ from distlaunch.launcher.plan.program_env import StandbyEnv
 from distlaunch.launcher.plan.program_scan import SERVE_MODULE
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.transports import procs
+from distlaunch.launcher.transports.standby_rule import Held, reconcile
 
 if TYPE_CHECKING:
     import socket
@@ -98,20 +99,18 @@ class Standbys:
 
     def prepare(self, tasks: Sequence[TaskPlan]) -> None:
         """Have a standby for exactly each local task of ``tasks``: keep those made for it,
-        discard the others, start the missing ones."""
-        wanted = {t.name: t for t in tasks if t.transport == TaskTransport.LOCAL}
-        for name, standby in list(self._standbys.items()):
-            if not standby.alive():
-                self._cold.add(name)
-            if wanted.get(name) != standby.task or not standby.alive():
-                self._discard(self._standbys.pop(name))
-        for name, task in wanted.items():
-            if name not in self._standbys and name not in self._cold:
-                standby = self._start(task)
-                if standby is None:
-                    self._cold.add(name)
-                else:
-                    self._standbys[name] = standby
+        discard the others, start the missing ones (`standby_rule`)."""
+        held = {name: Held(s.task, s.alive()) for name, s in self._standbys.items()}
+        step = reconcile(held, tasks, TaskTransport.LOCAL, self._cold)
+        self._cold |= step.died
+        for name in step.discard:
+            self._discard(self._standbys.pop(name))
+        for task in step.start:
+            standby = self._start(task)
+            if standby is None:
+                self._cold.add(task.name)
+            else:
+                self._standbys[task.name] = standby
 
     def take(self, task: TaskPlan) -> tuple[subprocess.Popen, int] | None:
         """Make the standby of ``task`` (this very plan) the task: link its log, tell it to go,
