@@ -245,7 +245,10 @@ def _be_keeper(
     """In the forked child: become the keeper of ``task`` (see `_fork_keeper`)."""
     signal.set_wakeup_fd(-1)
     for sig in _STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
+        # The agent's handlers go; an ignored SIGTERM (a Slurm step's notice) stays ignored, as
+        # it did across the exec of a keeper, until the keeper's own handler takes it.
+        if callable(signal.getsignal(sig)):
+            signal.signal(sig, signal.SIG_DFL)
     os.dup2(stdin, 0)
     os.dup2(out, 1)
     os.dup2(out, 2)
