@@ -4,8 +4,11 @@
 
 The hosts are the test suite's (tests/sshhosts.py: network namespaces with an sshd each, on this
 machine), so this needs root and openssh-server. Each task is a stand-in that needs no
-TensorFlow: it listens on its task port (so the launcher sees it join) and waits. Per host count,
+TensorFlow: it listens on its task port (so the launcher sees it join) and waits. It runs under
+this interpreter's base Python with ``-I -S`` (a program that needs no site-packages): what a
+user's program costs to start is not the launcher's, and 128 of them share this machine's cores. Per host count,
 one `distlaunch up` and, printed:
+- first: from `up`'s start to the first task's `started` event (preflight, plan, agents, rules);
 - started: from the first task's `started` event to the last one's;
 - joined: from `up`'s start to the last task's `joined` event (preflight included);
 - gone: from the stop request (SIGTERM to the launcher) to every process of the run gone, on
