@@ -20,10 +20,11 @@ Why it is built this way:
 - The agent is also the node's firewall guard (launcher/network/firewall.py, `protect_by_agents`):
   the launcher starts every node's agent before any task, sends it the run's rules, and the agent
   holds them until it ends, after its tasks. So a node runs one distlaunch process for the run
-  (the preflight probe has answered and ended before): no guard step beside the agent's. The
-  agent step lives as long as the run, across attempts (a gang restart starts the next attempt's
-  tasks in it): the rules never have a gap, and every attempt has the same tasks on the node
-  (placement is decided once), so the step's CPUs and GPUs fit each one.
+  (the preflight probe has answered and ended before): no guard step beside the agent's. A node
+  left without tasks (a gang restart) ends its agent step, whose rules go once the task ports
+  have closed, so that the next attempt's step gets its CPUs and GPUs back; the next attempt
+  starts a new agent and sends it the rules first (`AgentTransport.link_of`): the agent installs
+  them before it reads the line that starts a task, so no task port is ever open without them.
 - Measured on Slurm 22.05 (tests/slurmcluster.py): closing srun's stdin ends the step within
   0.1 s (the agent sees EOF); SIGTERM to srun cancels the step; SIGKILL to srun leaves the step
   running on its own for a while (about 2.5 s in the tests; nothing promises how long); and
@@ -546,8 +547,10 @@ class StepTransport(AgentTransport):
     them (on the node: TERM, grace, KILL).
 
     A node's agent step holds the CPUs and GPUs of all of the node's tasks (``--exact``) and is
-    the node's firewall guard (`guard`): it lives until the run ends, every attempt's tasks
-    start in it."""
+    the node's firewall guard (`guard`); it ends once the node has no task left (a gang restart,
+    the end), so that the next attempt's step gets those resources back, and Slurm sees the
+    run's steps end with its tasks. The next attempt's agent holds the rules again before its
+    first task starts (`link_of`)."""
 
     def __init__(
         self,
@@ -559,7 +562,7 @@ class StepTransport(AgentTransport):
         helpers: Mapping[str, str] | None = None,
         tasks: Sequence[TaskPlan] = (),
     ) -> None:
-        super().__init__(grace_s, umask, term_is_notice=True)
+        super().__init__(grace_s, umask, close_idle=True, term_is_notice=True)
         self.alloc = alloc
         self.run_id = run_id
         self.python = python
