@@ -19,20 +19,23 @@ Why it is built this way:
   umask and error files, `stop` ends it with TERM, grace, KILL, and EOF kills it at once.
 - The agent is also the node's firewall guard (launcher/network/firewall.py, `protect_by_agents`):
   the launcher starts every node's agent before any task, sends it the run's rules, and the agent
-  holds them until it ends, after its tasks. So a node runs one distlaunch process for the run
-  (the preflight probe has answered and ended before): no guard step beside the agent's. A node
+  holds them until it ends, after its tasks (the rules' code, `distlaunch.host.guard`, is loaded
+  by path from beside the agent). So a node runs one distlaunch process for the run (the
+  preflight probe has answered and ended before): no guard step beside the agent's. A node
   left without tasks (a gang restart) ends its agent step, whose rules go once the task ports
   have closed, so that the next attempt's step gets its CPUs and GPUs back; the next attempt
   starts a new agent and sends it the rules first (`AgentTransport.link_of`): the agent installs
   them before it reads the line that starts a task, so no task port is ever open without them.
 - Measured on Slurm 22.05 (tests/slurmcluster.py): closing srun's stdin ends the step within
   0.1 s (the agent sees EOF); SIGTERM to srun cancels the step; SIGKILL to srun leaves the step
-  running on its own for a while (about 2.5 s in the tests; nothing promises how long); and
-  cancelling a step (`scancel STEP`, or SIGTERM to its srun) SIGKILLs its processes at once, so a
-  SIGKILLed agent cannot remove its rules. So an agent's srun runs in a session of its own with
-  no death signal: when the launcher dies it lives on to pass the EOF, the agent kills its tasks
-  at once and removes its rules. An agent ends only by that EOF (the launcher closes its stdin,
-  or dies), by its heartbeat timeout (an srun killed outright by someone else), or by `distlaunch
+  running on its own, without EOF (a task's step for about 2.5 s; an agent's step until the
+  agent's heartbeat timeout ended it 20.5 s later, its rules removed by the agent; nothing
+  promises how long); and cancelling a step (`scancel STEP`, or SIGTERM to its srun) SIGKILLs
+  its processes at once, so a SIGKILLed agent cannot remove its rules. So an agent's srun runs in
+  a session of its own with no death signal: when the launcher dies it lives on to pass the EOF,
+  the agent kills its tasks at once and removes its rules; an agent gone silent has its srun
+  SIGKILLed, not cancelled. An agent ends only by that EOF (the launcher closes its stdin, or
+  dies), by its heartbeat timeout (an srun killed outright, or the link gone), or by `distlaunch
   down`, which sends it SIGHUP (``scancel --signal=HUP``): it stops its tasks (TERM, grace, KILL)
   and removes its rules (SIGTERM would not do: to a step's processes it is Slurm's stop notice,
   which the agent leaves to its tasks). `down` finds the run's steps by name; what a SIGKILLed
