@@ -530,9 +530,14 @@ class AgentTransport(ABC):
             procs.kill_groups([handle.link.proc])
             handle.link.end()
         if self.close_idle:
-            for link in {id(h.link): h.link for h in handles}.values():
-                if not link.tasks and not link.standbys and link.lost is None:
-                    link.close()
+            links = {id(h.link): h.link for h in handles}.values()
+            idle = [x for x in links if not x.tasks and not x.standbys and x.lost is None]
+            # Every idle agent is told first, then waited for: each removes its firewall rules
+            # before it ends, side by side, not one node after another.
+            for link in idle:
+                link.hang_up()
+            for link in idle:
+                link.end()
 
     def notify(self, handles: Sequence[AgentHandle]) -> bool:
         """A stop notice to every task (`NoticeTransport`): its keeper sends SIGTERM to the
