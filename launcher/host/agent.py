@@ -44,7 +44,8 @@ the agent lives; ``g`` (task 0): the answer to ``guard``; ``r`` a standby has im
 
 SIGTERM (unless it is a notice), SIGHUP or SIGINT to the agent stops every task (its keeper's stop: TERM, grace, KILL).
 It imports neither launcher code nor anything outside the standard library (`guard`, standard
-library only too, is imported when a ``guard`` line comes: run by path, an agent takes none).
+library only too, is imported when a ``guard`` line comes: by path, from beside this file,
+where the agent runs by path without the package, as a Slurm step does).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import socket
 import subprocess
 import sys
 import time
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -68,6 +70,8 @@ PROTOCOL = 5
 EXIT_PROTOCOL = 3
 # The keeper of each task: this folder's remote.py, run by path (no package import needed).
 KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote.py")
+# This folder's guard.py, loaded by path where the package cannot be imported (`_guard_module`).
+GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
 # After a keeper exits, how long its output pipe may stay open (a process it failed to end).
 DRAIN_S = 1.0
 # How long the agent waits for its keepers to end their tasks before it exits anyway.
@@ -393,8 +397,7 @@ class Agent:
         """Install the run's rules on this host (`distlaunch.host.guard`'s request ``line``);
         the guard's answer. Signals are trapped already: one that comes now still ends in
         `unguard`."""
-        from distlaunch.host import guard
-
+        guard = _guard_module()
         if self.guarded is not None:
             return {"protected": False, "why": "this agent guards the run already"}
         try:
@@ -419,8 +422,7 @@ class Agent:
         more (at most the guard's LINGER_S): the tasks are gone first."""
         if self.guarded is None:
             return
-        from distlaunch.host import guard
-
+        guard = _guard_module()
         request, installed = self.guarded
         self.guarded = None
         deadline = time.monotonic() + guard.LINGER_S
@@ -445,6 +447,27 @@ class Agent:
 
     def _on_signal(self, _signum: int, _frame: object) -> None:
         self._signalled = True
+
+
+def _guard_module() -> ModuleType:
+    """`distlaunch.host.guard`: imported, or loaded from GUARD where this agent runs by path
+    without site-packages (a Slurm step), so it cannot import its own package."""
+    try:
+        from distlaunch.host import guard
+    except ImportError:
+        pass
+    else:
+        return guard
+    name = "distlaunch_host_guard"
+    if name not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(name, GUARD)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before it runs: its dataclasses look it up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def main() -> int:
