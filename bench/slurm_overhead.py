@@ -9,9 +9,10 @@ both. Rounds alternate between the two (and which goes first) so that machine no
 alike; the medians and their ratio are printed (target <= 1.10).
 
 The launcher's own time is traced from each `up`'s events.jsonl: its command to its first task's
-start (Python, imports, spec, placement, the node probes, the firewall guards) plus its last
-task's exit to its own exit (the guards removing their rules, the record); target <= 0.35 s. The
-hand launch's own share (bash, then its sruns return) is a few milliseconds.
+start (Python, imports, spec, placement, the node probes, the nodes' agents taking the firewall
+rules) plus its last task's exit to its own exit (the agents removing their rules, the record);
+target <= 0.35 s. The hand launch's own share (bash, then its sruns return) is a few
+milliseconds.
 
 Both sides run with Python's bytecode cache on, as an installed distlaunch has it
 (`_common.bytecode_on`).

@@ -289,7 +289,7 @@ def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
             "both tasks to join",
             launcher=launcher,
         )
-        assert len(_task_steps(lab)) == 2 and len(lab.steps()) == 4  # and a guard per node
+        assert len(_task_steps(lab)) == 2 and len(lab.steps()) == 2  # the agents are the guards
         assert all(len(lab.processes(node)) >= 3 for node in lab.nodes)  # helper, task, its child
         # Each step's helper runs by the path the node's preflight found, without site-packages.
         helpers = [
@@ -299,14 +299,14 @@ def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
             if p.cmdline()[-1] == remote.__file__
         ]
         assert helpers == [["-I", "-S", remote.__file__]] * 2
-        # Each node's guard is its preflight probe gone on (python -c PROBE): no third step.
+        # No preflight probe goes on as a guard (python -c PROBE): the agent is the node's.
         guards = [
             p
             for node in lab.nodes
             for p in lab.processes(node)
             if p.cmdline()[1:2] == ["-c"] and "then_guard" in p.cmdline()[-1]
         ]
-        assert len(guards) == 2
+        assert len(guards) == 0
         launcher.kill()
         launcher.wait()
         wait_for(
@@ -348,7 +348,7 @@ def test_down_cancels_the_steps_a_killed_launcher_and_its_sruns_left(
         launcher.kill()
         launcher.wait()
         steps = lab.steps()
-        assert len(_task_steps(lab)) == 2 and len(steps) == 4  # the tasks' and the guards'
+        assert len(_task_steps(lab)) == 2 and len(steps) == 2  # the agents', which are the guards
         assert all(_rules_left(node.netns) for node in lab.nodes)
         result = lab.run(_launcher("down", str(run_dir)), cwd=tmp, env=env)
         assert result.returncode == 0, result.stderr
@@ -356,7 +356,7 @@ def test_down_cancels_the_steps_a_killed_launcher_and_its_sruns_left(
         # slurmstepd loses the I/O peer; seen under load): down cancels those left, no others.
         cancelled = re.search(r"cancelled Slurm ([\d. ]+)", result.stdout)
         assert cancelled and set(cancelled.group(1).split()) <= set(steps), result.stdout
-        # The guards were asked with SIGTERM (a cancelled step is SIGKILLed): their rules are gone.
+        # The agents were asked with SIGHUP (a cancelled step is SIGKILLed): their rules are gone.
         assert _no_rules(lab)
         wait_for(
             lambda: _nothing_left(lab, run_dir.name),

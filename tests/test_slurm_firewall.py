@@ -145,7 +145,7 @@ def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -
     node = lab.nodes[0]
     with _allocation(lab, tmp, "--nodes=2") as env:
         job = env["SLURM_JOB_ID"]
-        name = slurm.guard_step_name("left", node.name)
+        name = slurm.agent_step_name("left", node.name)
         argv = [*slurm.srun_argv(job, node.name, name, overlap=True), sys.executable]
         guard = subprocess.Popen(
             lab.command([*argv, "-m", firewall.GUARD_MODULE]),

@@ -21,7 +21,7 @@ __all__ = ["lab"]  # a fixture of test_slurm, used here
 
 
 def _steps_named(lab: SlurmLab, run_id: str) -> dict[str, str]:
-    """The live steps of run ``run_id`` (``distlaunch.<run id>.<task or guard.node>``)."""
+    """The live steps of run ``run_id`` (``distlaunch.<run id>.<task or agent-node>``)."""
     head = f"distlaunch.{run_id}."
     return {
         i: name
@@ -59,7 +59,7 @@ def test_down_of_a_run_leaves_a_run_whose_id_begins_like_it_running(
                     launcher=launcher,
                 )
             other = _steps_named(lab, "ab.x")
-            assert len(other) == 4, lab.step_names()  # two tasks, two guards
+            assert len(other) == 2, lab.step_names()  # two agents, which are the guards
             tables = {node.name: _rules_left(node.netns) for node in lab.nodes}
             assert all(len(t) == 2 for t in tables.values()), tables  # one per run and node
 

@@ -49,7 +49,8 @@ the agent lives; ``g`` (task 0): the answer to ``guard``; ``r`` a standby has im
 
 SIGTERM (unless it is a notice), SIGHUP or SIGINT to the agent stops every task (its keeper's stop: TERM, grace, KILL).
 It imports neither launcher code nor anything outside the standard library (`guard`, standard
-library only too, is imported when a ``guard`` line comes: run by path, an agent takes none).
+library only too, is imported when a ``guard`` line comes: by path, from beside this file,
+where the agent runs by path without the package, as a Slurm step does).
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ if TYPE_CHECKING:
 # lines or frames or the keeper's request change; preflight refuses a host that speaks another.
 PROTOCOL = 5
 EXIT_PROTOCOL = 3
-# The keeper of each task: this folder's remote.py, loaded by path (no package import needed).
-KEEPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote.py")
+# Where this file's siblings (remote.py, each task's keeper; guard.py) are loaded from by path
+# when the agent runs by path, without its package (`_sibling`).
+HERE = os.path.dirname(os.path.abspath(__file__))
 # What a keeper's command line reads on the host (as much of it as the agent's own has room for).
 KEEPER_TITLE = "distlaunch.host.remote: keeper of task %d"
 # After a keeper exits, how long its output pipe may stay open (a process it failed to end).
@@ -194,24 +196,22 @@ class _StandbyKeeper(_Keeper):
         return True
 
 
-_keeper_module: ModuleType | None = None
-
-
-def _keeper_code() -> ModuleType:
-    """The keepers' code, `remote.py`, imported once by the agent (so by every fork of it): as
-    the package's module where the agent runs as one, else by path (a Slurm step runs the agent
-    by path without site-packages)."""
-    global _keeper_module
-    if _keeper_module is None:
-        if __package__:
-            from distlaunch.host import remote as module
-        else:
-            spec = importlib.util.spec_from_file_location("distlaunch_keeper", KEEPER)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        _keeper_module = module
-    return _keeper_module
+def _sibling(name: str) -> ModuleType:
+    """This package's module ``name`` (``remote``, ``guard``): imported, or loaded by path from
+    beside this file where the agent runs by path without site-packages (a Slurm step), so that
+    it cannot import its own package. Once: later calls get the same module."""
+    try:
+        return importlib.import_module(f"distlaunch.host.{name}")
+    except ImportError:
+        pass
+    key = f"distlaunch_host_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, os.path.join(HERE, f"{name}.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # before it runs: dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[key]
 
 
 def _fork_keeper(task: int, pass_fds: tuple[int, ...]) -> tuple[int, int, int]:
@@ -219,7 +219,7 @@ def _fork_keeper(task: int, pass_fds: tuple[int, ...]) -> tuple[int, int, int]:
     output (stdout and stderr). The child keeps its pipes as 0, 1 and 2 and ``pass_fds`` under
     their numbers, and nothing else of the agent's; it runs `remote.main` and exits with its
     code. The agent starts no thread, so the fork copies a process that is whole."""
-    keeper = _keeper_code()
+    keeper = _sibling("remote")  # imported by the agent: every fork has it
     stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     try:
@@ -504,8 +504,7 @@ class Agent:
         """Install the run's rules on this host (`distlaunch.host.guard`'s request ``line``);
         the guard's answer. Signals are trapped already: one that comes now still ends in
         `unguard`."""
-        from distlaunch.host import guard
-
+        guard = _sibling("guard")
         if self.guarded is not None:
             return {"protected": False, "why": "this agent guards the run already"}
         try:
@@ -530,8 +529,7 @@ class Agent:
         more (at most the guard's LINGER_S): the tasks are gone first."""
         if self.guarded is None:
             return
-        from distlaunch.host import guard
-
+        guard = _sibling("guard")
         request, installed = self.guarded
         self.guarded = None
         deadline = time.monotonic() + guard.LINGER_S
@@ -582,7 +580,7 @@ def main() -> int:
             f"the launcher {wanted}; install the same distlaunch version on every host\n"
         )
         return EXIT_PROTOCOL
-    _keeper_code()  # now, before any task waits for it
+    _sibling("remote")  # the keepers' code, now, before any task waits for it
     served = Agent(heartbeat_s, term_is_notice, beat_s)
     code = 1
     try:

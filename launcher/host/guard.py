@@ -2,18 +2,18 @@
 
 TensorFlow's gRPC servers listen on every interface with no authentication. On a host of a run
 across machines, this guard admits TCP connections to the run's task ports on that host only from
-the run's own hosts and loopback, and drops all others. The launcher (or any remote transport)
-runs ``python -m distlaunch.host.guard`` on each host before any task starts and talks to it
-over stdin, as to `distlaunch.host.remote`:
+the run's own hosts and loopback, and drops all others. A run's guard on a host is the host's
+agent (`distlaunch.host.agent`, over SSH or as a Slurm node's job step): it takes the request
+below over its channel and installs and removes the rules with this module's functions.
+``python -m distlaunch.host.guard`` does the same as a process of its own, over its stdin:
 
 - line 1 is a JSON request: ``{"run_id": "...", "name": "...", "ports": [2222, ...], "allow":
   ["10.0.0.11", "node2", ...], "allow_client": true, "heartbeat_s": 20}``. ``name`` names this
   guard's rules (the launcher makes it unique per run dir and host: `distlaunch.launcher.network.firewall`);
   ``allow`` names who may connect (IPv4 or IPv6 addresses, or names this host resolves);
   ``allow_client`` adds the address the SSH session comes from (``SSH_CONNECTION``): the
-  launcher's when it connects directly (through NAT, too). EOF in place of the request: a Slurm
-  probe gone on as a guard that the launcher did not need after all (a preflight failed
-  elsewhere); it exits 0 with nothing changed.
+  launcher's when it connects directly (through NAT, too). EOF in place of the request: it
+  exits 0 with nothing changed.
 - it answers one JSON line on stdout: ``{"protected": true, "how": "nftables", "table": "...",
   "allowed": [...]}`` (``how`` is ``iptables`` and ``table`` a chain where nft is missing), or
   ``{"protected": false, "why": "..."}`` and exits (no CAP_NET_ADMIN, no nft nor iptables):
@@ -33,7 +33,7 @@ a chain (``DL-<digest of the name>``, IPv4 and IPv6) that INPUT jumps to for the
 guard that is SIGKILLed cannot clean up: that is the one way to leave its rules behind. ``python
 -m distlaunch.host.guard --remove NAME`` removes what a guard of that name left on the host (its
 table, or its chains and INPUT's jumps to them); `distlaunch down` runs it on a Slurm run's nodes,
-with the names run.json recorded, where a cancelled step or a killed srun SIGKILLs the guard.
+with the names run.json recorded, where a cancelled step or a killed srun SIGKILLs the agent.
 
 Request values are data: ports must be integers, addresses go through `ipaddress`, a name must be
 ``[A-Za-z0-9_]`` only. Imports only the standard library, never
@@ -402,7 +402,7 @@ def main() -> int:
         return 0
     line = _first_line(sys.stdin.fileno())
     if line is None:
-        return 0  # not needed after all (a preflight failed elsewhere): nothing to do
+        return 0  # not needed after all: nothing to do
     try:
         request = parse(line)
     except (ValueError, TypeError) as exc:

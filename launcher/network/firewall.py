@@ -5,16 +5,13 @@ private network namespace (netns.py), a compose run on an internal network; a ru
 must keep them open to its peers, so each remote host gets a firewall for the run's lifetime: its
 task ports admit the run's own hosts and loopback only (`plan_rules`, pure, what `plan` shows).
 
-The host owns its rules, not the launcher: a guard (`distlaunch.host.guard`) per host installs
-one nftables table (an iptables chain where nft is missing) and deletes it
-when its stdin closes, its heartbeats stop or it is signalled. So the rules go with the run
-however it ends: an orderly teardown closes the guards after the tasks have stopped; a launcher
-that is SIGKILLed, or a connection that drops, closes their stdin too. `protect` works through
-any remote transport: it only needs a local process per host whose stdin and stdout reach the
-guard there, waiting for its request (on Slurm nodes the node's preflight probe, a job step, goes
-on as its guard). On SSH hosts the host's agent is the guard (`protect_by_agents`): it takes the
-same request over its channel and holds the rules until it ends, so a host runs one distlaunch
-process for the run.
+The host owns its rules, not the launcher: the host's agent (`distlaunch.host.agent`, over SSH
+or as a Slurm node's job step) is its guard (`protect_by_agents`). It takes the request over its
+channel, installs one nftables table (an iptables chain where nft is missing; the code is
+`distlaunch.host.guard`'s) and deletes it when it ends: its stdin closes, its heartbeats stop or
+it is signalled. So the rules go with the run however it ends: an orderly teardown closes the
+agents after the tasks have stopped; a launcher that is SIGKILLed, or a connection that drops,
+closes their stdin too. A host runs one distlaunch process for the run, not an agent and a guard.
 
 The rules of one run on one host have a name of their own (`rules_name`: the run id and a digest
 of the run id, the run dir's path and the host): runs that share an id (``nightly`` in two shared
@@ -37,21 +34,16 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import json
 import os
 import re
-import selectors
 import socket
-import subprocess
-import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from distlaunch.host import guard
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError
-from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S, Heartbeat, Pipe
+from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S
 from distlaunch.launcher.plan.plan import Plan
 
 GUARD_MODULE = "distlaunch.host.guard"
@@ -315,30 +307,6 @@ def _states(network: Mapping) -> list[HostState]:
     ]
 
 
-@contextmanager
-def protect(
-    mode: str,
-    run_id: str,
-    rules: Mapping[str, HostRules],
-    start: Callable[[str], subprocess.Popen],
-) -> Iterator[Protection]:
-    """Firewall every host of ``rules`` for the block; the rules are gone when it ends.
-
-    ``start(host)`` gives the local process (an ssh or srun client, stdin and stdout pipes) of a
-    guard on ``host`` that waits for its request; `protect` owns it from then on. Raise
-    HostError, with every guard closed, when ``mode`` is ``required`` and a host cannot be
-    firewalled.
-    """
-    if mode == OFF or not rules:
-        yield _off(mode, rules)
-        return
-    guards = Guards(run_id, rules, start)
-    try:
-        yield _required(Protection(mode, guards.open()))
-    finally:
-        guards.close()
-
-
 def protect_by_agents(
     mode: str,
     run_id: str,
@@ -400,133 +368,3 @@ def host_state(rules: HostRules, answer: dict, why_none: str) -> HostState:
         )
     why = str(answer.get("why", "the guard gave no reason")) if answer else why_none
     return HostState(rules.host, rules.ports, False, why, rules.name)
-
-
-def start_guard(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen:
-    """Start ``argv``, a local command whose stdin and stdout reach a guard (or a probe that goes
-    on as one), ``env`` added to its environment."""
-    # A session of its own: a Ctrl-C at the terminal must not end a guard before the tasks it
-    # protects are stopped. Its stdin is a pipe only the launcher holds: when the launcher
-    # dies, the guard reads EOF.
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **env},
-        start_new_session=True,
-    )
-
-
-def end_guard(proc: subprocess.Popen) -> None:
-    """Close a guard's pipes and wait for it: with no request yet, or with its rules, it exits."""
-    for pipe in (proc.stdin, proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
-    try:
-        proc.wait(timeout=CLOSE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-class Guards:
-    """The guard processes of one run, one per host, and the heartbeat that keeps them."""
-
-    def __init__(
-        self,
-        run_id: str,
-        rules: Mapping[str, HostRules],
-        start: Callable[[str], subprocess.Popen],
-    ) -> None:
-        self.run_id = run_id
-        self.rules = dict(rules)
-        self.start = start
-        self._procs: dict[str, subprocess.Popen] = {}
-        self._stdins: dict[str, Pipe] = {}
-        self._heartbeat = Heartbeat("guard-heartbeat")
-
-    def open(self) -> tuple[HostState, ...]:
-        """Start (or take) every guard at once, send each its rules and wait for its answer."""
-        for name, rules in self.rules.items():
-            proc = self.start(name)
-            self._procs[name] = proc
-            # A guard started earlier that has died takes no request: `_state` tells why from
-            # its stderr.
-            request = json.dumps(rules.request(self.run_id)).encode() + b"\n"
-            self._stdins[name] = Pipe(proc, request)
-        answers = self._answers()
-        states = tuple(self._state(name, answers.get(name)) for name in self.rules)
-        for state in states:
-            if state.protected:
-                self._heartbeat.add(self._stdins[state.host])
-            else:
-                self._end(state.host)
-        return states
-
-    def close(self) -> None:
-        """Close every guard's stdin and wait for it to remove its table (the tasks are stopped)."""
-        self._heartbeat.close()
-        for stdin in self._stdins.values():
-            stdin.close()
-        deadline = time.monotonic() + CLOSE_TIMEOUT_S
-        for name in list(self._procs):
-            proc = self._procs.pop(name)
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()  # the guard saw EOF already; this only frees the local client
-                proc.wait()
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-
-    def _answers(self) -> dict[str, dict]:
-        """Each guard's answer line, read from all of them at once until ANSWER_TIMEOUT_S."""
-        sel = selectors.DefaultSelector()
-        buffers: dict[str, bytes] = {}
-        for name, proc in self._procs.items():
-            assert proc.stdout is not None
-            sel.register(proc.stdout, selectors.EVENT_READ, name)
-            buffers[name] = b""
-        answers: dict[str, dict] = {}
-        deadline = time.monotonic() + ANSWER_TIMEOUT_S
-        while sel.get_map() and time.monotonic() < deadline:
-            for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
-                name = key.data
-                chunk = os.read(key.fd, 65536)
-                buffers[name] += chunk
-                if b"\n" in buffers[name] or not chunk:
-                    sel.unregister(key.fileobj)
-                    try:
-                        answers[name] = json.loads(buffers[name].split(b"\n", 1)[0])
-                    except ValueError:
-                        pass  # no answer: `_state` tells why from the guard's stderr
-        sel.close()
-        return answers
-
-    def _state(self, name: str, answer: dict | None) -> HostState:
-        if answer is not None:
-            return host_state(self.rules[name], answer, "the guard gave no reason")
-        why = f"its guard did not answer: {self._stderr(name)}"
-        return HostState(name, self.rules[name].ports, False, why, self.rules[name].name)
-
-    def _stderr(self, name: str) -> str:
-        proc = self._procs[name]
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        assert proc.stderr is not None
-        lines = [
-            line.strip()
-            for line in proc.stderr.read().decode(errors="replace").splitlines()
-            if line.strip()
-        ]
-        return lines[-1] if lines else f"exit code {proc.returncode}"
-
-    def _end(self, name: str) -> None:
-        """Forget a guard that protects nothing (it has exited, or exits on EOF)."""
-        self._stdins.pop(name).close()
-        end_guard(self._procs.pop(name))

@@ -59,12 +59,13 @@ AGENT_SILENCE_S = 10.0
 class AgentCommand:
     """How one machine's agent is started: the local client's command line, what is added to
     the launcher's environment for it, how the machine is named in messages, and the signal the
-    client gets when the launcher dies."""
+    client gets when the launcher dies (None: none, it outlives the launcher to pass the EOF of
+    its stdin on: `procs.spawn_client`)."""
 
     argv: tuple[str, ...]
     env: Mapping[str, str]
     target: str
-    death_signal: signal.Signals = signal.SIGKILL
+    death_signal: signal.Signals | None = signal.SIGKILL
 
 
 class StandbyFrames(Protocol):
@@ -159,7 +160,9 @@ class AgentLink:
         self.lost: str | None = None
         self._frames = b""
         self._err_tail = b""
-        self.death_signal = command.death_signal
+        # What ends the client when its agent falls silent: a client that outlives the launcher
+        # (srun) is SIGKILLed, which leaves its step to the agent's own end (EOF, or heartbeat).
+        self.end_signal = command.death_signal or signal.SIGKILL
         # When the agent last said anything (None: not yet; a Slurm step may wait for its CPUs).
         self.heard: float | None = None
         self._silent: str | None = None  # why the hub ended the client, if it did
@@ -195,7 +198,7 @@ class AgentLink:
         if time.monotonic() - self.heard <= AGENT_SILENCE_S:
             return False
         self._silent = f"no word from the agent for {AGENT_SILENCE_S:g} s (the link is down?)"
-        procs.signal_group(self.proc.pid, self.death_signal)
+        procs.signal_group(self.proc.pid, self.end_signal)
         return True
 
     def heartbeat(self) -> None:
@@ -527,9 +530,14 @@ class AgentTransport(ABC):
             procs.kill_groups([handle.link.proc])
             handle.link.end()
         if self.close_idle:
-            for link in {id(h.link): h.link for h in handles}.values():
-                if not link.tasks and not link.standbys and link.lost is None:
-                    link.close()
+            links = {id(h.link): h.link for h in handles}.values()
+            idle = [x for x in links if not x.tasks and not x.standbys and x.lost is None]
+            # Every idle agent is told first, then waited for: each removes its firewall rules
+            # before it ends, side by side, not one node after another.
+            for link in idle:
+                link.hang_up()
+            for link in idle:
+                link.end()
 
     def notify(self, handles: Sequence[AgentHandle]) -> bool:
         """A stop notice to every task (`NoticeTransport`): its keeper sends SIGTERM to the

@@ -75,10 +75,27 @@ def spawn(
 
 
 def spawn_client(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str, death_signal: int = signal.SIGKILL
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    death_signal: int | None = signal.SIGKILL,
 ) -> subprocess.Popen:
     """`spawn` a client the launcher talks to over pipes (a host's agent behind ssh): stdin,
-    stdout and stderr are pipes of this process; it dies with the launcher as `spawn`'s do."""
+    stdout and stderr are pipes of this process; it dies with the launcher as `spawn`'s do.
+
+    ``death_signal`` None: a client that outlives the launcher, in a session of its own, to pass
+    the EOF of its stdin on when the launcher dies (a Slurm node's agent behind `srun`: a signal
+    would cancel the step, which SIGKILLs the agent before it can remove its firewall rules)."""
+    if death_signal is None:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
     flags = [] if death_signal == signal.SIGKILL else ["--death", str(int(death_signal))]
     return _start(argv, env, cwd, None, subprocess.PIPE, flags, ())
 

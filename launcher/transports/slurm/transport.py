@@ -16,33 +16,38 @@ Why it is built this way:
   site-packages saved 0.15-0.25 s per step on the test cluster). srun forwards its stdin to the
   step, so the agent works exactly as over SSH: each task's argv and environment arrive as data
   (no shell parses a spec value), its helper runs it in its own process group with the run's
-  umask and error files, `stop` ends it with TERM, grace, KILL, and EOF kills it at once. A node
-  left without tasks (a gang restart) ends its step; the next attempt starts a new one.
+  umask and error files, `stop` ends it with TERM, grace, KILL, and EOF kills it at once.
+- The agent is also the node's firewall guard (launcher/network/firewall.py, `protect_by_agents`):
+  the launcher starts every node's agent before any task, sends it the run's rules, and the agent
+  holds them until it ends, after its tasks (the rules' code, `distlaunch.host.guard`, is loaded
+  by path from beside the agent). So a node runs one distlaunch process for the run (the
+  preflight probe has answered and ended before): no guard step beside the agent's. A node
+  left without tasks (a gang restart) ends its agent step, whose rules go once the task ports
+  have closed, so that the next attempt's step gets its CPUs and GPUs back; the next attempt
+  starts a new agent and sends it the rules first (`AgentTransport.link_of`): the agent installs
+  them before it reads the line that starts a task, so no task port is ever open without them.
 - Measured on Slurm 22.05 (tests/slurmcluster.py): closing srun's stdin ends the step within
-  0.1 s (the helper sees EOF); SIGTERM to srun cancels the step; but SIGKILL to srun leaves the
-  step running on its own for a while (about 2.5 s in the tests; nothing promises how long). So
-  the launcher kills a task by closing its stdin, srun gets SIGTERM (not SIGKILL) when the
-  launcher dies (PR_SET_PDEATHSIG), and the helper's heartbeat timeout covers an srun killed
-  outright by someone else. `distlaunch down` cancels the run's steps by name.
-- The run's firewall (launcher/network/firewall.py) holds on each node as one more step, a guard
-  that lives as long as its srun's stdin stays open (``--overlap``: it takes no CPU from the tasks).
-  That step is the node's preflight probe: once it has answered with nothing wrong, it goes on
-  as the guard in the same process and waits for its rules (one srun and one Python per node
-  fewer on the way to the first task start).
-  Measured here too: cancelling a step (`scancel STEP`, or SIGTERM to its srun) SIGKILLs its
-  processes at once, and a SIGKILLed guard cannot remove its rules. So a guard is only ever ended
-  by EOF (the launcher closes its srun's stdin, or dies: its srun, in a session of its own and
-  with no death signal, lives on to pass the EOF), by its heartbeat timeout, or by `down` with
-  SIGTERM sent to it directly (``scancel --signal=TERM``), after the task steps are cancelled.
+  0.1 s (the agent sees EOF); SIGTERM to srun cancels the step; SIGKILL to srun leaves the step
+  running on its own, without EOF (a task's step for about 2.5 s; an agent's step until the
+  agent's heartbeat timeout ended it 20.5 s later, its rules removed by the agent; nothing
+  promises how long); and cancelling a step (`scancel STEP`, or SIGTERM to its srun) SIGKILLs
+  its processes at once, so a SIGKILLed agent cannot remove its rules. So an agent's srun runs in
+  a session of its own with no death signal: when the launcher dies it lives on to pass the EOF,
+  the agent kills its tasks at once and removes its rules; an agent gone silent has its srun
+  SIGKILLed, not cancelled. An agent ends only by that EOF (the launcher closes its stdin, or
+  dies), by its heartbeat timeout (an srun killed outright, or the link gone), or by `distlaunch
+  down`, which sends it SIGHUP (``scancel --signal=HUP``): it stops its tasks (TERM, grace, KILL)
+  and removes its rules (SIGTERM would not do: to a step's processes it is Slurm's stop notice,
+  which the agent leaves to its tasks). `down` finds the run's steps by name; what a SIGKILLed
+  agent left, a step on each node removes by the name run.json recorded.
 - CPUs: the node's probe reports the CPUs the step sees (its affinity mask) and the NUMA nodes;
   the node's tasks split the first ``SLURM_JOB_CPUS_PER_NODE`` of them (plan/cpu_fit.py). Each
   step asks for its share (``--cpus-per-task=N --cpu-bind=cores``); where Slurm binds steps
   itself (task/affinity, task/cgroup) its binding stands, and where it does not (task/none) the
   helper pins the task to the plan's CPUs. A dry run (`plan`) knows the counts only.
 - Ports are picked on each node before the plan, by the SSH preflight's probe run as a step
-  (``--overlap``: it needs no CPU of its own; its source is an argument, so stdin stays free for
-  the guard it becomes), which also checks the node's Python, TensorFlow, distlaunch and the
-  shared dir. TF_CONFIG names nodes by hostname.
+  (``--overlap``: it needs no CPU of its own; it answers and ends), which also checks the
+  node's Python, TensorFlow, distlaunch and the shared dir. TF_CONFIG names nodes by hostname.
 """
 
 from __future__ import annotations
@@ -50,17 +55,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -87,7 +90,7 @@ from distlaunch.launcher.transports.agent import (
 )
 from distlaunch.launcher.transports.agent_standby import AgentStandbys
 from distlaunch.launcher.transports.base import Opened, TaskStacks, UpOptions
-from distlaunch.launcher.transports.helper import HELPER_MODULE
+from distlaunch.launcher.transports.helper import HELPER_MODULE, STOP_MARGIN_S
 from distlaunch.launcher.transports.local.routing import HostConsole
 from distlaunch.launcher.transports.ssh.preflight import (
     HostReport,
@@ -102,9 +105,12 @@ PROBE_TIMEOUT_S = 120.0
 KILL_WAIT_S = 5.0
 # Job steps of a run are named after it, so `down` finds them without the launcher.
 STEP_PREFIX = "distlaunch"
-# The step of a node's firewall guard is named distlaunch.<run id>.guard.<node>.
-GUARD_STEP = "guard"
+# The step of a node's agent is named distlaunch.<run id>.agent-<node>.
 AGENT_STEP = "agent"
+# The step `down` removes a SIGKILLed agent's rules with: distlaunch.<run id>.guard-sweep.<node>.
+SWEEP_STEP = "guard-sweep"
+# The signal `down` ends an agent step with: it stops its tasks and removes its rules.
+AGENT_STOP = signal.SIGHUP
 # The step that reads a task's stacks on its node is named distlaunch.<run id>.stacks.<task>.
 STACKS_STEP = "stacks"
 # Set by the batch script `distlaunch sbatch` writes, to the job id: this job exists for this run.
@@ -370,11 +376,6 @@ def step_name(run_id: str, task: str) -> str:
     return f"{STEP_PREFIX}.{run_id}.{task}"
 
 
-def guard_step_name(run_id: str, node: str) -> str:
-    """The job step name of the firewall guard of a run on ``node``."""
-    return step_name(run_id, f"{GUARD_STEP}.{node}")
-
-
 def helper_argv(python: str, helper: str | None) -> list[str]:
     """The command that runs the remote helper on a node: by ``helper``, the path the node's
     preflight found it at (isolated, no site: 0.15-0.25 s of site-packages scan saved per step),
@@ -458,15 +459,10 @@ def preflight(
     alloc: Allocation,
     placement: Mapping[ports.TaskKey, str],
     umask: int | None,
-    guard_run: str | None = None,
-) -> tuple[list[HostReport], dict[str, subprocess.Popen]]:
+) -> list[HostReport]:
     """Probe every node with tasks, in parallel, as a step of the allocation: its Python has
     TensorFlow and this distlaunch, it sees the shared dir, its fixed ports are free and its `auto`
-    ports are picked there. HostError lists every problem, one line each (nothing started).
-
-    With ``guard_run`` (a run id), each probe goes on as the node's firewall guard (its step named
-    as the run's guard step): one step and one Python per node instead of two, on the run's
-    critical path. The guards, waiting for their rules, are returned by node."""
+    ports are picked there. HostError lists every problem, one line each (nothing started)."""
     wanted: dict[str, ports.HostPorts] = {}
     for node in sorted(set(placement.values())):
         keys = [k for k, n in placement.items() if n == node]
@@ -476,32 +472,20 @@ def preflight(
             if isinstance(port, int):
                 fixed[(role, i)] = port
         wanted[node] = ports.HostPorts(fixed, tuple(k for k in keys if k not in fixed))
-    probe = NodeProbe(loaded, alloc, guard_run)
-    try:
-        reports = probe_all(loaded, wanted, umask, probe)
-    except HostError:
-        for guard in probe.guards.values():
-            firewall.end_guard(guard)
-        raise
-    return reports, probe.guards
+    return probe_all(loaded, wanted, umask, NodeProbe(loaded, alloc))
 
 
 class NodeProbe:
-    """The probe of Slurm nodes (`preflight.Probe`): a job step ``PYTHON -c SOURCE REQUEST``.
-
-    With ``guard_run``, a probe that found nothing wrong goes on as the node's firewall guard;
-    ``guards`` keeps those, by node."""
+    """The probe of Slurm nodes (`preflight.Probe`): a job step ``PYTHON -c SOURCE REQUEST``
+    that answers and ends."""
 
     machine = "node"
     machines = "Slurm nodes"
 
-    def __init__(self, loaded: LoadedSpec, alloc: Allocation, guard_run: str | None) -> None:
+    def __init__(self, loaded: LoadedSpec, alloc: Allocation) -> None:
         self.loaded = loaded
         self.alloc = alloc
-        self.guard_run = guard_run
         self.python = python_of(loaded)
-        self.guards: dict[str, subprocess.Popen] = {}
-        self._lock = threading.Lock()  # the probes run in parallel threads
 
     def label(self, name: str) -> str:
         """``node NAME``."""
@@ -509,12 +493,7 @@ class NodeProbe:
 
     def request(self, name: str) -> dict:
         """A cluster shares its filesystem: the spec's workdir, the shared dir seen everywhere."""
-        return {
-            "shared": True,
-            "workdir": str(self.loaded.workdir),
-            "then_guard": self.guard_run is not None,
-            "read_cpus": True,
-        }
+        return {"shared": True, "workdir": str(self.loaded.workdir), "read_cpus": True}
 
     def problems(self, report: HostReport) -> list[str]:
         """None: Slurm gives each step the GPUs it asked for, or refuses the step itself."""
@@ -522,73 +501,45 @@ class NodeProbe:
 
     def run(self, name: str, request: dict) -> dict | str:
         """Run the probe as a step on node ``name``: its answer, or what went wrong in words."""
-        guard_run = self.guard_run
-        step = guard_step_name(guard_run, name) if guard_run else f"{STEP_PREFIX}.preflight"
-        # The source as an argument (not on stdin, as over SSH): stdin stays free for the guard's
-        # request. The run id lets `distlaunch down` find a guard's srun client like the tasks'.
+        step = f"{STEP_PREFIX}.preflight"
         argv = [*srun_argv(self.alloc.job_id, name, step, overlap=True), self.python, "-c"]
-        env = {contract.RUN_ID: guard_run} if guard_run else {}
-        proc = firewall.start_guard([*argv, probe_source(), json.dumps(request)], env)
-        if guard_run is None:
-            assert proc.stdin is not None
-            proc.stdin.close()  # a probe only: it exits after its answer
+        # A session of its own: a Ctrl-C at the terminal is the launcher's to handle.
+        proc = subprocess.Popen(
+            [*argv, probe_source(), json.dumps(request)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
-            answer = _answer(proc, PROBE_TIMEOUT_S)
-        except TimeoutError:
-            _ended(proc)
+            out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # SIGTERM first: srun then cancels its step (a SIGKILLed srun would leave it).
+            procs.stop_groups([proc], KILL_WAIT_S)
+            proc.communicate()
             return f"no answer from a job step within {PROBE_TIMEOUT_S:g} s"
+        answer = _answer(out)
         if answer is None:
-            stderr = _ended(proc)
+            stderr = err.decode(errors="replace")
             last = [line for line in stderr.splitlines() if line.strip()]
             why = last[-1].strip() if last else f"exit code {proc.returncode}"
             if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
                 why = f"python {self.python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
             return f"the probe step failed: {why}"
-        if guard_run is not None and not answer["problems"]:
-            with self._lock:
-                self.guards[name] = proc
-        else:
-            _ended(proc)  # a probe only, or one that found problems (it does not go on as a guard)
         return answer
 
 
-def _answer(proc: subprocess.Popen, timeout_s: float) -> dict | None:
-    """The probe's answer, the first JSON object line on its stdout (read no further: the guard's
-    answer follows on the same pipe); None when it exited without one, TimeoutError when it
-    stayed silent for ``timeout_s``."""
-    assert proc.stdout is not None
-    fd, buffered = proc.stdout.fileno(), b""
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while sel.select(max(0.0, deadline - time.monotonic())):
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            buffered += chunk
-            while b"\n" in buffered:
-                line, buffered = buffered.split(b"\n", 1)
-                try:
-                    answer = json.loads(line)
-                except ValueError:
-                    continue  # something the node's environment printed first
-                if isinstance(answer, dict) and "problems" in answer:
-                    return answer
-    raise TimeoutError
-
-
-def _ended(proc: subprocess.Popen) -> str:
-    """End a probe step that is not kept (at once if it is still there) and return its stderr."""
-    assert proc.stdin is not None and proc.stderr is not None
-    if not proc.stdin.closed:
-        proc.stdin.close()
-    try:
-        proc.wait(timeout=KILL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        procs.stop_groups([proc], KILL_WAIT_S)
-    stderr = proc.stderr.read().decode(errors="replace")
-    firewall.end_guard(proc)
-    return stderr
+def _answer(out: bytes) -> dict | None:
+    """The probe's answer: the first JSON object line of its output with ``problems`` (lines the
+    node's environment printed first are skipped); None when there is none."""
+    for line in out.splitlines():
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(answer, dict) and "problems" in answer:
+            return answer
+    return None
 
 
 # ---- transport -------------------------------------------------------------------------------
@@ -598,9 +549,11 @@ class StepTransport(AgentTransport):
     """Starts tasks through one agent per node, each a job step of the allocation, and stops
     them (on the node: TERM, grace, KILL).
 
-    A node's agent step holds the CPUs and GPUs of all of the node's tasks (``--exact``); it
-    ends once the node has no task left (a gang restart, the end), so that the next attempt's
-    step gets those resources back, and Slurm sees the run's steps end with its tasks."""
+    A node's agent step holds the CPUs and GPUs of all of the node's tasks (``--exact``) and is
+    the node's firewall guard (`guard`); it ends once the node has no task left (a gang restart,
+    the end), so that the next attempt's step gets those resources back, and Slurm sees the
+    run's steps end with its tasks. The next attempt's agent holds the rules again before its
+    first task starts (`link_of`)."""
 
     def __init__(
         self,
@@ -636,10 +589,11 @@ class StepTransport(AgentTransport):
             ),
             *agent_argv(self.python, self.helpers.get(machine)),
         ]
-        # SIGTERM, not SIGKILL, when the launcher dies: srun then cancels its step; a killed srun
-        # would leave it running.
+        # No death signal (the module docstring): the launcher's death reaches the agent as the
+        # EOF its srun passes on, and the agent removes its rules before it ends. The run id lets
+        # `distlaunch down` find the srun like the run's other processes.
         env = {contract.RUN_ID: self.run_id}
-        return AgentCommand(tuple(argv), env, f"node {machine}", signal.SIGTERM)
+        return AgentCommand(tuple(argv), env, f"node {machine}", None)
 
     def request(self, task: TaskPlan) -> dict:
         """The keeper's request, with SIGTERM taken as a stop notice: Slurm SIGTERMs every
@@ -666,38 +620,42 @@ def cancel_steps(
     network: Mapping | None = None,
     python: str = sys.executable,
     tasks: Collection[str] = (),
+    grace_s: float = 0.0,
 ) -> list[str]:
-    """Cancel every job step left of Slurm run ``run_id`` and remove any firewall rule left on its
+    """End every job step left of Slurm run ``run_id`` and remove any firewall rule left on its
     nodes; with ``submitted``, cancel its whole job. ``info`` is the run's run.json ``slurm`` entry
-    (`Allocation.to_json`), ``network`` its ``network`` entry, ``tasks`` its tasks' names.
+    (`Allocation.to_json`), ``network`` its ``network`` entry, ``tasks`` its tasks' names,
+    ``grace_s`` its timeouts.grace_s.
 
     Steps are found by their exact names (`run_step_names`): run ``ab``'s are never run
-    ``ab.x``'s. The tasks' steps are cancelled first; then the firewall guards get SIGTERM (a
-    cancel would SIGKILL them, leaving their rules), remove their rules once the task ports have
-    closed and end their steps. A guard SIGKILLed earlier (its srun was killed) left its rules: a
-    step on each protected node removes them by the name run.json recorded
-    (`guard.remove_leftovers`), while the job still runs. Returns what was cancelled (``JOB.STEP``
-    ids, or the job id).
+    ``ab.x``'s. The nodes' agents get SIGHUP (a cancel would SIGKILL them, leaving their rules):
+    each stops its tasks (TERM, ``grace_s``, KILL), removes its rules once the task ports have
+    closed and ends its step; a step still there after that is cancelled. An agent SIGKILLed
+    earlier (its srun was killed, or it did not end in time) left its rules: a step on each
+    protected node removes them by the name run.json recorded (`guard.remove_leftovers`), while
+    the job still runs. Returns what was ended (``JOB.STEP`` ids, or the job id).
     """
     job = info.get("job_id")
     if not job:
         return []
     nodes = [str(n) for n in info.get("nodes") or ()]
     names = run_step_names(run_id, tasks, nodes)
-    guard_names = {guard_step_name(run_id, node) for node in nodes}
+    agent_names = {agent_step_name(run_id, node) for node in nodes}
     steps = _steps_of(str(job), names)
-    guards = [i for i, name in steps.items() if name in guard_names]
-    task_steps = [i for i in steps if i not in guards]
+    agents = [i for i, name in steps.items() if name in agent_names]
+    task_steps = [i for i in steps if i not in agents]
     if task_steps:
         subprocess.run(["scancel", "--quiet", *task_steps], capture_output=True, check=False)
-    if guards:
+    if agents:
         subprocess.run(
-            ["scancel", "--quiet", "--signal=TERM", *guards], capture_output=True, check=False
+            ["scancel", "--quiet", f"--signal={AGENT_STOP.name.removeprefix('SIG')}", *agents],
+            capture_output=True,
+            check=False,
         )
-        deadline = time.monotonic() + firewall.CLOSE_TIMEOUT_S
-        while set(guards) & set(_steps_of(str(job), names)) and time.monotonic() < deadline:
+        deadline = time.monotonic() + grace_s + STOP_MARGIN_S + firewall.CLOSE_TIMEOUT_S
+        while set(agents) & set(_steps_of(str(job), names)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        late = sorted(set(guards) & set(_steps_of(str(job), names)))
+        late = sorted(set(agents) & set(_steps_of(str(job), names)))
         if late:
             subprocess.run(["scancel", "--quiet", *late], capture_output=True, check=False)
     left = {
@@ -720,19 +678,17 @@ def cancel_steps(
 
 
 def run_step_names(run_id: str, tasks: Collection[str], nodes: Collection[str]) -> set[str]:
-    """Every step name run ``run_id`` gives: its tasks' (before the agents), its guards' and its
-    agents' on ``nodes``."""
-    return (
-        {step_name(run_id, task) for task in tasks}
-        | {guard_step_name(run_id, node) for node in nodes}
-        | {agent_step_name(run_id, node) for node in nodes}
-    )
+    """Every step name run ``run_id`` gives: its tasks' (before the agents) and its agents' on
+    ``nodes``."""
+    return {step_name(run_id, task) for task in tasks} | {
+        agent_step_name(run_id, node) for node in nodes
+    }
 
 
 def _remove_rules(job: str, node: str, run_id: str, rules: str, python: str) -> None:
-    """Remove what a guard of ``run_id`` left on ``node`` under the name ``rules`` (nothing,
+    """Remove what an agent of ``run_id`` left on ``node`` under the name ``rules`` (nothing,
     mostly), as a job step."""
-    name = step_name(run_id, f"{GUARD_STEP}-sweep.{node}")
+    name = step_name(run_id, f"{SWEEP_STEP}.{node}")
     argv = [*srun_argv(job, node, name, overlap=True), python, "-m", firewall.GUARD_MODULE]
     try:
         subprocess.run(
@@ -788,19 +744,14 @@ class SlurmLaunch:
         private = loaded.spec.permissions == "private"
         self.umask = rundir.PRIVATE_UMASK if private else None
         self.helpers: dict[str, str] = {}
-        self.guards: dict[str, subprocess.Popen] = {}  # node -> its probe, waiting as its guard
         # timeouts.save_s, or less where Slurm's notices leave less (`save_limits`)
         save_s = loaded.spec.timeouts.save_s
         limits = [x for x in save_limits(loaded.spec.timeouts.grace_s) if x.save_s < save_s]
         self.save_limit = min(limits, key=lambda x: x.save_s) if limits else None
 
     def plan(self, run_id: str, run_dir: Path, attempt: int) -> Plan:
-        """Check every node (HostError when one is not usable), then plan with their ports;
-        unless protection is off, each node's probe stays on as its firewall guard."""
-        guard_run = run_id if self.loaded.spec.network.protect != firewall.OFF else None
-        reports, self.guards = preflight(
-            self.loaded, self.alloc, self.placement, self.umask, guard_run
-        )
+        """Check every node (HostError when one is not usable), then plan with their ports."""
+        reports = preflight(self.loaded, self.alloc, self.placement, self.umask)
         for report in reports:
             self.console.say(f"node {report.name}: {report.summary()}")
             if isinstance(report.facts.get("helper"), str):
@@ -817,19 +768,23 @@ class SlurmLaunch:
 
     @contextmanager
     def open(self, plan: Plan) -> Iterator[Opened]:
-        """The nodes' firewall, then the job step transport: the guards hold before any task
-        starts and end after every task has stopped. With ``requeue`` (a batch job of
+        """The job step transport, whose nodes' agents start first as their firewall guards:
+        the rules hold before any task starts and go after every task has stopped (with the
+        agents, when the transport closes). With ``requeue`` (a batch job of
         `distlaunch sbatch --requeue`), a run interrupted by the pre-timeout signal requeues the
         job on the way out: its next start resumes this run."""
         python = python_of(self.loaded)
         grace_s = self.loaded.spec.timeouts.grace_s
         nodes = ", ".join(sorted(set(self.placement.values())))
-        with (
-            self._protect(plan) as protection,
-            StepTransport(
-                self.alloc, plan.run_id, python, grace_s, self.umask, self.helpers, plan.tasks
-            ) as steps,
-        ):
+        with StepTransport(
+            self.alloc, plan.run_id, python, grace_s, self.umask, self.helpers, plan.tasks
+        ) as steps:
+            protection = firewall.protect_by_agents(
+                self.loaded.spec.network.protect,
+                plan.run_id,
+                firewall.run_rules(plan),
+                steps.guard,
+            )
             notes = (
                 f"tasks run as steps of Slurm job {self.alloc.job_id} on {nodes}",
                 *protection.notes(),
@@ -876,21 +831,6 @@ class SlurmLaunch:
                     requeue(self.alloc)
                 raise
 
-    def _protect(self, plan: Plan) -> AbstractContextManager[firewall.Protection]:
-        """The firewall of the run's nodes: each node's guard, its probe step gone on as one."""
-        return firewall.protect(
-            self.loaded.spec.network.protect, plan.run_id, firewall.run_rules(plan), self._guard
-        )
-
-    def _guard(self, node: str) -> subprocess.Popen:
-        return self.guards.pop(node)
-
-    def close(self) -> None:
-        """End the guards `protect` did not take (a plan that was never opened)."""
-        for guard in self.guards.values():
-            firewall.end_guard(guard)
-        self.guards.clear()
-
 
 class SlurmBackend:
     """The `slurm` backend (a `transports.base.Backend`): every task a step of the allocation."""
@@ -908,16 +848,12 @@ class SlurmBackend:
     ) -> Iterator[SlurmLaunch]:
         """One `up` (UsageError outside an allocation, or when the tasks do not fit its nodes);
         ``options.requeue``: see `SlurmLaunch.open`."""
-        launch = SlurmLaunch(loaded, console, options.requeue)
-        try:
-            yield launch
-        finally:
-            launch.close()
+        yield SlurmLaunch(loaded, console, options.requeue)
 
     @contextmanager
     def cleanup(self, record: RunRecord, run_dir: Path, grace_s: float) -> Iterator[list[str]]:
-        """Before the sweep, cancel the run's steps (they run on other nodes, out of its reach)
-        and remove its guards' rules (`cancel_steps`)."""
+        """Before the sweep, end the run's steps (they run on other nodes, out of its reach)
+        and remove its agents' rules (`cancel_steps`)."""
         alloc = self.section(record)
         if alloc is None:
             yield []
@@ -926,7 +862,7 @@ class SlurmBackend:
         tasks = record.plan.get("tasks") or [{}]
         python = (tasks[0].get("argv") or [sys.executable])[0]
         names = [t["name"] for t in tasks if "name" in t]
-        yield cancel_steps(record.run_id, alloc.to_json(), record.network, python, names)
+        yield cancel_steps(record.run_id, alloc.to_json(), record.network, python, names, grace_s)
 
     @contextmanager
     def stacks(self, record: RunRecord, run_dir: Path) -> Iterator[TaskStacks]:

@@ -8,9 +8,7 @@ TensorFlow is missing instead of crashing there. It prints one JSON line:
 Request keys: ``fixed_ports`` (to check free), ``auto_ports`` (how many free ports to pick),
 ``shared_dir`` and ``shared`` (whether the launcher's files should be visible there), ``token_file``
 and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, ``script``, ``umask``,
-``then_guard``: when true and nothing is wrong here, the probe goes on as the host's firewall
-guard (`distlaunch.host.guard`, its request then comes on stdin), which saves the guard a
-process start of its own. ``count_gpus``: report the host's NVIDIA GPUs as the fact ``gpus`` (the
+``count_gpus``: report the host's NVIDIA GPUs as the fact ``gpus`` (the
 launcher checks them against the tasks' `gpus`). ``read_cpus``: report the CPUs this host gives
 the run (the probe's own affinity mask, which the tasks' helpers inherit), its NUMA nodes and its
 GPUs' nodes as the fact ``topology`` (`distlaunch.worker.topology`: the launcher splits them
@@ -55,10 +53,6 @@ def main():
         )
     ports = check_ports(request.get("fixed_ports", []), request.get("auto_ports", 0), problems)
     print(json.dumps({"problems": problems, "ports": ports, "facts": facts}), flush=True)
-    if request.get("then_guard") and not problems:
-        from distlaunch.host import guard
-
-        sys.exit(guard.main())
 
 
 def check_distlaunch(problems, facts):
