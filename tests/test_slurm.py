@@ -291,14 +291,22 @@ def test_a_sigkilled_launcher_leaves_no_step_and_no_process_on_any_node(
         )
         assert len(_task_steps(lab)) == 2 and len(lab.steps()) == 2  # the agents are the guards
         assert all(len(lab.processes(node)) >= 3 for node in lab.nodes)  # helper, task, its child
-        # Each step's helper runs by the path the node's preflight found, without site-packages.
-        helpers = [
+        # Each step's agent runs by the path the node's preflight found, without site-packages,
+        # and each task's helper is a fork of it (no interpreter of its own to start).
+        agents = [
             p.cmdline()[1:]
             for node in lab.nodes
             for p in lab.processes(node)
-            if p.cmdline()[-1] == remote.__file__
+            if p.cmdline()[-1:] == [str(Path(remote.__file__).with_name("agent.py"))]
         ]
-        assert helpers == [["-I", "-S", remote.__file__]] * 2
+        assert agents == [["-I", "-S", str(Path(remote.__file__).with_name("agent.py"))]] * 2
+        helpers = [
+            p
+            for node in lab.nodes
+            for p in lab.processes(node)
+            if " ".join(p.cmdline()).startswith("distlaunch.host.remote: keeper of task ")
+        ]
+        assert len(helpers) == 2
         # No preflight probe goes on as a guard (python -c PROBE): the agent is the node's.
         guards = [
             p

@@ -58,7 +58,7 @@ def test_the_tasks_of_a_node_run_in_one_step(lab: SlurmLab, tmp) -> None:
 def _one_agent_holding_the_rules(lab: SlurmLab, run_dir) -> None:
     """Each node has one step, its agent's, one distlaunch process beside its task's keeper (the
     agent), and the run's rules, which shut the outsider out of the node's task port."""
-    from distlaunch.host import agent, remote
+    from distlaunch.host import agent
     from distlaunch.launcher.transports.slurm import transport as slurm
 
     run_id = run_dir.name
@@ -67,7 +67,7 @@ def _one_agent_holding_the_rules(lab: SlurmLab, run_dir) -> None:
     )
     for node in lab.nodes:
         running = [" ".join(p.cmdline()) for p in lab.processes(node)]
-        keepers = [c for c in running if remote.__file__ in c]
+        keepers = [c for c in running if c.startswith("distlaunch.host.remote: keeper of task ")]
         tasks = [c for c in running if c.endswith("listener.py")]
         assert len(keepers) == len(tasks) == 1, running  # the node's one task's
         others = [c for c in running if c not in keepers + tasks]
