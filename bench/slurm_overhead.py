@@ -64,7 +64,10 @@ def main() -> None:
                         "args": ARGS,
                         "python": sys.executable,
                     },
-                    "tasks": {"worker": {"count": 2}},
+                    # Unpinned, as the hand launch's tasks are: the lab's two nodes share this
+                    # machine's cores, and each node's one allocated CPU is its CPU 0, so `auto`
+                    # would pin both tasks to the same core (nodes of a cluster have their own).
+                    "tasks": {"worker": {"count": 2, "cpus": "all"}},
                     "shared_dir": "runs",
                 }
             )
