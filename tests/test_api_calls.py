@@ -119,6 +119,32 @@ def test_a_task_that_exits_mid_call_raises_task_error_naming_it(here, pool):
     assert distlaunch.run(exits, "no", pool=pool) == {"worker-0": 1, "worker-1": 1}
 
 
+def test_a_task_that_exits_before_the_caller_listens_still_raises(here, monkeypatch):
+    """A task that says ``open`` on its done FIFO and exits before the caller opened that FIFO
+    takes the word with it: the caller, made to open it only once the task's exit is recorded,
+    must still learn that the task ended (it waited for the word for ever before)."""
+    real_open = api_pool._Channel.open
+
+    def late_open(channel: api_pool._Channel) -> None:
+        if channel.fd is None and not channel.opened:
+            run_dir = channel.path.parents[2]  # RUN/call/done/TASK
+            task = channel.path.name
+            wait_for(
+                lambda: (
+                    api_pool.api.reads().exit_code_of(run_dir, task) is not None
+                    or task != "worker-0"
+                ),
+                "worker-0's exit to be recorded",
+                limit_s=CALL_S,
+            )
+        real_open(channel)
+
+    monkeypatch.setattr(api_pool._Channel, "open", late_open)
+    with pytest.raises(distlaunch.TaskError) as caught:
+        start(exits, "os._exit", pool=True).result(timeout=CALL_S)
+    assert str(caught.value).startswith("worker-0 exited with status 0 before returning")
+
+
 def ticks() -> str:
     """Starts a thread that prints a line every 10 ms for good, and returns."""
 

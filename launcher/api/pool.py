@@ -132,6 +132,15 @@ class _Entry:
         for channel in self.channels.values():
             channel.read()
 
+    def ended_unheard(self, task: str) -> bool:
+        """Whether ``task`` ended before this side heard its ``open``: a task that writes it and
+        exits before the caller opened the FIFO takes the word with it (a FIFO's data goes with
+        its last open end), so its EOF would read as "not open yet" for ever; its exit, which
+        the launcher records, says it."""
+        if self.channels[task].opened:
+            return False
+        return api.reads().exit_code_of(self.run.run_dir, task) is not None
+
     def close(self) -> None:
         """Close this side of every task's channel."""
         for channel in self.channels.values():
@@ -167,7 +176,7 @@ class Lease:
                 _settle(entry.run)
                 entry.busy = False
                 return None
-            gone = [t for t in pending if entry.channels[t].gone]
+            gone = [t for t in pending if entry.channels[t].gone or entry.ended_unheard(t)]
             if gone or not entry.run.alive:
                 break
             left = _CHECK_S if deadline is None else min(_CHECK_S, deadline - time.monotonic())
