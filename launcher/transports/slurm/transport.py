@@ -55,12 +55,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -513,48 +511,22 @@ class NodeProbe:
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        out, err = _until_answer(proc, time.monotonic() + PROBE_TIMEOUT_S)
-        answer = _answer(out)
-        if answer is not None:
-            # The probe has answered and is ending: the step's teardown (srun's exit) need not
-            # hold the run's start back (0.1 s here), so it is waited for beside it.
-            threading.Thread(target=proc.communicate, daemon=True).start()
-            return answer
-        if proc.poll() is None:
+        try:
+            out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
             # SIGTERM first: srun then cancels its step (a SIGKILLed srun would leave it).
             procs.stop_groups([proc], KILL_WAIT_S)
             proc.communicate()
             return f"no answer from a job step within {PROBE_TIMEOUT_S:g} s"
-        stderr = err.decode(errors="replace")
-        last = [line for line in stderr.splitlines() if line.strip()]
-        why = last[-1].strip() if last else f"exit code {proc.returncode}"
-        if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
-            why = f"python {self.python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
-        return f"the probe step failed: {why}"
-
-
-def _until_answer(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bytes]:
-    """What the probe step's srun printed (stdout, stderr) until an answer line came, its
-    output ended, or ``deadline``; both pipes are read so that neither fills."""
-    assert proc.stdout is not None and proc.stderr is not None
-    got = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    with selectors.DefaultSelector() as sel:
-        for fd in got:
-            sel.register(fd, selectors.EVENT_READ)
-        while sel.get_map() and _answer(bytes(got[proc.stdout.fileno()])) is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            for key, _ in sel.select(left):
-                chunk = os.read(key.fd, 1 << 16)
-                if chunk:
-                    got[key.fd] += chunk
-                else:
-                    sel.unregister(key.fd)
-        ended = not sel.get_map()
-    if ended:
-        proc.wait()  # its output ended: srun is exiting
-    return bytes(got[proc.stdout.fileno()]), bytes(got[proc.stderr.fileno()])
+        answer = _answer(out)
+        if answer is None:
+            stderr = err.decode(errors="replace")
+            last = [line for line in stderr.splitlines() if line.strip()]
+            why = last[-1].strip() if last else f"exit code {proc.returncode}"
+            if "No such file" in stderr or "Can't exec" in stderr or proc.returncode in (126, 127):
+                why = f"python {self.python!r} cannot run there ({why}); set program.python to the nodes' interpreter"
+            return f"the probe step failed: {why}"
+        return answer
 
 
 def _answer(out: bytes) -> dict | None:
