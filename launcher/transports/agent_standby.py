@@ -35,7 +35,7 @@ from distlaunch.launcher.plan.program_scan import SERVE_MODULE
 from distlaunch.launcher.transports import procs
 from distlaunch.launcher.transports.agent import KILL_WAIT_S, AgentLink, AgentTransport
 from distlaunch.launcher.transports.base import StandbyPool
-from distlaunch.launcher.transports.standby_rule import Held, reconcile
+from distlaunch.launcher.transports.standby_rule import ReconciledPool
 
 
 def standby_command(task: TaskPlan) -> tuple[tuple[str, ...], StandbyEnv] | None:
@@ -81,31 +81,15 @@ class _Standby:
         return not self.ended.is_set() and self.link.lost is None
 
 
-class AgentStandbys:
+class AgentStandbys(ReconciledPool["_Standby"]):
     """The standbys of the tasks an agent transport runs (a `transports.base.StandbyPool`, and
     the transport's `StandbyTaker`); ``kind``: the tasks of the plan it runs."""
 
     def __init__(self, transport: AgentTransport, kind: TaskTransport) -> None:
+        super().__init__()
         self.transport = transport
         self.kind = kind
-        self._standbys: dict[str, _Standby] = {}
-        self._cold: set[str] = set()  # tasks whose standby could not be made or died unused
         transport.standbys = self
-
-    def prepare(self, tasks: Sequence[TaskPlan]) -> None:
-        """Have a standby for exactly each of ``tasks`` the transport runs: keep those made for
-        it, discard the others, have the agents start the missing ones (`standby_rule`)."""
-        held = {name: Held(s.task, s.alive()) for name, s in self._standbys.items()}
-        step = reconcile(held, tasks, self.kind, self._cold)
-        self._cold |= step.died
-        for name in step.discard:
-            self._discard(self._standbys.pop(name))
-        for task in step.start:
-            command = standby_command(task)
-            if command is None:
-                self._cold.add(task.name)
-                continue
-            self._standbys[task.name] = self._start(task, *command)
 
     def take(self, task: TaskPlan) -> int | None:
         """The id of the standby made for exactly ``task``, alive on its machine's current agent
@@ -158,7 +142,13 @@ class AgentStandbys:
                 if not link.tasks and not link.standbys and link.lost is None:
                     link.close()
 
-    def _start(self, task: TaskPlan, argv: tuple[str, ...], env: StandbyEnv) -> _Standby:
+    def _make(self, task: TaskPlan) -> _Standby | None:
+        """Have the task's machine's agent start a standby for it (`prepare`), unless its
+        command is one no standby can stand in for."""
+        command = standby_command(task)
+        if command is None:
+            return None
+        argv, env = command
         link = self.transport.link_of(task.host_name)
         standby = _Standby(task, link, self.transport.number())
         with link.lock:

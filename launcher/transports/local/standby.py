@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,7 +46,7 @@ from distlaunch.launcher.plan.program_env import StandbyEnv
 from distlaunch.launcher.plan.program_scan import SERVE_MODULE
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.transports import procs
-from distlaunch.launcher.transports.standby_rule import Held, reconcile
+from distlaunch.launcher.transports.standby_rule import ReconciledPool
 
 if TYPE_CHECKING:
     import socket
@@ -88,29 +87,15 @@ def standby_start(task: TaskPlan, fd: int) -> tuple[tuple[str, ...], dict[str, s
     return argv, {**task.env, bootstrap.STANDBY_ENV: json.dumps(order)}
 
 
-class Standbys:
+class Standbys(ReconciledPool["_Standby"]):
     """The run's standbys (a `transports.base.StandbyPool`), at most one per task; ``sandbox`` is
     the run's network namespace."""
 
-    def __init__(self, sandbox: Sandbox | None = None) -> None:
-        self.sandbox = sandbox
-        self._standbys: dict[str, _Standby] = {}
-        self._cold: set[str] = set()  # tasks whose standby could not be made or died unused
+    kind = TaskTransport.LOCAL
 
-    def prepare(self, tasks: Sequence[TaskPlan]) -> None:
-        """Have a standby for exactly each local task of ``tasks``: keep those made for it,
-        discard the others, start the missing ones (`standby_rule`)."""
-        held = {name: Held(s.task, s.alive()) for name, s in self._standbys.items()}
-        step = reconcile(held, tasks, TaskTransport.LOCAL, self._cold)
-        self._cold |= step.died
-        for name in step.discard:
-            self._discard(self._standbys.pop(name))
-        for task in step.start:
-            standby = self._start(task)
-            if standby is None:
-                self._cold.add(task.name)
-            else:
-                self._standbys[task.name] = standby
+    def __init__(self, sandbox: Sandbox | None = None) -> None:
+        super().__init__()
+        self.sandbox = sandbox
 
     def take(self, task: TaskPlan) -> tuple[subprocess.Popen, int] | None:
         """Make the standby of ``task`` (this very plan) the task: link its log, tell it to go,
@@ -174,7 +159,9 @@ class Standbys:
         for standby in standbys:
             self._discard(standby)
 
-    def _start(self, task: TaskPlan) -> _Standby | None:
+    def _make(self, task: TaskPlan) -> _Standby | None:
+        """Start a standby for ``task`` in the run's namespace, pinned like the task (None: it
+        cannot be made)."""
         import socket
 
         if self.sandbox is not None and not self.sandbox.alive():
