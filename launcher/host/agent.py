@@ -260,7 +260,7 @@ def _be_keeper(
     sys.stdin = open(0, "rb", closefd=False)  # noqa: SIM115 (the keeper's, for its life)
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-    _retitle(keeper, (KEEPER_TITLE % task).encode())
+    _retitle((KEEPER_TITLE % task).encode())
     try:
         return keeper.main()
     finally:
@@ -271,11 +271,13 @@ def _be_keeper(
                 pass
 
 
-def _retitle(keeper: ModuleType, title: bytes) -> None:
+def _retitle(title: bytes) -> None:
     """Make this process's command line (/proc/self/cmdline, what `ps` shows) read ``title``:
     the kernel reads it from the process's own argv area, which is overwritten here, cut to that
     area's size, as setproctitle does on Linux: the area's last byte made non-zero tells the
     kernel to read the title up to its first zero byte, not the whole area as arguments."""
+    import ctypes  # loaded already (the keepers' code uses it): not at the launcher's import
+
     try:
         with open("/proc/self/stat", "rb") as f:
             stat = f.read()
@@ -285,7 +287,7 @@ def _retitle(keeper: ModuleType, title: bytes) -> None:
         return
     size = end - start
     if size > 1:
-        keeper.ctypes.memmove(start, title[: size - 2].ljust(size - 1, b"\0") + b" ", size)
+        ctypes.memmove(start, title[: size - 2].ljust(size - 1, b"\0") + b" ", size)
 
 
 class Agent:
