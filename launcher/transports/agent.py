@@ -330,6 +330,15 @@ class AgentLink:
                 pass
 
 
+def _end_all(links: Sequence[AgentLink]) -> None:
+    """End ``links``' agents side by side: each is told (EOF) before any is waited for, so that
+    their ends (each removing its host's firewall rules) overlap, not one host after another."""
+    for link in links:
+        link.hang_up()
+    for link in links:
+        link.end()
+
+
 class _Hub:
     """The one thread that reads every link's frames and sends every link's heartbeats."""
 
@@ -531,13 +540,7 @@ class AgentTransport(ABC):
             handle.link.end()
         if self.close_idle:
             links = {id(h.link): h.link for h in handles}.values()
-            idle = [x for x in links if not x.tasks and not x.standbys and x.lost is None]
-            # Every idle agent is told first, then waited for: each removes its firewall rules
-            # before it ends, side by side, not one node after another.
-            for link in idle:
-                link.hang_up()
-            for link in idle:
-                link.end()
+            _end_all([x for x in links if not x.tasks and not x.standbys and x.lost is None])
 
     def notify(self, handles: Sequence[AgentHandle]) -> bool:
         """A stop notice to every task (`NoticeTransport`): its keeper sends SIGTERM to the
@@ -549,11 +552,7 @@ class AgentTransport(ABC):
 
     def close(self) -> None:
         """End every agent (their tasks must be stopped already) and the hub's thread."""
-        # Every agent is told first, then waited for: they end side by side, not one by one.
-        for link in self.links.values():
-            link.hang_up()
-        for link in self.links.values():
-            link.end()
+        _end_all(list(self.links.values()))
         self._hub.close()
 
     def __enter__(self) -> Self:
