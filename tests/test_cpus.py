@@ -340,7 +340,7 @@ def test_a_slurm_task_takes_the_allocations_share_per_task_not_the_whole_node() 
     """`salloc --ntasks-per-node=2` on 2-CPU nodes gives a task 1 CPU: a run of one task per node
     takes 1 CPU on each, so a second run in the same allocation starts beside it (with the whole
     node per task, its steps waited for the first run's to end)."""
-    from distlaunch.launcher.transports.slurm import transport as slurm
+    from distlaunch.launcher.transports.slurm import allocation as slurm
 
     nodes = {"a": 2, "b": 2}
     assert slurm.task_cpus({"SLURM_CPUS_PER_TASK": "4"}, nodes) == 4

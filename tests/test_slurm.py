@@ -639,7 +639,7 @@ def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
 
 
 def test_the_helper_runs_by_path_without_site_packages_or_else_as_a_module() -> None:
-    from distlaunch.launcher.transports.slurm import transport as slurm
+    from distlaunch.launcher.transports.slurm import steps as slurm
 
     path = "/opt/venv/lib/python3.11/site-packages/distlaunch/launcher/host/remote.py"
     assert slurm.helper_argv("py", path) == ["py", "-I", "-S", path]
@@ -652,7 +652,7 @@ def test_placement_spreads_by_default_packs_with_tasks_per_node_and_honours_a_na
     tmp: Path,
 ) -> None:
     from distlaunch.launcher.spec.model import load_spec
-    from distlaunch.launcher.transports.slurm import transport as slurm
+    from distlaunch.launcher.transports.slurm import allocation as slurm
 
     (tmp / "task.py").write_text("")
     alloc = slurm.Allocation("7", ("a", "b", "c"), {"a": 2, "b": 2, "c": 2}, submitted=False)

@@ -59,7 +59,7 @@ def _one_agent_holding_the_rules(lab: SlurmLab, run_dir) -> None:
     """Each node has one step, its agent's, one distlaunch process beside its task's keeper (the
     agent), and the run's rules, which shut the outsider out of the node's task port."""
     from distlaunch.host import agent
-    from distlaunch.launcher.transports.slurm import transport as slurm
+    from distlaunch.launcher.transports.slurm import steps as slurm
 
     run_id = run_dir.name
     assert sorted(lab.step_names().values()) == sorted(

@@ -1,5 +1,5 @@
 """The per-run firewall on Slurm nodes: a guard per node, as a job step
-(launcher/transports/slurm/transport.py).
+(launcher/transports/slurm/).
 
 On the Slurm test cluster of tests/slurmcluster.py, the outsider (a namespace on the nodes' bridge
 that is no part of the cluster) cannot connect to a task port while the nodes and the launcher
@@ -140,7 +140,7 @@ def test_a_node_without_cap_net_admin_is_named_open_or_refused(lab: SlurmLab, tm
 def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -> None:
     """A cancelled step is SIGKILLed (Slurm 22.05): `down`'s sweep takes away what its guard left."""
     from distlaunch.launcher.network import firewall
-    from distlaunch.launcher.transports.slurm import transport as slurm
+    from distlaunch.launcher.transports.slurm import steps as slurm
 
     node = lab.nodes[0]
     with _allocation(lab, tmp, "--nodes=2") as env:
@@ -166,7 +166,7 @@ def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -
         guard.stdout.close()
         assert _rules_left(node.netns) and not lab.steps()
         code = (
-            "import json, sys; from distlaunch.launcher.transports.slurm import transport as slurm; "
+            "import json, sys; from distlaunch.launcher.transports.slurm import steps as slurm; "
             "slurm.cancel_steps('left', *map(json.loads, sys.argv[1:]))"
         )
         network = {"hosts": {node.name: {"protected": True, "name": "left_1a2b"}}}

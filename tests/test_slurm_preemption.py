@@ -24,7 +24,7 @@ import pytest
 from conftest import events, processes_of_run, run_record, wait_for
 from distlaunch.launcher.spec.model import load_spec
 from distlaunch.launcher.transports.slurm import sbatch as batch
-from distlaunch.launcher.transports.slurm.transport import (
+from distlaunch.launcher.transports.slurm.allocation import (
     SAVE_MARGIN_S,
     SIGNAL_BEFORE_ENV,
     SaveLimit,

@@ -132,7 +132,8 @@ def test_a_backend_section_is_read_typed_and_a_previous_version_record_still_loa
     tmp_path: Path,
 ) -> None:
     from distlaunch.launcher.transports.compose.transport import ComposeBackend, ComposeProject
-    from distlaunch.launcher.transports.slurm.transport import Allocation, SlurmBackend
+    from distlaunch.launcher.transports.slurm.allocation import Allocation
+    from distlaunch.launcher.transports.slurm.transport import SlurmBackend
 
     # The previous version wrote no `backend`: its section tells it, and nothing is `extra`.
     job = {"job_id": "12", "nodes": ["n1", "n2"], "cpus": {"n1": 2, "n2": 2}, "submitted": True}

@@ -29,7 +29,7 @@ from pathlib import Path
 from distlaunch.launcher.core.errors import UsageError
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.spec.model import LoadedSpec
-from distlaunch.launcher.transports.slurm.transport import SIGNAL_BEFORE_ENV, SUBMITTED_ENV
+from distlaunch.launcher.transports.slurm.allocation import SIGNAL_BEFORE_ENV, SUBMITTED_ENV
 
 SCRIPT = rundir.BATCH_SCRIPT
 # The launcher's own output (task logs are in logs/); %j is the job id.
