@@ -35,6 +35,7 @@ import os
 import pwd
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -98,7 +99,7 @@ def unavailable_reason() -> str | None:
 class SlurmLab:
     """Starts munged, slurmctld and one slurmd per node; ``close()`` removes every trace of them."""
 
-    def __init__(self, nodes: int = 2) -> None:
+    def __init__(self, nodes: int = 2, gpus_per_node: int = 0) -> None:
         self.subnet = free_subnet(79, "dlsl")
         n = self.subnet.network_address.packed[2]
         self.prefix = f"dlsl{n}"
@@ -119,6 +120,7 @@ class SlurmLab:
         self.conf = self.dir / "slurm.conf"
         self.hosts_file = self.dir / "hosts"
         self.munge_dir = self.dir / "munge"
+        self.gpus_per_node = gpus_per_node
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         for name in [
             k for k in self.env if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "SRUN_"))
@@ -279,8 +281,10 @@ class SlurmLab:
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none",
+            *(["GresTypes=gpu"] if self.gpus_per_node else []),
             *(
                 f"NodeName={n.name} NodeAddr={n.address} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+                + (f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else "")
                 for n in self.nodes
             ),
             # Preemption (tests/test_slurm_preemption.py): a job of `urgent` (the higher
@@ -298,7 +302,22 @@ class SlurmLab:
         self.conf.write_text("\n".join(conf) + "\n")
         # slurmd refuses to start without it here: this kernel mounts cgroup v1 controllers under a
         # tmpfs at /sys/fs/cgroup, and nothing of ours uses cgroups (proctrack/linuxproc, task/none).
+        if self.gpus_per_node:
+            self._write_gpus()
         (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
+
+    def _write_gpus(self) -> None:
+        """GPUs declared as GRES over stand-in device files: Slurm 22.05 counts a GRES by its
+        ``File`` entries and names them in a step's CUDA_VISIBLE_DEVICES, but reads nothing of
+        the device. The files are character devices made here (mknod: /dev/null's numbers, minor
+        apart), so no real device is named and nothing outside the lab's dir is touched."""
+        gpus = self.dir / "gpus"
+        gpus.mkdir()
+        for i in range(self.gpus_per_node):
+            os.mknod(gpus / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        (self.dir / "gres.conf").write_text(
+            f"Name=gpu File={gpus}/nvidia[0-{self.gpus_per_node - 1}]\n"
+        )
 
     def _start_munged(self) -> None:
         munge = pwd.getpwnam("munge")

@@ -610,23 +610,34 @@ def test_status_logs_restart_and_down_work_on_a_slurm_run(lab: SlurmLab, tmp: Pa
         assert run_record(run_dir)["state"] == "interrupted"
 
 
-def test_gpus_become_gpus_per_task_and_slurm_sets_the_devices(
-    tmp: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_nodes_agent_step_holds_its_tasks_gpus_and_each_task_gets_its_share(
+    tmp: Path,
 ) -> None:
+    """Changed by issue 48: the plan still leaves CUDA_VISIBLE_DEVICES of a GPU task unset (the
+    devices are Slurm's to pick), but the task's request names its share of the agent step's
+    list, so tasks of one node no longer all see all of its GPUs (tests/test_slurm_gpus.py runs
+    it on GRES GPUs)."""
+    from distlaunch.host import gpu_share
     from distlaunch.launcher.spec.model import load_spec
-    from distlaunch.launcher.transports.slurm import transport as slurm
+    from distlaunch.launcher.transports.slurm import allocation, transport
+    from distlaunch.launcher.transports.slurm.agent_step import StepTransport
 
     (tmp / "task.py").write_text("")
-    loaded = load_spec(_spec(tmp, {"script": "task.py"}, {"worker": [{"gpus": 2}, {}]}))
-    alloc = slurm.Allocation("7", ("a", "b"), {"a": 1, "b": 1}, submitted=False)
-    placement = slurm.place(loaded, alloc)
-    plan = slurm.slurm_plan(
-        loaded, placement, {("worker", 0): 1111, ("worker", 1): 2222}, "r", tmp / "r"
-    )
-    gpu, cpu = plan.tasks
-    assert "CUDA_VISIBLE_DEVICES" not in gpu.env and cpu.env["CUDA_VISIBLE_DEVICES"] == ""
-    assert "--gpus-per-task=2" in slurm.srun_argv("7", "a", "n", gpus=len(gpu.gpus))
-    assert gpu.tf_config["cluster"]["worker"] == ["a:1111", "b:2222"]
+    tasks = {"worker": [{"gpus": 2, "host": "a"}, {"gpus": 2, "host": "a"}, {"host": "b"}]}
+    loaded = load_spec(_spec(tmp, {"script": "task.py"}, tasks))
+    alloc = allocation.Allocation("7", ("a", "b"), {"a": 2, "b": 1}, submitted=False)
+    placement = allocation.place(loaded, alloc)
+    ports = {("worker", i): 1111 * (i + 1) for i in range(3)}
+    plan = transport.slurm_plan(loaded, placement, ports, "r", tmp / "r")
+    first, second, cpu = plan.tasks
+    assert "CUDA_VISIBLE_DEVICES" not in first.env and cpu.env["CUDA_VISIBLE_DEVICES"] == ""
+    steps = StepTransport(alloc, "r", sys.executable, 2.0, None, tasks=plan.tasks)
+    assert "--gpus-per-task=4" in steps.agent_command("a").argv
+    assert not any("--gpus" in a for a in steps.agent_command("b").argv)
+    assert steps.request(first)[gpu_share.SHARE] == [0, 1]
+    assert steps.request(second)[gpu_share.SHARE] == [2, 3]
+    assert gpu_share.SHARE not in steps.request(cpu)
+    assert first.tf_config["cluster"]["worker"] == ["a:1111", "a:2222", "b:3333"]
     indices = _spec(tmp, {"script": "task.py"}, {"worker": [{"gpus": [0]}, {}]})
     result = subprocess.run(
         _launcher("validate", str(indices)), capture_output=True, text=True, check=False

@@ -104,6 +104,8 @@ class _Keeper:
 
     def __init__(self, task: int, request: dict, pass_fds: tuple[int, ...] = ()) -> None:
         self.task = task
+        # Its own GPUs of the step's (a Slurm node's, gpu_share.py); NoShare is an OSError.
+        request = _sibling("gpu_share").with_share(request, os.environ)
         self.pid, stdin, self.out = _fork_keeper(task, pass_fds)
         self.stdin = os.fdopen(stdin, "wb")
         os.set_blocking(self.out, False)

@@ -354,7 +354,8 @@ def forwarded_env(patterns: list[str], environ: Mapping[str, str]) -> dict[str, 
 
 def _cuda_visible(row: Placement, visible_gpus: str | None) -> str | None:
     """CUDA_VISIBLE_DEVICES for a task: "" (CPU only) when it has no GPU; None (not set) for a
-    Slurm step with GPUs: Slurm sets it to the devices it gave the step.
+    Slurm task with GPUs: Slurm names the devices it gave the node's agent step, and the agent
+    gives the task its share of them (launcher/host/gpu_share.py).
 
     The launcher's own CUDA_VISIBLE_DEVICES (``visible_gpus``) says which of this machine's GPUs
     it may use: a local task's indices count within those. It says nothing about another machine.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from distlaunch.host import gpu_share
 from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.launcher.transports.agent import AgentCommand, AgentHandle, AgentTransport
@@ -75,8 +76,13 @@ class StepTransport(AgentTransport):
         """The keeper's request, with SIGTERM taken as a stop notice: Slurm SIGTERMs every
         process of a job it requeues or preempts (KillWait before its SIGKILL), the keeper too,
         which then passes it to the program alone instead of ending the task after grace_s.
-        ``keep_bound``: where Slurm bound the step to CPUs of its choosing, they stand."""
-        return {**super().request(task), "term_is_notice": True, "keep_bound": True}
+        ``keep_bound``: where Slurm bound the step to CPUs of its choosing, they stand.
+        A task with GPUs gets its share of the agent step's (`gpu_share`): its own devices."""
+        request = {**super().request(task), "term_is_notice": True, "keep_bound": True}
+        if task.gpus:
+            node = [t.gpus for t in self.tasks if t.host_name == task.host_name]
+            request[gpu_share.SHARE] = gpu_share.positions(task.gpus, node)
+        return request
 
     def stacks(self, handle: AgentHandle, native: bool) -> stacks.Source:
         """The task's program, read on its node (see `task_stacks`)."""

@@ -11,7 +11,8 @@ Why it is built this way:
   step, behind a *local* `srun` client, a child process of the launcher like an SSH host's `ssh`:
   ``srun --nodes=1 --ntasks=1 --nodelist=NODE --exact ... PYTHON -I -S .../launcher/host/agent.py``.
   The step holds the CPUs and GPUs of all the node's tasks; the agent starts each task under its
-  helper (`launcher/host/remote.py`), side by side. Both need only the standard library, so they run by
+  helper (`launcher/host/remote.py`), side by side, and gives each task its own of the step's
+  GPUs (its request names its share of the step's CUDA_VISIBLE_DEVICES: host/gpu_share.py). Both need only the standard library, so they run by
   the path where the node's preflight found them, without site-packages (skipping the scan of
   site-packages saved 0.15-0.25 s per step on the test cluster). srun forwards its stdin to the
   step, so the agent works exactly as over SSH: each task's argv and environment arrive as data
@@ -115,7 +116,8 @@ def slurm_plan(
     """The plan of one attempt on the nodes (``nodes``: `place`'s decision): TF_CONFIG names
     ``node:port`` with the nodes' own ports (``picked``).
 
-    A task with GPUs asks Slurm for them (``--gpus-per-task``) and gets Slurm's CUDA_VISIBLE_DEVICES;
+    A task with GPUs gets them through its node's agent step (``--gpus-per-task``: the node's
+    sum), its own share of the step's CUDA_VISIBLE_DEVICES given by the agent (agent_step.py);
     a task without any gets "" (CPU only), as elsewhere. ``topos``: what each node gives the run (the probes' reports; none: counts
     only, on the allocation's CPUs per node).
     """
