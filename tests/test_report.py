@@ -12,6 +12,7 @@ over 50 attempts (bench/report.py writes it, and times the report: no timing is 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 import standins
 
-from conftest import REPO, distlaunch, events, wait_for, write_spec
+from conftest import REPO, distlaunch, events, only_run_dir, wait_for, write_spec
 from distlaunch.launcher.report.story import Ending, read_story
 from distlaunch.launcher.report.write import inline_html, write_report
 
@@ -84,10 +85,18 @@ class _Svg(HTMLParser):
         self.bars: list[tuple[str, int, str]] = []  # task, attempt, ending
         self.markers: list[tuple[str, str | None]] = []  # kind, task
         self.timelines = 0
+        self.lines: list[tuple[str, str, str]] = []  # chart, task, the polyline's points
+        self._chart = self._task = ""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = dict(attrs)
         classes = (found.get("class") or "").split()
+        if tag == "svg" and "chart" in classes:
+            self._chart = classes[1]
+        elif tag == "g" and "series" in classes:
+            self._task = found["data-task"] or ""
+        elif tag == "polyline" and self._chart:
+            self.lines.append((self._chart, self._task, found["points"] or ""))
         if tag == "svg" and "timeline" in classes:
             self.timelines += 1
         elif tag == "g" and "row" in classes:
@@ -310,3 +319,47 @@ def test_run_report_returns_its_path_and_a_notebook_shows_the_run_as_its_report(
     assert svg.rows == ["worker-0"] and [(t, a) for t, a, _ in svg.bars] == [("worker-0", 0)]
     assert ("root-cause", "worker-0") in svg.markers
     assert result["data"]["text/plain"].startswith("<distlaunch.Run nb-")
+
+
+# A task whose loss diverges for a while: metrics entries at steps 25-40 hold NaN and Infinity,
+# as Python's json writes them (the file is no longer strict JSON), then it recovers.
+DIVERGED = """
+import math, time
+from distlaunch.worker import contract, progress
+metrics = progress.MetricsLog(contract.env_path(contract.METRICS_FILE), keep_until_step=10**9)
+beat = progress.Heartbeat(total_steps=60)
+for step in range(1, 61):
+    time.sleep(0.02)
+    loss = 2.0 * math.exp(-step / 20)
+    if 20 < step <= 40:
+        loss = float("nan") if step % 2 else float("inf")
+    beat.update(loss=loss)
+    beat.beat(step)
+    if step % 5 == 0:
+        metrics.append({"step": step, "loss": loss})
+beat.beat(60, force=True)
+"""
+
+
+@needs_chromium
+def test_a_diverged_loss_of_nan_and_infinity_is_drawn_as_a_gap_and_said(tmp):
+    (tmp / "task.py").write_text(DIVERGED)
+    spec = write_spec(tmp, tasks={"worker": {"count": 1}})
+    ran = distlaunch("up", str(spec), cwd=tmp)
+    assert ran.returncode == 0, ran.stderr
+    run_dir = only_run_dir(tmp / "runs")
+    assert "NaN" in (run_dir / "metrics" / "worker-0.json").read_text()  # as a user's run has it
+    made = distlaunch("report", str(run_dir))
+    assert made.returncode == 0 and made.stderr == "", made.stderr
+    note = (
+        "worker-0: 4 reading(s) with a loss or steps/s of NaN or Infinity (steps 25-40): "
+        "drawn as gaps in the charts"
+    )
+    assert note in read_story(run_dir).notes
+    html = (run_dir / "report.html").read_text()
+    assert note in html
+    svg = _in_chromium(run_dir / "report.html", tmp / "report.png")
+    loss = [points for chart, task, points in svg.lines if chart == "loss" and task == "worker-0"]
+    assert len(loss) == 2, loss  # the line before the divergence and the one after: a gap
+    numbers = [float(n) for points in loss for pair in points.split() for n in pair.split(",")]
+    assert numbers and all(math.isfinite(n) for n in numbers)

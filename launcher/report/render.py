@@ -390,12 +390,13 @@ def _chart(
             f'<text x="{LABEL_W - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:.4g}</text>'
         )
     for task, pts in lines.items():
-        finite = sorted(p for p in pts if math.isfinite(p[1]))
+        ordered = sorted(pts, key=_time_of)
+        finite = [p for p in ordered if math.isfinite(p[1])]
         if not finite:
             continue
         colour = colours.get(task, "#555")
         out.append(f'<g class="series" data-task="{escape(task)}"><title>{escape(task)}</title>')
-        for segment in _segments(finite):
+        for segment in _segments(ordered):
             coords = " ".join(f"{scale.x(t):.1f},{y(v):.1f}" for t, v, _ in segment)
             out.append(
                 f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
@@ -410,13 +411,23 @@ def _chart(
 
 
 def _segments(points: Sequence[_Reading]) -> list[list[_Reading]]:
-    """``points`` cut where the attempt changes: a line never bridges a restart or a resume."""
+    """``points`` (in time order) cut where the attempt changes and where a value is NaN or
+    Infinity (left out: a gap): a line never bridges a restart, a resume or a diverged loss."""
     out: list[list[_Reading]] = []
+    broken = True
     for point in points:
-        if not out or out[-1][-1][2] != point[2]:
+        if not math.isfinite(point[1]):
+            broken = True
+            continue
+        if broken or out[-1][-1][2] != point[2]:
             out.append([])
+        broken = False
         out[-1].append(point)
     return out
+
+
+def _time_of(point: _Reading) -> float:
+    return point[0]
 
 
 def _few(points: Sequence[_Reading], most: int = 40) -> Iterable[_Reading]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import enum
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -240,6 +241,11 @@ def _is_number(value: Any) -> bool:
     return type(value) in _NUMBERS
 
 
+def _is_time(value: Any) -> bool:
+    """A number that can stand on the time axis: not NaN or Infinity."""
+    return _is_number(value) and math.isfinite(value)
+
+
 # The events that end an attempt of a task (the launcher's TaskState changes), and their colour.
 _ENDINGS = {
     "killed": Ending.KILLED,
@@ -374,7 +380,7 @@ def _series(run_dir: Path, task: str, bars: list[Bar], notes: list[str]) -> tupl
         entries = None
     skipped = 0
     for entry in entries or ():
-        if type(entry) is dict and _is_number(entry.get("time")) and _is_step(entry.get("step")):
+        if type(entry) is dict and _is_time(entry.get("time")) and _is_step(entry.get("step")):
             readings.append(
                 (entry["time"], entry["step"], entry.get("loss"), entry.get("steps_per_s"))
             )
@@ -385,7 +391,7 @@ def _series(run_dir: Path, task: str, bars: list[Bar], notes: list[str]) -> tupl
             f"{_relative(path, run_dir)}: {skipped} entries without a time or step left out"
         )
     beat = _json_file(contract.status_path(run_dir, role, int(index)), run_dir, notes)
-    if isinstance(beat, dict) and _is_number(beat.get("time")) and _is_step(beat.get("step")):
+    if isinstance(beat, dict) and _is_time(beat.get("time")) and _is_step(beat.get("step")):
         if not readings or beat["time"] > readings[-1][0]:
             readings.append((beat["time"], beat["step"], beat.get("loss"), beat.get("steps_per_s")))
     readings.sort(key=_first)
@@ -402,7 +408,20 @@ def _series(run_dir: Path, task: str, bars: list[Bar], notes: list[str]) -> tupl
             rate = (step - last.step) / (at - last.time) if same else None
         last = Point(at, step, loss if type(loss) in _NUMBERS else None, rate, attempt)
         points.append(last)
+    # A diverged loss (NaN, or Infinity: JSON as Python writes it) is exactly when people open
+    # the report: such readings stay in the series and the charts leave a gap there.
+    odd = [p.step for p in points if not all(_finite(v) for v in (p.loss, p.steps_per_s))]
+    if odd:
+        steps = f"step {odd[0]}" if len(odd) == 1 else f"steps {min(odd)}-{max(odd)}"
+        notes.append(
+            f"{task}: {len(odd)} reading(s) with a loss or steps/s of NaN or Infinity "
+            f"({steps}): drawn as gaps in the charts"
+        )
     return tuple(points)
+
+
+def _finite(value: float | None) -> bool:
+    return value is None or math.isfinite(value)
 
 
 def _first(reading: tuple) -> Any:
