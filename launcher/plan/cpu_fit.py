@@ -8,7 +8,11 @@ faster (bench/cpu_placement.py). The rules, in order:
   one the machine gives the run;
 - a count takes that many of the CPUs no list took and no other count took;
 - ``"auto"`` tasks split what is left evenly (sizes differ by at most one); a task alone keeps
-  everything left; more ``auto`` tasks than CPUs left share those CPUs (said by `up`);
+  everything left; more ``auto`` tasks than CPUs left share those CPUs (said by `up`). Where
+  cores have hyperthread siblings, ``auto`` tasks split the physical cores (one CPU of each),
+  siblings only when the tasks outnumber the cores; and they take no more CPUs than the CPU
+  quota of the tasks' cgroup pays for (at least one each);
+- every pick takes physical cores first, hyperthread siblings last;
 - ``"all"`` is not pinned (TensorFlow's own behaviour);
 - NUMA: a task with GPUs is placed on its first GPU's node where its CPUs fit there; any task's
   CPUs come from one node where they fit (the fullest node that fits, to keep large blocks whole).
@@ -23,6 +27,7 @@ Pure: the machine's CPUs come in as a `Topology`; nothing here reads the machine
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -83,21 +88,47 @@ UNPINNED = TaskCpus(CpuHow.ALL)
 class Topology:
     """The CPUs one machine gives the run (its affinity mask, ascending), its NUMA nodes' CPUs
     (by node number; empty: one node) and each GPU index's NUMA node (-1: unknown).
-    ``picks_ids``: the machine chooses which CPUs (Slurm); only counts are decided."""
+    ``picks_ids``: the machine chooses which CPUs (Slurm); only counts are decided.
+    ``siblings``: the CPUs of each core with more than one (hyperthreads; empty: none known);
+    ``quota``: the CPUs' worth of time the tasks' cgroup allows (None: no limit)."""
 
     cpus: tuple[int, ...]
     nodes: tuple[tuple[int, ...], ...] = ()
     gpu_nodes: tuple[int, ...] = ()
     picks_ids: bool = False
+    siblings: tuple[tuple[int, ...], ...] = ()
+    quota: float | None = None
 
     @classmethod
     def from_json(cls, data: Mapping) -> Topology:
-        """From worker/topology.py's ``read()`` data."""
+        """From worker/topology.py's ``read()`` data, with host/cpu_facts.py's ``read()``."""
+        quota = data.get("quota")
         return cls(
             tuple(sorted(data["cpus"])),
             tuple(tuple(n) for n in data.get("numa", ())),
             tuple(data.get("gpu_numa", ())),
+            siblings=tuple(tuple(g) for g in data.get("siblings") or ()),
+            quota=float(quota) if isinstance(quota, (int, float)) and quota > 0 else None,
         )
+
+    def cores_first(self, cpus: Sequence[int]) -> list[int]:
+        """``cpus`` with one CPU of each core whose threads are all among them first, then the
+        rest (hyperthread siblings, and the threads of cores partly taken), each part ascending:
+        tasks get physical cores before any sibling. As given where no siblings are known."""
+        if not self.siblings:
+            return list(cpus)
+        have = set(cpus)
+        first = {min(g) for g in self.siblings if set(g) <= have}
+        first |= have - {c for g in self.siblings for c in g}  # a CPU with no sibling known
+        return sorted(first) + sorted(have - first)
+
+    def physical(self, cpus: Sequence[int]) -> int:
+        """How many of ``cpus`` come first in `cores_first` (each a core of its own)."""
+        if not self.siblings:
+            return len(cpus)
+        have = set(cpus)
+        siblings = {c for g in self.siblings for c in g}
+        return sum(set(g) <= have for g in self.siblings) + len(have - siblings)
 
     def node_of(self, cpu: int) -> int:
         """The NUMA node of ``cpu`` (0 where none is known)."""
@@ -154,7 +185,7 @@ def split(machine: str, asks: Sequence[Ask], topo: Topology | None) -> dict[Task
                 f"{cpus_word(len(topo.cpus))}",
             )
     taken = {c for ids in listed.values() for c in ids}
-    free = [c for c in topo.cpus if c not in taken]
+    free = topo.cores_first([c for c in topo.cpus if c not in taken])
     sizes = {a.key: n for a, n in counted}
     left = len(free) - sum(sizes.values())
     if left < 0 or (autos and left == 0):
@@ -167,11 +198,12 @@ def split(machine: str, asks: Sequence[Ask], topo: Topology | None) -> dict[Task
         )
     shared = len(autos) > left
     if not shared:
-        each, extra = divmod(left, len(autos)) if autos else (0, 0)
+        budget = _auto_budget(topo, free, len(taken) + sum(sizes.values()), left, len(autos))
+        each, extra = divmod(budget, len(autos)) if autos else (0, 0)
         sizes.update({a.key: each + (i < extra) for i, a in enumerate(autos)})
     asked = [a for a, _ in counted] + [a for a in autos if a.key in sizes]
     picked = _pick(free, asked, sizes, topo)
-    rest = tuple(c for c in free if c not in {c for ids in picked.values() for c in ids})
+    rest = tuple(sorted(set(free) - {c for ids in picked.values() for c in ids}))
     for ask, _ in counted:
         out[ask.key] = _decided(CpuHow.COUNT, picked[ask.key], topo)
     for ask in autos:
@@ -180,6 +212,18 @@ def split(machine: str, asks: Sequence[Ask], topo: Topology | None) -> dict[Task
         else:
             out[ask.key] = _decided(CpuHow.AUTO, picked[ask.key], topo)
     return out
+
+
+def _auto_budget(topo: Topology, free: list[int], used: int, left: int, autos: int) -> int:
+    """How many CPUs the ``autos`` tasks split (``left`` of ``free`` are theirs, ``used`` are
+    listed or counted): the physical cores left, where they are at least one per task (siblings
+    only when the tasks outnumber the cores), and no more than the cgroup's quota pays for, less
+    what is used (at least one each: a task pinned to a CPU of its own beats sharing)."""
+    cores = topo.physical(free) - (len(free) - left)
+    budget = cores if cores >= autos else left
+    if topo.quota is not None:
+        budget = min(budget, max(math.floor(topo.quota) - used, autos))
+    return budget
 
 
 def _first_past(counted: list[tuple[Ask, int]], free: int) -> Ask:
@@ -223,11 +267,11 @@ def _take(free: list[int], size: int, prefer: int, topo: Topology) -> tuple[int,
     for cpu in free:
         by_node.setdefault(topo.node_of(cpu), []).append(cpu)
     if len(by_node.get(prefer, ())) >= size:
-        return tuple(by_node[prefer][:size])
+        return tuple(sorted(by_node[prefer][:size]))
     fits = [n for n, cpus in by_node.items() if len(cpus) >= size]
     if fits:
         best = min(fits, key=lambda n: (len(by_node[n]), n))
-        return tuple(by_node[best][:size])
+        return tuple(sorted(by_node[best][:size]))
     order = sorted(by_node, key=lambda n: (n != prefer, -len(by_node[n]), n))
     spread = [c for n in order for c in by_node[n]]
     return tuple(sorted(spread[:size]))

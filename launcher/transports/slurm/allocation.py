@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from distlaunch.launcher.core.errors import HostError, UsageError
@@ -246,7 +246,7 @@ def node_cpus(
         if "topology" in report.facts:
             seen = Topology.from_json(report.facts["topology"])
             cpus = seen.cpus[: limit.get(report.name, len(seen.cpus))]
-            out[report.name] = Topology(cpus, seen.nodes, seen.gpu_nodes)
+            out[report.name] = replace(seen, cpus=cpus)
     return out
 
 

@@ -11,7 +11,8 @@ and ``token`` (a file the launcher just wrote in the shared dir), ``workdir``, `
 ``count_gpus``: report the host's NVIDIA GPUs as the fact ``gpus`` (the
 launcher checks them against the tasks' `gpus`). ``read_cpus``: report the CPUs this host gives
 the run (the probe's own affinity mask, which the tasks' helpers inherit), its NUMA nodes and its
-GPUs' nodes as the fact ``topology`` (`distlaunch.worker.topology`: the launcher splits them
+GPUs' nodes, its cores' hyperthread siblings and its cgroup's CPU quota as the fact ``topology``
+(`distlaunch.worker.topology`, `distlaunch.host.cpu_facts`: the launcher splits them
 between the host's tasks).
 """
 
@@ -134,13 +135,15 @@ def _metadata_version(path):
 
 
 def read_topology():
-    """`distlaunch.worker.topology.read()`; where distlaunch is missing (a problem already
-    reported) at least the affinity mask."""
+    """`distlaunch.worker.topology.read()` with `distlaunch.host.cpu_facts.read()` (hyperthread
+    siblings, the cgroup's CPU quota); where distlaunch is missing (a problem already reported)
+    at least the affinity mask."""
     try:
+        from distlaunch.host import cpu_facts
         from distlaunch.worker import topology
     except Exception:  # noqa: BLE001 - reported by check_distlaunch
         return {"cpus": sorted(os.sched_getaffinity(0)), "numa": [], "gpu_numa": []}
-    return topology.read()
+    return {**topology.read(), **cpu_facts.read()}
 
 
 def count_gpus():
