@@ -66,6 +66,8 @@ CPUS_PER_NODE = 2
 PREEMPTIBLE = "preemptible"
 URGENT = "urgent"
 GRACE_TIME_S = 60
+# Slurm's SIGKILL after its SIGTERM (a cancel, the time limit).
+KILL_WAIT_S = 30
 # Mount a private copy of /etc/hosts over the real one for this process and what it starts.
 _WITH_HOSTS = 'mount --bind "$0" /etc/hosts && exec "$@"'
 
@@ -267,7 +269,9 @@ class SlurmLab:
             "ReturnToService=2",
             "MpiDefault=none",
             "JobRequeue=1",
-            "KillWait=5",
+            # Slurm's default, as clusters run it: the save bound it sets (transports/slurm/
+            # allocation.py save_limits) leaves room for a real save.
+            f"KillWait={KILL_WAIT_S}",
             "MinJobAge=30",
             "InactiveLimit=0",
             "MessageTimeout=20",

@@ -14,14 +14,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import standins
 
 from conftest import events, run_record, wait_for, wait_for_run_dir
-from slurmcluster import SlurmLab
+from distlaunch.launcher.transports.slurm.allocation import SAVE_MARGIN_S, kill_wait
+from slurmcluster import KILL_WAIT_S, SlurmLab
 from test_firewall import LISTENER, _rules_left, _without_net_admin
-from test_slurm import _allocation, _launcher, _no_rules, _nothing_left, _spec
+from test_slurm import _allocation, _launcher, _no_rules, _nothing_left, _spec, _submit
 from test_slurm import lab as lab  # noqa: F401  (the module's cluster fixture)
 
 
@@ -176,3 +179,52 @@ def test_down_removes_the_rules_of_a_sigkilled_guard(lab: SlurmLab, tmp: Path) -
         )
         assert done.returncode == 0, done.stderr
         assert _no_rules(lab), _tables(lab)
+
+
+# A task whose save on a stop notice never ends (a blocked MWMS worker ignores SIGTERM too): only
+# the launcher's KILL ends it. The name makes program_scan take it for a program that saves on a
+# notice, so the launcher waits for its save (up to the bound) before it stops it.
+DEAF = (
+    "PreemptionCheckpointHandler = None\n"
+    + standins.SWALLOW_SIGTERM
+    + standins.listening(standins.ANY)
+    + 'print("holding", flush=True)\ntime.sleep(600)\n'
+)
+
+
+@pytest.mark.integration
+def test_a_job_slurm_cancels_removes_its_rules_before_killwaits_sigkill(
+    lab: SlurmLab, tmp: Path
+) -> None:
+    """scancel (as the time limit) SIGTERMs every process of the job and SIGKILLs them KillWait
+    later; a SIGKILLed agent cannot remove its rules. The spec's save_s (60 s) is longer than
+    KillWait leaves: the launcher keeps to what KillWait leaves, so the tasks are stopped and the
+    agents remove their rules before Slurm's SIGKILL."""
+    (tmp / "task.py").write_text(DEAF)
+    timeouts = {"grace_s": 2, "startup_s": 120, "save_s": 60}
+    spec = _spec(tmp, {"script": "task.py"}, {"worker": {"count": 2}}, timeouts=timeouts)
+    job, run_dir = _submit(lab, tmp, spec, "--nodes", "2")
+    wait_for(
+        lambda: sum(e["event"] == "joined" for e in events(run_dir)) == 2, "both tasks to join"
+    )
+    assert all(_rules_left(node.netns) for node in lab.nodes), _tables(lab)
+    out = (run_dir / f"slurm-{job}.out").read_text()
+    bound = KILL_WAIT_S - timeouts["grace_s"] - SAVE_MARGIN_S
+    assert (
+        f"a stop notice's save must end within {bound:g} s, not timeouts.save_s 60 s: "
+        f"Slurm's KillWait {KILL_WAIT_S} s bounds it"
+    ) in out
+    cancelled = lab.run(["scancel", job])
+    assert cancelled.returncode == 0, cancelled.stderr
+    started = time.monotonic()
+    wait_for(lambda: job not in lab.jobs(), "the job to end", limit_s=KILL_WAIT_S + 60)
+    print(f"the job ended {time.monotonic() - started:.1f} s after scancel")
+    out = (run_dir / f"slurm-{job}.out").read_text()
+    assert _no_rules(lab), (_tables(lab), out[-3000:])
+
+
+@pytest.mark.quick
+def test_killwait_is_read_from_scontrols_config() -> None:
+    shown = "JobCompType             = jobcomp/none\nKillWait                = 30 sec\nKillOnBadExit = 0\n"
+    assert kill_wait(shown) == 30
+    assert kill_wait("KillOnBadExit = 0\n") is None

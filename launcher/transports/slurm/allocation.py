@@ -29,7 +29,9 @@ SUBMITTED_ENV = "DISTLAUNCH_SLURM_JOB"
 # Set by the batch script of `distlaunch sbatch --requeue` to its --signal lead time (seconds).
 SIGNAL_BEFORE_ENV = "DISTLAUNCH_SLURM_SIGNAL_BEFORE"
 # After the save deadline of a notice from Slurm, the launcher still stops the rest (grace_s) and
-# tears down before Slurm's SIGKILL; this much is kept for its teardown.
+# tears down before Slurm's SIGKILL; this much is kept for its teardown (the last of it: each
+# node's agent, told to end, kills its tasks and removes its rules: well under a second on the
+# test cluster, tests/test_slurm_firewall.py).
 SAVE_MARGIN_S = 5.0
 
 
@@ -134,8 +136,9 @@ class SaveLimit:
 def save_limits(grace_s: float, env: Mapping[str, str] | None = None) -> list[SaveLimit]:
     """What bounds the save after Slurm's notices to this job: the --signal lead time of a
     `distlaunch sbatch --requeue` job, and the GraceTime of a partition whose jobs are preempted
-    (Slurm SIGKILLs the job that long after its warning). Each leaves grace_s and SAVE_MARGIN_S
-    for stopping the rest."""
+    (Slurm SIGKILLs the job that long after its warning); where neither is in force, KillWait
+    (Slurm's SIGKILL after its SIGTERM). Each leaves grace_s and SAVE_MARGIN_S for stopping the
+    rest, which ends with the nodes' agents removing their firewall rules."""
     env = os.environ if env is None else env
     found = []
     lead = env.get(SIGNAL_BEFORE_ENV, "")
@@ -158,7 +161,24 @@ def save_limits(grace_s: float, env: Mapping[str, str] | None = None) -> list[Sa
                     f"partition {partition}'s preemption GraceTime {grace.group(1)} s",
                 )
             )
+    if not found and (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
+        # No earlier warning is arranged: Slurm's own SIGTERM (the time limit, scancel, a
+        # requeue) is the notice, to every process of the job, and its SIGKILL follows KillWait
+        # later. The nodes' agents remove their firewall rules only after the launcher has
+        # stopped the tasks: a save past that leaves the rules behind on every node.
+        shown = subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True, check=False
+        ).stdout
+        wait = kill_wait(shown)
+        if wait is not None:
+            found.append(SaveLimit(wait - grace_s - SAVE_MARGIN_S, f"Slurm's KillWait {wait} s"))
     return found
+
+
+def kill_wait(config: str) -> int | None:
+    """KillWait in seconds, from `scontrol show config`'s text (``KillWait = 30 sec``)."""
+    found = re.search(r"^KillWait\s*=\s*(\d+)", config, re.MULTILINE)
+    return int(found.group(1)) if found else None
 
 
 def cpus_per_node(value: str, count: int) -> list[int]:
