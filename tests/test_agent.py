@@ -21,6 +21,7 @@ import standins
 import sshhosts
 from conftest import cmdline, events, wait_for, wait_for_run_dir, with_cmdline
 from distlaunch.host import agent, guard, remote
+from distlaunch.host import channel as wire
 
 AGENT = [sys.executable, "-m", "distlaunch.host.agent"]
 # A task that needs no TensorFlow: it listens on its TF_CONFIG port (the launcher sees it join),
@@ -34,15 +35,21 @@ SLEEPER = "import os, time\nprint('up', os.getpid(), flush=True)\ntime.sleep(600
 
 
 class _Channel:
-    """The launcher's end of an agent run here: commands in, frames out."""
+    """The launcher's end of an agent run here: commands in, frames out (after the hello)."""
 
-    def __init__(self) -> None:
+    def __init__(self, heartbeat_s: float = 60) -> None:
         self.proc = subprocess.Popen(AGENT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.write(json.dumps({"agent": wire.PROTOCOL, "heartbeat_s": heartbeat_s}).encode())
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.read(len(wire.hello())) == wire.hello()
 
-    def send(self, command: dict) -> None:
+    def write(self, line: bytes) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        self.proc.stdin.write(line.rstrip(b"\n") + b"\n")
         self.proc.stdin.flush()
+
+    def send(self, op: str, number: int = 0, **fields: object) -> None:
+        self.write(wire.command(op, number, **fields))
 
     def frame(self) -> tuple[bytes, int, bytes]:
         assert self.proc.stdout is not None
@@ -63,16 +70,15 @@ class _Channel:
 
 
 def _start(channel: _Channel, number: int, code: str) -> None:
-    channel.send({"start": number, "request": {"argv": [sys.executable, "-c", code], "env": {}}})
+    channel.send("start", number, request={"argv": [sys.executable, "-c", code], "env": {}})
 
 
 def test_agent_and_helper_speak_one_protocol() -> None:
-    assert agent.PROTOCOL == remote.PROTOCOL
+    assert wire.PROTOCOL == remote.PROTOCOL
 
 
 def test_agent_runs_tasks_side_by_side_and_relays_each_end() -> None:
     channel = _Channel()
-    channel.send({"agent": agent.PROTOCOL, "heartbeat_s": 60})
     _start(channel, 1, "import sys; print('one'); sys.exit(3)")
     _start(channel, 2, "import os, signal; print('two', flush=True); os.kill(os.getpid(), 9)")
     ends: dict[int, tuple[bytes, int]] = {}
@@ -103,11 +109,8 @@ def test_no_task_outlives_its_agent(tmp: Path, how: str) -> None:
     script = tmp / "sleeper.py"
     script.write_text(SLEEPER)
     channel = _Channel()
-    channel.send({"agent": agent.PROTOCOL, "heartbeat_s": 60})
     for number in (1, 2):
-        channel.send(
-            {"start": number, "request": {"argv": [sys.executable, str(script)], "env": {}}}
-        )
+        channel.send("start", number, request={"argv": [sys.executable, str(script)], "env": {}})
     outputs = {1: b"", 2: b""}
     while not all(b"\n" in out for out in outputs.values()):
         kind, number, payload = channel.frame()
