@@ -328,12 +328,12 @@ class AgentLink:
             elif got.kind == b"o":
                 handle.output(got.payload)
             elif got.kind == b"s":
-                pid, *warm = got.payload.split()
-                int(pid)
+                pid, *warm = got.payload.split(b" ")
+                _number(pid, "a pid")
                 handle.warm = handle.warm and warm == [b"warm"]
                 handle.started.set()
             elif got.kind == b"x":
-                code = int(got.payload)
+                code = _number(got.payload, "an exit code", 255)
                 del self.tasks[handle.number]
                 handle.end(code)
 
@@ -343,7 +343,7 @@ class AgentLink:
         if standby is None:
             return
         if got.kind in (b"s", b"x"):
-            int(got.payload.split()[0])  # a pid, a code: ValueError otherwise
+            _number(got.payload, "a pid or an exit code")
         standby.frame(got.kind, got.payload)
         if got.kind == b"x":
             del self.standbys[got.number]
@@ -433,6 +433,13 @@ class AgentLink:
                 self.proc.stdin.close()
             except OSError:
                 pass
+
+
+def _number(payload: bytes, what: str, most: int = 1 << 31) -> int:
+    """``payload`` as a number 0 to ``most``; ValueError naming ``what`` otherwise."""
+    if not (payload.isdigit() and len(payload) <= 10 and int(payload) <= most):
+        raise ValueError(f"{what} that is not a number 0-{most}: {payload[:40]!r}")
+    return int(payload)
 
 
 def _end_all(links: Sequence[AgentLink]) -> None:
