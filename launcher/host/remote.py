@@ -101,7 +101,7 @@ def main() -> int:
             if isinstance(query, dict):
                 from distlaunch.host import stacks_query  # only for this query
 
-                return stacks_query.answer(query)
+                return stacks_query.answer(query, say)
         request = _parse(line)
     except (ValueError, TypeError) as exc:
         say(f"bad request from the launcher: {exc}")

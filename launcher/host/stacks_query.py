@@ -18,9 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
-
-from distlaunch.host.remote import say
 
 # How long py-spy may take (it pauses a TensorFlow process with hundreds of threads), and how
 # long the program may take to write its faulthandler dump after SIGUSR2.
@@ -28,7 +27,7 @@ DUMP_TIMEOUT_S = 60.0
 SIGNAL_TIMEOUT_S = 5.0
 
 
-def answer(query: dict[str, Any]) -> int:
+def answer(query: dict[str, Any], say: Callable[[str], None]) -> int:
     """Print the stacks of the task ``query`` names: py-spy's dump of its program on this host, or,
     where py-spy cannot read it, the program's own faulthandler dump. Only that program is ever
     signalled, and only once its faulthandler is in place."""

@@ -42,59 +42,100 @@ LINGER_S = 10.0
 
 @dataclass(frozen=True)
 class Timeout:
-    """One row of the table."""
+    """One row of the table: ``relation`` is an expression over this module's names that must
+    hold (tests/test_timeouts.py evaluates every one), ``why`` says why."""
 
     name: str
     seconds: float
     who_waits: str
-    relation: str  # in words; tests/test_timeouts.py asserts it
+    relation: str
+    why: str
 
 
 TABLE = (
-    Timeout("HEARTBEAT_S", HEARTBEAT_S, "both ends (the beat's period)", "< AGENT_SILENCE_S / 2"),
+    Timeout(
+        "HEARTBEAT_S",
+        HEARTBEAT_S,
+        "both ends: the period of their beats",
+        "HEARTBEAT_S * 2 < AGENT_SILENCE_S",
+        "a beat or two may be late on a busy machine without a link being taken for dead",
+    ),
     Timeout(
         "AGENT_SILENCE_S",
         AGENT_SILENCE_S,
-        "the launcher's hub, of a silent agent",
-        "> FIREWALL_S (an install never looks like silence); < HEARTBEAT_TIMEOUT_S",
+        "the launcher's hub, of an agent that says nothing",
+        "FIREWALL_S < AGENT_SILENCE_S < HEARTBEAT_TIMEOUT_S",
+        "a firewall install never looks like silence, and the launcher names a stalled link "
+        "before the host gives up on it",
     ),
     Timeout(
         "HEARTBEAT_TIMEOUT_S",
         HEARTBEAT_TIMEOUT_S,
-        "the agent, keepers and guard, of a silent launcher",
-        "> AGENT_SILENCE_S: the launcher names a stalled link before the host gives up on it",
+        "the agent, keepers and guard, of a launcher that says nothing",
+        "HEARTBEAT_TIMEOUT_S >= 2 * AGENT_SILENCE_S",
+        "the host ends what it holds only once the launcher has surely given up on it",
     ),
     Timeout(
         "HELLO_S",
         HELLO_S,
         "the launcher's hub, of a host that talks but whose agent never speaks",
-        "< ANSWER_TIMEOUT_S: a firewall wait never outlasts it",
+        "HELLO_S + FIREWALL_S < ANSWER_TIMEOUT_S",
+        "a slow login shell and then the install still answer within the firewall wait",
     ),
     Timeout(
         "FIREWALL_S",
         FIREWALL_S,
-        "the agent, of its firewall install",
-        "< AGENT_SILENCE_S; > TOOL_TIMEOUT_S",
+        "the agent, of its firewall install (a fork)",
+        "TOOL_TIMEOUT_S < FIREWALL_S < AGENT_SILENCE_S",
+        "one tool's hang is cut before the install's own deadline, which the launcher outwaits",
     ),
-    Timeout("TOOL_TIMEOUT_S", TOOL_TIMEOUT_S, "the firewall install, of one tool", "< FIREWALL_S"),
+    Timeout(
+        "TOOL_TIMEOUT_S",
+        TOOL_TIMEOUT_S,
+        "the firewall install, of one nft or iptables call",
+        "TOOL_TIMEOUT_S < FIREWALL_S",
+        "see FIREWALL_S",
+    ),
     Timeout(
         "ANSWER_TIMEOUT_S",
         ANSWER_TIMEOUT_S,
         "the launcher, of every host's firewall answer",
-        "> HELLO_S + FIREWALL_S",
+        "ANSWER_TIMEOUT_S > HELLO_S + FIREWALL_S",
+        "see HELLO_S",
     ),
-    Timeout("KILL_WAIT_S", KILL_WAIT_S, "the launcher, after kill", "> DRAIN_S"),
+    Timeout(
+        "KILL_WAIT_S",
+        KILL_WAIT_S,
+        "the launcher, of an agent's report of the tasks it was told to kill",
+        "KILL_WAIT_S > DRAIN_S + HEARTBEAT_S",
+        "a killed task's last output and end come before its agent is taken for gone",
+    ),
     Timeout(
         "CLOSE_WAIT_S",
         CLOSE_WAIT_S,
         "the launcher, of an agent's client after EOF",
-        "> DRAIN_S",
-    ),
-    Timeout("DRAIN_S", DRAIN_S, "the agent, of a keeper's output after its exit", "< HEARTBEAT_S"),
-    Timeout(
-        "END_WAIT_S", END_WAIT_S, "the agent, of its keepers as it ends", "> LINGER_S + DRAIN_S"
+        "CLOSE_WAIT_S > DRAIN_S",
+        "the agent reports its ends first",
     ),
     Timeout(
-        "LINGER_S", LINGER_S, "the agent, of task ports before it removes the rules", "> DRAIN_S"
+        "DRAIN_S",
+        DRAIN_S,
+        "the agent, of a keeper's output after its exit",
+        "DRAIN_S < HEARTBEAT_S",
+        "a task's end is never held past a beat",
+    ),
+    Timeout(
+        "END_WAIT_S",
+        END_WAIT_S,
+        "the agent, of its keepers as it ends",
+        "END_WAIT_S > LINGER_S + DRAIN_S",
+        "keepers that stop their tasks gracefully get the time a guard gives ports to close",
+    ),
+    Timeout(
+        "LINGER_S",
+        LINGER_S,
+        "the agent or guard, of the task ports before it removes the rules",
+        "LINGER_S > DRAIN_S",
+        "the tasks are gone before their ports are opened to anyone",
     ),
 )
