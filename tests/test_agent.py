@@ -39,6 +39,7 @@ class _Channel:
 
     def __init__(self, heartbeat_s: float = 60) -> None:
         self.proc = subprocess.Popen(AGENT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.started: dict[int, bytes] = {}
         self.write(json.dumps({"agent": wire.PROTOCOL, "heartbeat_s": heartbeat_s}).encode())
         assert self.proc.stdout is not None
         assert self.proc.stdout.read(len(wire.hello())) == wire.hello()
@@ -59,10 +60,13 @@ class _Channel:
         return kind, int(number), payload[:-1]
 
     def until_end(self, number: int) -> tuple[bytes, int]:
-        """The task's output and its exit code, from the frames up to its end."""
+        """The task's output and its exit code, from the frames up to its end (its ``s`` frame's
+        payload goes to `started`)."""
         output = b""
         while True:
             kind, got, payload = self.frame()
+            if kind == b"s":
+                self.started[got] = payload
             if got == number and kind == b"o":
                 output += payload
             if got == number and kind == b"x":

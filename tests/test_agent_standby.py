@@ -89,12 +89,15 @@ def test_an_agents_standby_becomes_the_task_and_an_unused_or_dead_one_leaves_not
     # Imported while a standby (its output held until now), then the program found it imported.
     assert output.startswith(b"tensorflow imported by ") and code == 0, output
     assert b"preloaded True None\n" in output, output
+    assert channel.started[10].endswith(b" warm")  # the launcher records a warm restart
     channel.send("discard", 2)
     # Its control socket closed (it exits) and its group SIGKILLed; its output is dropped.
     assert channel.until_end(2)[0] == b""
     channel.send("start", 11, request=request, standby=2)  # gone: a cold start
     output, code = channel.until_end(11)
     assert output.startswith(b"preloaded False None\n") and code == 0, output
+    # A cold start, and the agent says so: the launcher records no standby for it.
+    assert channel.started[11].isdigit(), channel.started
     assert channel.proc.stdin is not None
     channel.proc.stdin.close()
     assert channel.proc.wait(timeout=30) == 1
