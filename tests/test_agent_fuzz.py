@@ -45,8 +45,9 @@ try:
             data = data[os.write(1, data):]
         if spec["pause"]:
             time.sleep(spec["pause"])
-    if spec["stay"]:
-        time.sleep(600)
+    if spec["stay"]:  # silent until the launcher hangs up, as an agent would end then
+        while os.read(0, 65536):
+            pass
 except BrokenPipeError:
     pass
 """
@@ -240,4 +241,29 @@ def test_generated_streams_end_their_host_alone_and_name_it(
         if str(tmp / "standin.py") in (p.info["cmdline"] or [])
     ]
     assert crashes == []
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.quick
+def test_a_log_that_cannot_be_written_ends_that_host_alone(
+    tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk under one task's log (/dev/full): the hub ends that host's agent, naming the
+    error, and goes on serving the other host."""
+    (tmp / "standin.py").write_text(STAND_IN)
+    full = _task(tmp, "full")
+    full = TaskPlan(**{**full.__dict__, "log_file": "/dev/full"})
+    fine = _task(tmp, "fine")
+    with _StandIns(tmp) as transport:
+        streams = {"full": (1, b"o", b"out\n"), "fine": (2, b"x", b"0")}
+        for machine, (number, kind, payload) in streams.items():
+            chunks = [(HELLO + F(kind, number, payload)).hex()]
+            spec = {"chunks": chunks, "stay": True, "pause": 0}
+            (tmp / f"{machine}.json").write_text(json.dumps(spec))
+        lost, kept = transport.start(full), transport.start(fine)
+        assert wait_ended([lost, kept], DEADLINE_S) == []
+        assert lost.code == hub.LOST_EXIT and kept.code == 0
+        assert lost.link.lost is not None and "No space left on device" in lost.link.lost
+        assert kept.link.lost is None
+        assert transport._hub._thread is not None and transport._hub._thread.is_alive()
     assert "Traceback" not in capfd.readouterr().err

@@ -132,30 +132,37 @@ def test_a_login_shell_that_prints_for_ever_ends_the_run_in_one_line_naming_the_
 def test_a_link_that_stalls_without_a_reset_is_named_and_leaves_nothing_once_it_returns(
     talking_lab, tmp: Path
 ) -> None:
-    """Every packet of the host's cable dropped, both ways (tc netem loss 100%), for 60 s: no
+    """Every packet of the host's cable dropped, both ways (an nft drop there), for 60 s: no
     reset, no FIN; TCP and ssh say nothing for minutes. The launcher names the host from its
     agent's silence; the agent, hearing no launcher, ends its task, removes its rules and exits
     on its own; once the link returns nothing of the run is left there."""
     lab: sshhosts.HostLab = talking_lab
     node1, node2, _ = lab.hosts
-    if shutil.which("tc") is None:
-        pytest.skip("tc is not installed (apt-get install iproute2)")
+    if shutil.which("nft") is None:
+        pytest.skip("nft is not installed (apt-get install nftables)")
     _spec(tmp, lab, [node1, node2], startup_s=120)
     launcher = _up(tmp)
-    # The host's end of its cable and the switch's end: every packet dropped, both ways.
-    legs = [(node2.netns, f"{node2.netns}v"), (f"{lab.prefix}-sw", f"{node2.netns}s")]
+    # Every packet in or out of the host's cable dropped, by a table of the test's own in the
+    # host's namespace (the agent's own table is another: it removes that one as it ends).
+    leg = f"{node2.netns}v"
+    stall = (
+        "table inet dlstall {\n"
+        f'  chain in {{ type filter hook input priority -100; iifname "{leg}" drop; }}\n'
+        f'  chain out {{ type filter hook output priority -100; oifname "{leg}" drop; }}\n'
+        "}\n"
+    )
 
-    def netem(op: str) -> None:
-        for netns, dev in legs:
-            loss = ["netem", "loss", "100%"] if op == "add" else []
-            subprocess.run(
-                ["tc", "-n", netns, "qdisc", op, "dev", dev, "root", *loss], check=op == "add"
-            )
+    def stalled(op: str) -> None:
+        nft = ["ip", "netns", "exec", node2.netns, "nft"]
+        if op == "add":
+            subprocess.run([*nft, "-f", "-"], input=stall, text=True, check=True)
+        else:
+            subprocess.run([*nft, "delete", "table", "inet", "dlstall"], check=False)
 
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
         wait_for(lambda: _logs_up(run_dir, 2), "every task up", launcher=launcher)
-        netem("add")
+        stalled("add")
         stalled_at = time.time()
         try:
             out, err = launcher.communicate(timeout=120)
@@ -170,7 +177,7 @@ def test_a_link_that_stalls_without_a_reset_is_named_and_leaves_nothing_once_it_
             agent_gone_after = time.time() - stalled_at
             time.sleep(max(0.0, 60 - (time.time() - stalled_at)))  # the stall lasts 60 s
         finally:
-            netem("del")
+            stalled("del")
     finally:
         if launcher.poll() is None:
             launcher.kill()
