@@ -168,20 +168,31 @@ def table_handle(nft: str, table: str) -> int | None:
     return int(found.group(1)) if listed.returncode == 0 and found else None
 
 
+# What `_apply` says of a tool that did not answer in time (a hung nft, iptables' lock).
+_TIMED_OUT = 124
+
+
 def _apply(argv: tuple[str, ...], script: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        list(argv),
-        check=False,
-        input=script,
-        capture_output=True,
-        text=True,
-        timeout=TOOL_TIMEOUT_S,
-    )
+    """Run a firewall tool on ``script``; one that takes longer than TOOL_TIMEOUT_S is killed
+    and reads as having failed (`_TIMED_OUT`)."""
+    try:
+        return subprocess.run(
+            list(argv),
+            check=False,
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=TOOL_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, _TIMED_OUT, "", "")
 
 
 def _check(done: subprocess.CompletedProcess, tool: str) -> None:
     if done.returncode == 0:
         return
+    if done.returncode == _TIMED_OUT and not done.stderr:
+        raise Unprotected(f"{tool} did not answer within {TOOL_TIMEOUT_S:g} s")
     lines = done.stderr.strip().splitlines()
     message = lines[-1] if lines else f"exit code {done.returncode}"
     if any(
