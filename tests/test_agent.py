@@ -100,6 +100,34 @@ def test_agent_runs_tasks_side_by_side_and_relays_each_end() -> None:
     assert channel.proc.wait(timeout=30) == 1  # the launcher's channel ended
 
 
+@pytest.mark.quick
+def test_a_bad_command_is_answered_with_an_error_frame_and_ends_nothing() -> None:
+    channel = _Channel()
+    _start(channel, 1, "import time; time.sleep(600)")
+    bad = [
+        b"not json at all",
+        b"[1, 2]",
+        json.dumps({"v": wire.PROTOCOL, "op": "fly", "id": 1}).encode(),
+        json.dumps({"v": wire.PROTOCOL - 1, "op": "kill", "id": 1}).encode(),
+        json.dumps({"v": wire.PROTOCOL, "op": "stop", "id": -1}).encode(),
+        json.dumps({"v": wire.PROTOCOL, "op": "start", "id": 2, "request": "argv"}).encode(),
+        json.dumps({"stop": 1}).encode(),  # the old, untyped form
+    ]
+    for line in bad:
+        channel.write(line)
+    errors, ended = [], []
+    while len(errors) < len(bad):
+        kind, number, payload = channel.frame()
+        if kind == b"e":
+            errors.append(json.loads(payload))
+        ended += [number] if kind == b"x" else []
+    assert [e["line"] for e in errors] == [line.decode() for line in bad]
+    assert all(e["error"] for e in errors) and ended == []
+    # Task 1 was neither stopped nor killed by any of them: it ends when told to, normally.
+    channel.send("stop", 1)
+    assert channel.until_end(1)[1] == 128 + 15
+
+
 def test_an_agent_of_another_protocol_says_so_and_starts_nothing() -> None:
     done = subprocess.run(
         AGENT, input=b'{"agent": 1, "heartbeat_s": 20}\n', capture_output=True, timeout=60

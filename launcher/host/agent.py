@@ -174,10 +174,10 @@ class Agent:
             if not line.strip():
                 continue  # a heartbeat
             try:
-                self._command(channel.parse_command(line))
+                self.command(channel.parse_command(line))
             except BadCommand as exc:
                 self._refuse(line, str(exc))
-            except (ValueError, TypeError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a command that fails ends nothing
                 self._refuse(line, f"{type(exc).__name__}: {exc}")
 
     def _refuse(self, line: bytes, why: str) -> None:
@@ -192,7 +192,8 @@ class Agent:
 
     # ---- the tasks -----------------------------------------------------------------------
 
-    def _command(self, command: Command) -> None:
+    def command(self, command: Command) -> None:
+        """Carry out one command from the launcher (or one the firewall held until now)."""
         if command.op == "guard":
             self._guard(command.request)
             return
@@ -253,11 +254,11 @@ class Agent:
         for keeper in list(self.keepers.values()):
             if keeper.exited_at is None:
                 continue
-            if keeper.out_open and now - keeper.exited_at < timeouts.DRAIN_S:
-                if keeper.reading:
-                    continue
+            if keeper.out_open and not keeper.reading:
                 # Its output waits on a full channel: its end waits too (the order holds).
                 keeper.exited_at = now
+                continue
+            if keeper.out_open and now - keeper.exited_at < timeouts.DRAIN_S:
                 continue
             if keeper.out_open:
                 keeper.close_out(self.sel)

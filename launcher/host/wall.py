@@ -126,7 +126,7 @@ class Job:
     it holds and their removal once the tasks' ports have closed."""
 
     def __init__(self, agent, line: dict) -> None:
-        self.agent = agent  # its `emit`, `sel` and `_command`
+        self.agent = agent  # its `emit`, `sel` and `command`
         self.install: Install | None = None
         self.installed: guard.Installed | None = None
         self.request: guard.Request | None = None
@@ -186,7 +186,7 @@ class Job:
             )
         held, self.held = self.held, []
         for command in held:
-            self.agent._command(command)
+            self.agent.command(command)
 
     def end(self, why: str) -> None:
         """The agent ends: an install still running is killed and undone; installed rules go
