@@ -13,6 +13,12 @@ stacks are read (`stacks`); the rest is here:
 - One thread (`_Hub`) reads every link's frames into the tasks' log files and sends the
   heartbeats. A link whose channel ends (the agent or its client died, the connection dropped)
   ends each of its tasks with LOST_EXIT and a line in its log naming the machine.
+- Nothing a host sends is trusted (launcher/transports/agent_frames.py reads it): a login
+  shell's words before the agent's hello are the host's, shown in its tasks' logs; an unreadable
+  frame, a host that never says hello, an agent gone silent, and any failure serving a link (a
+  log on a full disk) end that machine's agent alone, named, through the same lost-agent ending
+  (no new event kind: the supervisor sees LOST_EXIT and the log's line, as for a cut link).
+  The deadlines are `distlaunch.host.timeouts`'s.
 """
 
 from __future__ import annotations
