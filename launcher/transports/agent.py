@@ -23,6 +23,7 @@ stacks are read (`stacks`); the rest is here:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -448,6 +449,10 @@ def _number(payload: bytes, what: str, most: int = 1 << 31) -> int:
     return int(payload)
 
 
+def _raise(exc: Exception) -> None:
+    raise exc
+
+
 def _end_all(links: Sequence[AgentLink]) -> None:
     """End ``links``' agents side by side: each is told (EOF) before any is waited for, so that
     their ends (each removing its host's firewall rules) overlap, not one host after another."""
@@ -496,25 +501,34 @@ class _Hub:
     def _run(self) -> None:
         next_beat = time.monotonic() + HEARTBEAT_S
         while not self._quit:
-            with self._lock:
-                for link in self._new:
-                    self._links.append(link)
-                    for fd, is_out in ((link.out, True), (link.err, False)):
-                        self._by_fd[fd] = (link, is_out)
-                        self._poll.register(fd, select.POLLIN)
-                self._new.clear()
-            for fd, _ in self._poll.poll(max(0.0, next_beat - time.monotonic()) * 1000):
-                if fd == self._wake_r:
-                    os.read(fd, 512)
-                    continue
-                if fd not in self._by_fd:  # its link ended earlier in this batch
-                    continue
-                link, is_out = self._by_fd[fd]
-                self._guarded(link, lambda: self._serve(link, fd, is_out))
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + HEARTBEAT_S
+            try:
+                next_beat = self._serve_all(next_beat)
+            except Exception as exc:  # noqa: BLE001 - no link's: every agent ends, named
                 for link in list(self._links):
-                    self._guarded(link, lambda: (link.silent(), link.heartbeat()))
+                    self._guarded(link, functools.partial(_raise, exc))
+
+    def _serve_all(self, next_beat: float) -> float:
+        """One round: new links, what is readable, and the beats when due; the next beat's time."""
+        with self._lock:
+            for link in self._new:
+                self._links.append(link)
+                for fd, is_out in ((link.out, True), (link.err, False)):
+                    self._by_fd[fd] = (link, is_out)
+                    self._poll.register(fd, select.POLLIN)
+            self._new.clear()
+        for fd, _ in self._poll.poll(max(0.0, next_beat - time.monotonic()) * 1000):
+            if fd == self._wake_r:
+                os.read(fd, 512)
+                continue
+            if fd not in self._by_fd:  # its link ended earlier in this batch
+                continue
+            link, is_out = self._by_fd[fd]
+            self._guarded(link, lambda: self._serve(link, fd, is_out))
+        if time.monotonic() >= next_beat:
+            next_beat = time.monotonic() + HEARTBEAT_S
+            for link in list(self._links):
+                self._guarded(link, lambda: (link.silent(), link.heartbeat()))
+        return next_beat
 
     def _guarded(self, link: AgentLink, work: Callable[[], object]) -> None:
         """Do ``work`` for ``link``; whatever it raises ends that link's agent, not the hub."""
