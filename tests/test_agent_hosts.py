@@ -125,6 +125,7 @@ def test_a_login_shell_that_prints_for_ever_ends_the_run_in_one_line_naming_the_
     named = [line for line in err.splitlines() if node3.name in line and "loading modules" in line]
     assert len(named) == 1, err
     assert "Traceback" not in err, err
+    print(named[0])
     wait_for(lambda: not any(lab.processes(h) for h in lab.hosts), "the hosts to be empty", 60)
 
 
