@@ -66,7 +66,9 @@ def unavailable_reason() -> str | None:
 class HostLab:
     """Creates the namespaces, keys and sshd servers; ``close()`` removes every one of them."""
 
-    def __init__(self, count: int = 2) -> None:
+    def __init__(self, count: int = 2, bashrc: dict[str, str] | None = None) -> None:
+        # By host name, what the login user's ~/.bashrc says on that host (the rest: nothing).
+        self.bashrc = dict(bashrc or {})
         self.subnet = free_subnet(77, "dls")
         n = self.subnet.network_address.packed[2]
         self.prefix = f"dls{n}"
@@ -225,7 +227,13 @@ class HostLab:
         # The sessions' shell reads no ~/.bashrc of this machine's root: a cluster node's root
         # has the distribution's default one, and this machine's runs `pyenv init` (0.1 s of CPU
         # for every session, 3.5 s of a 16-host run's start in bench/remote_scale.py).
-        mask = " ".join(f"&& mount --bind /dev/null {shlex.quote(str(rc))}" for rc in _shell_rcs())
+        rc_file = "/dev/null"
+        if host.name in self.bashrc:  # a login shell of its own (one that talks, say)
+            rc_file = str(self.dir / f"bashrc-{host.name}")
+            Path(rc_file).write_text(self.bashrc[host.name])
+        mask = " ".join(
+            f"&& mount --bind {shlex.quote(rc_file)} {shlex.quote(str(rc))}" for rc in _shell_rcs()
+        )
         private = shlex.quote(str(self.private_dir))
         script = f"mount -t tmpfs -o mode=0755 tmpfs {private} {mask} && exec {SSHD} -D -e -f {shlex.quote(str(config))}"
         proc = subprocess.Popen(

@@ -21,6 +21,7 @@ import standins
 import sshhosts
 from conftest import cmdline, events, wait_for, wait_for_run_dir, with_cmdline
 from distlaunch.host import agent, guard, remote
+from distlaunch.host import channel as wire
 
 AGENT = [sys.executable, "-m", "distlaunch.host.agent"]
 # A task that needs no TensorFlow: it listens on its TF_CONFIG port (the launcher sees it join),
@@ -34,15 +35,22 @@ SLEEPER = "import os, time\nprint('up', os.getpid(), flush=True)\ntime.sleep(600
 
 
 class _Channel:
-    """The launcher's end of an agent run here: commands in, frames out."""
+    """The launcher's end of an agent run here: commands in, frames out (after the hello)."""
 
-    def __init__(self) -> None:
+    def __init__(self, heartbeat_s: float = 60) -> None:
         self.proc = subprocess.Popen(AGENT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.started: dict[int, bytes] = {}
+        self.write(json.dumps({"agent": wire.PROTOCOL, "heartbeat_s": heartbeat_s}).encode())
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.read(len(wire.hello())) == wire.hello()
 
-    def send(self, command: dict) -> None:
+    def write(self, line: bytes) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        self.proc.stdin.write(line.rstrip(b"\n") + b"\n")
         self.proc.stdin.flush()
+
+    def send(self, op: str, number: int = 0, **fields: object) -> None:
+        self.write(wire.command(op, number, **fields))
 
     def frame(self) -> tuple[bytes, int, bytes]:
         assert self.proc.stdout is not None
@@ -52,10 +60,13 @@ class _Channel:
         return kind, int(number), payload[:-1]
 
     def until_end(self, number: int) -> tuple[bytes, int]:
-        """The task's output and its exit code, from the frames up to its end."""
+        """The task's output and its exit code, from the frames up to its end (its ``s`` frame's
+        payload goes to `started`)."""
         output = b""
         while True:
             kind, got, payload = self.frame()
+            if kind == b"s":
+                self.started[got] = payload
             if got == number and kind == b"o":
                 output += payload
             if got == number and kind == b"x":
@@ -63,16 +74,15 @@ class _Channel:
 
 
 def _start(channel: _Channel, number: int, code: str) -> None:
-    channel.send({"start": number, "request": {"argv": [sys.executable, "-c", code], "env": {}}})
+    channel.send("start", number, request={"argv": [sys.executable, "-c", code], "env": {}})
 
 
 def test_agent_and_helper_speak_one_protocol() -> None:
-    assert agent.PROTOCOL == remote.PROTOCOL
+    assert wire.PROTOCOL == remote.PROTOCOL
 
 
 def test_agent_runs_tasks_side_by_side_and_relays_each_end() -> None:
     channel = _Channel()
-    channel.send({"agent": agent.PROTOCOL, "heartbeat_s": 60})
     _start(channel, 1, "import sys; print('one'); sys.exit(3)")
     _start(channel, 2, "import os, signal; print('two', flush=True); os.kill(os.getpid(), 9)")
     ends: dict[int, tuple[bytes, int]] = {}
@@ -90,6 +100,34 @@ def test_agent_runs_tasks_side_by_side_and_relays_each_end() -> None:
     assert channel.proc.wait(timeout=30) == 1  # the launcher's channel ended
 
 
+@pytest.mark.quick
+def test_a_bad_command_is_answered_with_an_error_frame_and_ends_nothing() -> None:
+    channel = _Channel()
+    _start(channel, 1, "import time; time.sleep(600)")
+    bad = [
+        b"not json at all",
+        b"[1, 2]",
+        json.dumps({"v": wire.PROTOCOL, "op": "fly", "id": 1}).encode(),
+        json.dumps({"v": wire.PROTOCOL - 1, "op": "kill", "id": 1}).encode(),
+        json.dumps({"v": wire.PROTOCOL, "op": "stop", "id": -1}).encode(),
+        json.dumps({"v": wire.PROTOCOL, "op": "start", "id": 2, "request": "argv"}).encode(),
+        json.dumps({"stop": 1}).encode(),  # the old, untyped form
+    ]
+    for line in bad:
+        channel.write(line)
+    errors, ended = [], []
+    while len(errors) < len(bad):
+        kind, number, payload = channel.frame()
+        if kind == b"e":
+            errors.append(json.loads(payload))
+        ended += [number] if kind == b"x" else []
+    assert [e["line"] for e in errors] == [line.decode() for line in bad]
+    assert all(e["error"] for e in errors) and ended == []
+    # Task 1 was neither stopped nor killed by any of them: it ends when told to, normally.
+    channel.send("stop", 1)
+    assert channel.until_end(1)[1] == 128 + 15
+
+
 def test_an_agent_of_another_protocol_says_so_and_starts_nothing() -> None:
     done = subprocess.run(
         AGENT, input=b'{"agent": 1, "heartbeat_s": 20}\n', capture_output=True, timeout=60
@@ -103,11 +141,8 @@ def test_no_task_outlives_its_agent(tmp: Path, how: str) -> None:
     script = tmp / "sleeper.py"
     script.write_text(SLEEPER)
     channel = _Channel()
-    channel.send({"agent": agent.PROTOCOL, "heartbeat_s": 60})
     for number in (1, 2):
-        channel.send(
-            {"start": number, "request": {"argv": [sys.executable, str(script)], "env": {}}}
-        )
+        channel.send("start", number, request={"argv": [sys.executable, str(script)], "env": {}})
     outputs = {1: b"", 2: b""}
     while not all(b"\n" in out for out in outputs.values()):
         kind, number, payload = channel.frame()

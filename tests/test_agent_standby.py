@@ -19,7 +19,6 @@ import standins
 
 import sshhosts
 from conftest import events, wait_for, wait_for_run_dir, with_cmdline
-from distlaunch.host import agent
 from test_agent import _Channel
 
 pytestmark = pytest.mark.integration
@@ -80,23 +79,25 @@ def test_an_agents_standby_becomes_the_task_and_an_unused_or_dead_one_leaves_not
         "cwd": str(tmp),
     }
     channel = _Channel()
-    channel.send({"agent": agent.PROTOCOL, "heartbeat_s": 60})
     writes = [["set", "WRITTEN", "before the import"]]
     for number in (1, 2, 3):
-        channel.send({"prepare": number, "request": request, "writes": writes})
+        channel.send("prepare", number, request=request, writes=writes)
     said = [channel.frame()[:2] for _ in range(6)]
     assert sorted(said) == [(b"r", 1), (b"r", 2), (b"r", 3), (b"s", 1), (b"s", 2), (b"s", 3)]
-    channel.send({"start": 10, "request": request, "standby": 1})
+    channel.send("start", 10, request=request, standby=1)
     output, code = channel.until_end(10)
     # Imported while a standby (its output held until now), then the program found it imported.
     assert output.startswith(b"tensorflow imported by ") and code == 0, output
     assert b"preloaded True None\n" in output, output
-    channel.send({"discard": 2})
+    assert channel.started[10].endswith(b" warm")  # the launcher records a warm restart
+    channel.send("discard", 2)
     # Its control socket closed (it exits) and its group SIGKILLed; its output is dropped.
     assert channel.until_end(2)[0] == b""
-    channel.send({"start": 11, "request": request, "standby": 2})  # gone: a cold start
+    channel.send("start", 11, request=request, standby=2)  # gone: a cold start
     output, code = channel.until_end(11)
     assert output.startswith(b"preloaded False None\n") and code == 0, output
+    # A cold start, and the agent says so: the launcher records no standby for it.
+    assert channel.started[11].isdigit(), channel.started
     assert channel.proc.stdin is not None
     channel.proc.stdin.close()
     assert channel.proc.wait(timeout=30) == 1

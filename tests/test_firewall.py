@@ -295,6 +295,28 @@ def test_remove_takes_away_what_a_sigkilled_guard_left(netns_name: str, backend:
     assert json.loads(again.stdout) == {"removed": []}
 
 
+@pytest.mark.quick
+@pytest.mark.parametrize("backend", ["nftables", "iptables"])
+def test_installing_twice_then_removing_once_leaves_no_rule(netns_name: str, backend: str) -> None:
+    """An agent restarted on a host installs the rules of the same name again: the iptables
+    fallback used to add a second INPUT jump, and its removal (one jump, then the chain) failed
+    whole, leaving the DROP chain behind."""
+    code = (
+        "from distlaunch.host import rules\n"
+        "first = rules.install('twice_1a2b', (4000,), ['10.9.9.9'])\n"
+        "again = rules.install('twice_1a2b', (4000,), ['10.9.9.9'])\n"
+        "print(first.how, again.how)\n"
+        "again.remove()\n"
+    )
+    argv = ["ip", "netns", "exec", netns_name, sys.executable, "-c", code]
+    if backend == "iptables":
+        argv = _hiding_nft(argv)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [backend, backend]
+    assert _rules_left(netns_name) == []
+
+
 # ---- real hosts -------------------------------------------------------------------------------
 
 

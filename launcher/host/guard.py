@@ -42,39 +42,48 @@ launcher code.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import os
 import re
 import selectors
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-TABLE_PREFIX = "distlaunch_"
+from distlaunch.host import rules
+from distlaunch.host.rules import (  # the rules themselves, and what adds and removes them
+    TABLE_PREFIX,
+    Installed,
+    Unprotected,
+    chain_name,
+    iptables_scripts,
+    nft_ruleset,
+    remove_leftovers,
+    table_name,
+)
+from distlaunch.host.timeouts import LINGER_S
+
+__all__ = [
+    "TABLE_PREFIX",
+    "Installed",
+    "Unprotected",
+    "chain_name",
+    "iptables_scripts",
+    "nft_ruleset",
+    "remove_leftovers",
+    "table_name",
+    "LINGER_S",
+]
+
 # What a rule name may be: nft reads it as a plain name, and with the prefix it stays far below
 # nft's 256 characters (the launcher's names are at most 128 + 13).
 NAME = re.compile(r"[A-Za-z0-9_]{1,200}")
-# Before the usual filter chains (priority 0): our drop is final whatever they accept.
-CHAIN_PRIORITY = -10
-# How long the guard keeps its rules after its end was asked for while a task port still listens.
-LINGER_S = 10.0
-TOOL_TIMEOUT_S = 20.0
-# A login user's PATH often lacks the sbin folders where nft lives.
-_SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 _LISTEN = "0A"
-
-
-class Unprotected(Exception):
-    """The host cannot be firewalled; the message says why, in words for the user."""
 
 
 @dataclass(frozen=True)
@@ -87,16 +96,14 @@ class Request:
     allow: tuple[str, ...]
     allow_client: bool = True
     heartbeat_s: float | None = None
+    # The spec's network.protect is "required": an agent that cannot install the rules starts
+    # none of its tasks.
+    required: bool = False
 
     @property
     def table(self) -> str:
         """The nftables table of this guard."""
         return table_name(self.name)
-
-
-def table_name(name: str) -> str:
-    """``distlaunch_<name>`` (a name of `NAME`'s characters)."""
-    return TABLE_PREFIX + name
 
 
 def parse(line: bytes) -> Request:
@@ -122,38 +129,12 @@ def parse(line: bytes) -> Request:
         allow=tuple(allow),
         allow_client=bool(data.get("allow_client", True)),
         heartbeat_s=float(heartbeat) if heartbeat else None,
+        required=data.get("required") is True,
     )
 
 
 def _is_port(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
-
-
-def nft_ruleset(table: str, ports: tuple[int, ...], allowed: list[str]) -> str:
-    """The nftables script that creates ``table``: ``ports`` admit ``allowed`` and loopback only.
-
-    Pure, so that `distlaunch plan` shows exactly what a guard installs. ``allowed`` are IP
-    addresses (already resolved); the first line deletes a table of that name left by an earlier
-    guard of the same run and host (names are unique to them), in the same atomic transaction.
-    """
-    addresses = [ipaddress.ip_address(a) for a in allowed]
-    port_set = "{ " + ", ".join(str(p) for p in ports) + " }"
-    lines = [
-        f"table inet {table}",
-        f"delete table inet {table}",
-        f"table inet {table} {{",
-        "  chain input {",
-        f"    type filter hook input priority {CHAIN_PRIORITY}; policy accept;",
-        '    iifname "lo" accept',
-    ]
-    for family, version in (("ip", 4), ("ip6", 6)):
-        chosen = sorted({str(a) for a in addresses if a.version == version})
-        if chosen:
-            lines.append(
-                f"    tcp dport {port_set} {family} saddr {{ {', '.join(chosen)} }} accept"
-            )
-    lines += [f"    tcp dport {port_set} drop", "  }", "}", ""]
-    return "\n".join(lines)
 
 
 def resolve(request: Request) -> list[str]:
@@ -176,159 +157,9 @@ def resolve(request: Request) -> list[str]:
     return sorted(found)
 
 
-def program(name: str) -> str | None:
-    """A firewall program, looked up on PATH and in the sbin folders."""
-    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SBIN]))
-
-
-def chain_name(name: str) -> str:
-    """The iptables chain of a guard: iptables allows 28 characters, so a digest of its name."""
-    return "DL-" + hashlib.sha256(name.encode()).hexdigest()[:24]
-
-
-def iptables_scripts(
-    chain: str, ports: tuple[int, ...], allowed: list[str], version: int
-) -> tuple[str, str]:
-    """The `iptables-restore --noflush` scripts (IP ``version`` 4 or 6) that add and remove the run's
-    chain: INPUT jumps to it for the task ports, it returns for loopback and ``allowed`` and drops
-    the rest. Pure, like `nft_ruleset`; each script is applied atomically."""
-    addresses = sorted({str(a) for a in map(ipaddress.ip_address, allowed) if a.version == version})
-    # multiport takes at most 15 ports per rule.
-    jumps = [
-        f"-p tcp -m multiport --dports {','.join(str(p) for p in ports[i : i + 15])} -j {chain}"
-        for i in range(0, len(ports), 15)
-    ]
-    add = [
-        "*filter",
-        f":{chain} - [0:0]",
-        f"-A {chain} -i lo -j RETURN",
-        *[f"-A {chain} -s {a} -j RETURN" for a in addresses],
-        f"-A {chain} -j DROP",
-        *[f"-I INPUT {jump}" for jump in jumps],
-        "COMMIT",
-    ]
-    remove = [
-        "*filter",
-        *[f"-D INPUT {jump}" for jump in jumps],
-        f"-F {chain}",
-        f"-X {chain}",
-        "COMMIT",
-    ]
-    return "\n".join(add) + "\n", "\n".join(remove) + "\n"
-
-
-@dataclass(frozen=True)
-class Installed:
-    """Rules a guard added: how, under which name, and the commands that take them away."""
-
-    how: str  # "nftables" or "iptables"
-    name: str  # the nftables table or the iptables chain
-    undo: tuple[tuple[tuple[str, ...], str], ...]  # (argv, stdin) of each removal
-
-    def remove(self) -> None:
-        """Take the rules away (what is already gone is no error)."""
-        for argv, script in self.undo:
-            _apply(argv, script)
-
-
 def install(request: Request, allowed: list[str]) -> Installed:
-    """Add the run's rules: an nftables table, or iptables chains where nft is missing. Raise
-    Unprotected when neither can be done."""
-    nft = program("nft")
-    if nft is not None:
-        _check(
-            _apply((nft, "-f", "-"), nft_ruleset(request.table, request.ports, allowed)),
-            "nft",
-        )
-        # By handle: a later guard of the run that replaced this table keeps its own.
-        handle = table_handle(nft, request.table)
-        which = f"handle {handle}" if handle is not None else request.table
-        return Installed(
-            "nftables",
-            request.table,
-            (((nft, "-f", "-"), f"delete table inet {which}\n"),),
-        )
-    tools = [program("iptables-restore"), program("ip6tables-restore")]
-    if None in tools:
-        raise Unprotected(
-            "neither nft nor iptables-restore and ip6tables-restore are installed here (apt-get install nftables)"
-        )
-    chain = chain_name(request.name)
-    undo: list[tuple[tuple[str, ...], str]] = []
-    try:
-        for tool, version in zip(tools, (4, 6), strict=True):
-            argv = (str(tool), "--noflush", "-w", "10")
-            add, remove = iptables_scripts(chain, request.ports, allowed, version)
-            _check(_apply(argv, add), Path(str(tool)).name)
-            undo.append((argv, remove))
-    except Unprotected:
-        Installed("iptables", chain, tuple(undo)).remove()
-        raise
-    return Installed("iptables", chain, tuple(undo))
-
-
-def table_handle(nft: str, table: str) -> int | None:
-    """The handle nft gave ``table`` (``table inet NAME { # handle 7``); None if it is not there."""
-    listed = _apply((nft, "-a", "list", "table", "inet", table), "")
-    found = re.match(r"table inet \S+ \{ # handle (\d+)", listed.stdout)
-    return int(found.group(1)) if listed.returncode == 0 and found else None
-
-
-def _apply(argv: tuple[str, ...], script: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        list(argv),
-        check=False,
-        input=script,
-        capture_output=True,
-        text=True,
-        timeout=TOOL_TIMEOUT_S,
-    )
-
-
-def _check(done: subprocess.CompletedProcess, tool: str) -> None:
-    if done.returncode == 0:
-        return
-    lines = done.stderr.strip().splitlines()
-    message = lines[-1] if lines else f"exit code {done.returncode}"
-    if any(
-        word in done.stderr
-        for word in ("Operation not permitted", "Permission denied", "must be root")
-    ):
-        raise Unprotected(
-            f"user {_user()} may not change the firewall here: it needs root or CAP_NET_ADMIN ({tool}: {message})"
-        )
-    raise Unprotected(f"{tool} refused the rules: {message}")
-
-
-def remove_leftovers(name: str) -> list[str]:
-    """Delete the rules a guard named ``name`` left on this host; return what was removed (e.g.
-    ``nftables table inet distlaunch_r_1a2b``). Raise Unprotected when they cannot be removed."""
-    removed = []
-    nft = program("nft")
-    table = table_name(name)
-    if nft is not None and _apply((nft, "list", "table", "inet", table), "").returncode == 0:
-        _check(_apply((nft, "-f", "-"), f"delete table inet {table}\n"), "nft")
-        removed.append(f"nftables table inet {table}")
-    chain = chain_name(name)
-    for save, restore in (
-        ("iptables-save", "iptables-restore"),
-        ("ip6tables-save", "ip6tables-restore"),
-    ):
-        tools = program(save), program(restore)
-        if None in tools:
-            continue
-        listed = _apply((str(tools[0]), "-t", "filter"), "")
-        if f":{chain} " not in listed.stdout:
-            continue
-        jumps = [
-            "-D" + line[2:]
-            for line in listed.stdout.splitlines()
-            if line.startswith("-A INPUT ") and line.endswith(f" -j {chain}")
-        ]
-        script = "\n".join(["*filter", *jumps, f"-F {chain}", f"-X {chain}", "COMMIT", ""])
-        _check(_apply((str(tools[1]), "--noflush", "-w", "10"), script), restore)
-        removed.append(f"{save.removesuffix('-save')} chain {chain}")
-    return removed
+    """Add the request's rules (`rules.install`): ``allowed`` alone reaches its ports."""
+    return rules.install(request.name, request.ports, allowed)
 
 
 def listening(ports: tuple[int, ...]) -> bool:
@@ -452,15 +283,6 @@ def _answer(data: dict) -> None:
         sys.stdout.flush()
     except (BrokenPipeError, OSError):
         pass  # the launcher is gone; the table still goes in `main`'s finally
-
-
-def _user() -> str:
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except (ImportError, KeyError):
-        return str(os.geteuid())
 
 
 def _say(message: str) -> None:

@@ -9,8 +9,7 @@ over the SSH session's stdin, one line at a time:
   here; with ``"keep_bound": true``, a Slurm step, not where Slurm already bound it to as many;
   ``standby_fd``: a warm standby's control socket, passed on by the agent: the task gets it under
   that number and this helper closes its own copy once the task has started).
-  Arguments, environment
-  and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
+  Arguments, environment and paths arrive as data: no remote shell ever parses them. A ``cwd`` or program (``argv[0]``)
   starting with ``~/`` is relative to the home dir, as in the spec's host ``python`` and ``workdir``.
 - every later line is either empty (a heartbeat: the launcher is alive), ``stop``, or
   ``notice``: a stop notice (worker/preempt.py), SIGTERM to the task's program process alone,
@@ -18,14 +17,8 @@ over the SSH session's stdin, one line at a time:
   the helper then goes on watching, and the task saves and exits on its own.
 
 `distlaunch stacks` sends another first line instead, ``{"stacks": {"run_id": "...", "task":
-"worker-1", "native": true}}``: the helper finds that task's program on this host (its
-environment names the run and the task), prints every thread's stack as `py-spy dump` shows it,
-and exits 0 (1: no such task here, or no stacks; the reason is on stderr). Where py-spy cannot
-read the program (not installed, no ptrace rights in a container), it asks the program itself:
-SIGUSR2 makes the bootstrap's faulthandler append its stacks to the task's file in
-RUN/stacks/signal-attempt-N/, which is printed instead. That signal goes to the program alone,
-and only when that file shows the handler is in place. It starts nothing. The launcher sends this
-query over SSH, as a Slurm step on the task's node, and with `docker exec` into a container.
+"worker-1", "native": true}}``, answered by `distlaunch.host.stacks_query` (over SSH, as a Slurm
+step on the task's node, and with `docker exec` into a container).
 
 The task runs as the leader of a new session (so a process group of its own) with stdout and
 stderr merged into this helper's stdout, which SSH streams back to the launcher's log file. The
@@ -43,10 +36,9 @@ group is stopped the way a local task's would be:
   back now, not after a grace period nobody is waiting for.
 
 The helper exits with the task's exit code, or 128+N when the task died of signal N (SSH cannot
-carry a signal death). It imports neither launcher code nor TensorFlow: it must start fast and
-work with nothing but the standard library (Linux >= 5.3 for pidfd). A Slurm job step runs this
-file by path as ``PYTHON -I -S .../remote.py``, without site-packages: an import of anything
-outside the standard library (distlaunch's own modules included) would break it there.
+carry a signal death). It imports neither launcher code nor TensorFlow, only the standard library
+and its own package (Linux >= 5.3 for pidfd); a Slurm job step runs it by path as ``PYTHON -I -S
+.../remote.py``, without site-packages: its package is then its folder (`package_here`).
 """
 
 from __future__ import annotations
@@ -55,18 +47,35 @@ import ctypes
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 from typing import Any
 
-# Bumped whenever the request format, the agent's lines (distlaunch.host.agent, which has the
+
+def package_here() -> None:
+    """Where distlaunch cannot be imported (this file run by path, without site-packages: a
+    Slurm step), make `distlaunch.host` this file's folder, so that its modules import each
+    other by their names as anywhere else."""
+    try:
+        import distlaunch.host  # noqa: F401
+    except ImportError:
+        for name, path in (("distlaunch", []), ("distlaunch.host", [os.path.dirname(__file__)])):
+            module = types.ModuleType(name)
+            module.__path__ = path
+            sys.modules[name] = module
+
+
+if not __package__:  # run by path (a Slurm step), or imported so by the agent run by path
+    package_here()
+
+from distlaunch.host import sweep  # noqa: E402
+
+# Bumped whenever the request format, the agent's channel (distlaunch.host.channel, which has the
 # same number) or the worker contract changes; preflight refuses a host that speaks another.
-# 4: one agent per host runs every task of the host under this helper.
-# 5: the agent keeps warm standbys (``prepare``), started by this helper with ``standby_fd``.
-PROTOCOL = 5
+PROTOCOL = 6  # 5: warm standbys (``standby_fd``); 6: the agent's hello frame, typed commands
 STOP = b"stop"
 NOTICE = b"notice"
 # Exit codes for a task that could not be started, as POSIX shells use them.
@@ -75,10 +84,6 @@ EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
 # After the task's leader exits on its own, how long what it forked gets to follow a SIGTERM.
 LEFTOVER_GRACE_S = 1.0
-# A stacks query: how long py-spy may take (it pauses a TensorFlow process with hundreds of
-# threads), and how long the program may take to write its faulthandler dump after SIGUSR2.
-DUMP_TIMEOUT_S = 60.0
-SIGNAL_TIMEOUT_S = 5.0
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -94,10 +99,12 @@ def main() -> int:
         if line is not None and b'"stacks"' in line:
             query = json.loads(line).get("stacks")
             if isinstance(query, dict):
-                return _stacks(query)
+                from distlaunch.host import stacks_query  # only for this query
+
+                return stacks_query.answer(query, say)
         request = _parse(line)
     except (ValueError, TypeError) as exc:
-        _say(f"bad request from the launcher: {exc}")
+        say(f"bad request from the launcher: {exc}")
         return EXIT_BAD_REQUEST
     # Signals are trapped before the task exists: a stop signal arriving in between must still
     # reach the task instead of killing this helper alone.
@@ -126,7 +133,7 @@ def main() -> int:
             # standby dies.
             os.close(request["standby_fd"])
     except OSError as exc:
-        _say(f"cannot start the task: {exc}")
+        say(f"cannot start the task: {exc}")
         return (
             EXIT_NOT_FOUND
             if isinstance(exc, (FileNotFoundError, NotADirectoryError))
@@ -291,9 +298,9 @@ class _Watch:
             if self.heartbeat_s is not None and time.monotonic() - last_heard > self.heartbeat_s:
                 lost = f"no word from the launcher for {self.heartbeat_s:g} s"
         if reason is None:  # a `stop` that came with the EOF still gets its grace
-            _say(f"killing the task: {lost}")
+            say(f"killing the task: {lost}")
             return self._finish(self._stop_group(0.0))
-        _say(f"stopping the task: {reason}")
+        say(f"stopping the task: {reason}")
         return self._finish(self._stop_group(self.grace_s))
 
     def _signal_reason(self) -> str | None:
@@ -329,76 +336,35 @@ class _Watch:
     def _leftovers(self) -> int:
         """The leader exited: terminate whatever it left in its group, then return its code."""
         code = self.child.wait()
-        if _signal_group(self.child.pid, 0):
-            _signal_group(self.child.pid, signal.SIGTERM)
+        if sweep.signal_group(self.child.pid, 0):
+            sweep.signal_group(self.child.pid, signal.SIGTERM)
             deadline = time.monotonic() + LEFTOVER_GRACE_S
-            while _signal_group(self.child.pid, 0) and time.monotonic() < deadline:
+            while sweep.signal_group(self.child.pid, 0) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            _signal_group(self.child.pid, signal.SIGKILL)
-        _sweep()
+            sweep.signal_group(self.child.pid, signal.SIGKILL)
+        sweep.sweep()
         return code
 
     def _stop_group(self, grace_s: float) -> int:
         """SIGTERM the task's group, wait up to ``grace_s`` for the leader, then SIGKILL the group
         (at once when ``grace_s`` is 0)."""
         if grace_s > 0:
-            _signal_group(self.child.pid, signal.SIGTERM)
+            sweep.signal_group(self.child.pid, signal.SIGTERM)
             try:
                 self.child.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 pass
         # Also reaches what the task forked, even when the leader has already exited.
-        _signal_group(self.child.pid, signal.SIGKILL)
+        sweep.signal_group(self.child.pid, signal.SIGKILL)
         code = self.child.wait()
-        _sweep()
+        sweep.sweep()
         return code
 
     def _finish(self, code: int) -> int:
         if code < 0:
-            _say(signal_death(-code))
+            say(signal_death(-code))
             return 128 - code
         return code
-
-
-def _sweep() -> None:
-    """SIGKILL and reap every process left of the task: all are this subreaper's children by now,
-    or become so when their parent is killed."""
-    while True:
-        children = _children(os.getpid())
-        if not children:
-            return
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in children:  # one by one: waiting for any would also wait for a new orphan
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-
-
-def _children(parent: int) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except (OSError, ValueError):
-            continue
-        # Field 4 (ppid) follows the command name, which may itself hold spaces or parentheses.
-        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == parent:
-            found.append(int(name))
-    return found
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def signal_death(signum: int) -> str:
@@ -422,119 +388,7 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _stacks(query: dict[str, Any]) -> int:
-    """Print the stacks of the task ``query`` names: py-spy's dump of its program on this host, or,
-    where py-spy cannot read it, the program's own faulthandler dump. Only that program is ever
-    signalled, and only once its faulthandler is in place."""
-    run_id, task = str(query.get("run_id", "")), str(query.get("task", ""))
-    found = _program_of(run_id, task)
-    if found is None:
-        _say(f"no process of task {task} of run {run_id} on this host")
-        return 1
-    pid, env = found
-    why = _spy(pid, bool(query.get("native")))
-    if why is None:
-        return 0
-    # The file the bootstrap's faulthandler writes to (contract.stacks_signal_path), from the
-    # program's own environment: on a host that does not share the run dir it is on this disk.
-    file = os.path.join(
-        env_value(env, b"DISTLAUNCH_RUN_DIR"),
-        "stacks",
-        f"signal-attempt-{int(env_value(env, b'DISTLAUNCH_ATTEMPT') or 0)}",
-        f"{task}.txt",
-    )
-    if not env_value(env, b"DISTLAUNCH_RUN_DIR") or not os.path.isfile(file):
-        # No handler in place: SIGUSR2's default action would end the program.
-        _say(f"{why}; and the task has no faulthandler to ask")
-        return 1
-    text = _signalled(pid, file)
-    if not text.strip():
-        _say(f"{why}; and the task wrote no faulthandler dump within {SIGNAL_TIMEOUT_S:g} s")
-        return 1
-    sys.stdout.write(f"faulthandler dump (py-spy could not read the task: {why})\n\n{text}")
-    return 0
-
-
-def _program_of(run_id: str, task: str) -> tuple[int, set[bytes]] | None:
-    """The task's program on this host and its environment: a process whose environment names
-    the run and the task, preferring a process group leader (the helper starts the program as
-    one; what it forks inherits the environment), never this query itself (in a container,
-    `docker exec` gives it the task's environment) nor a container's init (PID 1, docker-init,
-    which only passes signals on)."""
-    wanted = b"DISTLAUNCH_RUN_ID=" + run_id.encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
-            pid = int(entry)
-            leader = os.getpgid(pid) == pid
-        except OSError:
-            continue
-        role, index = env_value(env, b"DISTLAUNCH_ROLE"), env_value(env, b"DISTLAUNCH_INDEX")
-        if wanted in env and f"{role}-{index}" == task:
-            found.append(((pid == 1, not leader, pid), env))
-    if not found:
-        return None
-    key, env = min(found, key=lambda item: item[0])
-    return key[2], env
-
-
-def _spy(pid: int, native: bool) -> str | None:
-    """Print py-spy's dump of ``pid`` (with native frames if asked and it can); None when it
-    did, else why not (one line)."""
-    spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
-    if spy is None:
-        return "py-spy is not installed on this host (pip install py-spy)"
-    why = "py-spy failed"
-    for with_native in (True, False) if native else (False,):
-        argv = [spy, "dump", "--pid", str(pid), *(["--native"] if with_native else [])]
-        try:
-            done = subprocess.run(
-                argv, check=False, capture_output=True, text=True, timeout=DUMP_TIMEOUT_S
-            )
-        except subprocess.TimeoutExpired:
-            why = f"py-spy took longer than {DUMP_TIMEOUT_S:g} s"
-            continue
-        if done.returncode == 0 and "Thread " in done.stdout:
-            sys.stdout.write(done.stdout)
-            return None
-        errors = [x for x in done.stderr.splitlines() if x.startswith("Error:")]
-        why = errors[0].removeprefix("Error:").strip() if errors else why
-    return why
-
-
-def _signalled(pid: int, file: str) -> str:
-    """Send the program SIGUSR2 (its faulthandler appends its stacks to ``file``) and return what
-    it wrote within SIGNAL_TIMEOUT_S ("" if nothing)."""
-    start = os.path.getsize(file)
-    try:
-        os.kill(pid, signal.SIGUSR2)
-    except OSError:
-        return ""
-    deadline, size = time.monotonic() + SIGNAL_TIMEOUT_S, start
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        now = os.path.getsize(file)
-        if now > start and now == size:
-            break  # it wrote, and has stopped writing
-        size = now
-    with open(file, "rb") as f:
-        f.seek(start)
-        return f.read().decode("utf-8", "replace")
-
-
-def env_value(env: set[bytes], name: bytes) -> str:
-    """The value of variable ``name`` in a set of ``NAME=value`` entries ("" when absent)."""
-    prefix = name + b"="
-    return next(
-        (e[len(prefix) :].decode(errors="replace") for e in env if e.startswith(prefix)), ""
-    )
-
-
-def _say(message: str) -> None:
+def say(message: str) -> None:
     try:
         sys.stderr.write(f"{_SAID}{message}\n")
         sys.stderr.flush()

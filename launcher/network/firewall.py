@@ -41,15 +41,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from distlaunch.host import guard
+from distlaunch.host.timeouts import ANSWER_TIMEOUT_S, HEARTBEAT_TIMEOUT_S
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import HostError
-from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S
 from distlaunch.launcher.plan.plan import Plan
 
 GUARD_MODULE = "distlaunch.host.guard"
 AUTO, OFF, REQUIRED = "auto", "off", "required"
-# How long a guard may take to answer: a connection, a Python start and one nft call.
-ANSWER_TIMEOUT_S = 60.0
 # How long a closed guard may take to remove its table (it first waits for the ports to close).
 CLOSE_TIMEOUT_S = guard.LINGER_S + 10.0
 
@@ -322,7 +320,12 @@ def protect_by_agents(
     """
     if mode == OFF or not rules:
         return _off(mode, rules)
-    answers = guard({name: r.request(run_id) for name, r in rules.items()}, ANSWER_TIMEOUT_S)
+    # ``required``: an agent that cannot install its host's rules starts nothing there (a
+    # restarted one too, which is not waited for here: its link ends, naming why).
+    requests = {
+        name: {**r.request(run_id), "required": mode == REQUIRED} for name, r in rules.items()
+    }
+    answers = guard(requests, ANSWER_TIMEOUT_S)
     states = []
     for name, r in rules.items():
         answer = answers.get(name, "its agent gave no answer")

@@ -13,10 +13,17 @@ stacks are read (`stacks`); the rest is here:
 - One thread (`_Hub`) reads every link's frames into the tasks' log files and sends the
   heartbeats. A link whose channel ends (the agent or its client died, the connection dropped)
   ends each of its tasks with LOST_EXIT and a line in its log naming the machine.
+- Nothing a host sends is trusted (launcher/transports/agent_frames.py reads it): a login
+  shell's words before the agent's hello are the host's, shown in its tasks' logs; an unreadable
+  frame, a host that never says hello, an agent gone silent, and any failure serving a link (a
+  log on a full disk) end that machine's agent alone, named, through the same lost-agent ending
+  (no new event kind: the supervisor sees LOST_EXIT and the log's line, as for a cut link).
+  The deadlines are `distlaunch.host.timeouts`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -25,17 +32,26 @@ import socket
 import subprocess
 import threading
 import time
+import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, Self
 
-from distlaunch.host import agent
+from distlaunch.host import channel
+from distlaunch.host.timeouts import (
+    AGENT_SILENCE_S,
+    CLOSE_WAIT_S,
+    HEARTBEAT_S,
+    HEARTBEAT_TIMEOUT_S,
+    HELLO_S,
+    KILL_WAIT_S,
+)
 from distlaunch.launcher.diagnosis import stacks
-from distlaunch.launcher.network.heartbeat import HEARTBEAT_S, HEARTBEAT_TIMEOUT_S
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.transports import procs
+from distlaunch.launcher.transports.agent_frames import BANNER_MAX, Frame, FrameReader, Unreadable
 from distlaunch.launcher.transports.helper import (
     JOIN_CONNECT_TIMEOUT_S,
     STOP_MARGIN_S,
@@ -46,13 +62,6 @@ from distlaunch.launcher.transports.helper import (
 AGENT_MODULE = "distlaunch.host.agent"
 # A task whose agent's channel ended ends with this code, as a task whose ssh client failed did.
 LOST_EXIT = 255
-# After `kill`, how long the agent has to report the ends before its client is ended.
-KILL_WAIT_S = 10.0
-# After its stdin closes, how long an agent's client has to exit before it is killed.
-CLOSE_WAIT_S = 10.0
-# An agent beats every HEARTBEAT_S; this long without a word from it (a cut link: TCP and ssh's
-# keepalives take 15 s or more to say so) ends its client, and its tasks are lost.
-AGENT_SILENCE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +89,10 @@ class AgentHandle:
 
     def __init__(self, task: TaskPlan, link: AgentLink, number: int, warm: bool = False) -> None:
         self.task = task
-        self.warm = warm  # the agent's warm standby became it
+        # The agent's warm standby became it: asked for here, and confirmed by the agent's ``s``
+        # frame (``PID warm``), which says cold where the standby had died (`AgentTransport.start`).
+        self.warm = warm
+        self.started = threading.Event()  # the agent's ``s`` frame came (or the channel ended)
         self.link = link
         self.number = number  # the task's id on the channel
         self.code: int | None = None
@@ -115,15 +127,25 @@ class AgentHandle:
             return False
 
     def output(self, data: bytes) -> None:
-        """Append a chunk of the task's output to its log (the hub's thread)."""
+        """Append a chunk of the task's output to its log (the hub's thread); OSError (a full
+        disk) is the caller's: the hub ends the machine's agent with it, naming the machine."""
         if self._log is not None:
             os.write(self._log, data)
+
+    def say(self, line: str) -> None:
+        """A line of the launcher's own in the task's log; a log that cannot be written (the
+        disk is full) loses it, and nothing else."""
+        try:
+            self.output(line.encode())
+        except OSError:
+            pass
 
     def end(self, code: int) -> None:
         """The task has ended with ``code``: close its log and wake the supervisor (once)."""
         if self.code is not None:
             return
         self.code = code
+        self.started.set()
         if self._log is not None:
             os.close(self._log)
             self._log = None
@@ -142,7 +164,14 @@ class AgentHandle:
 
 
 class AgentLink:
-    """One machine's agent: its client process, the channel and the tasks it runs."""
+    """One machine's agent: its client process, the channel and the tasks it runs.
+
+    Nothing the channel carries is trusted: what the host says before the agent's hello (a login
+    shell's words) is kept and shown in the machine's task logs, never read as frames; a host that
+    talks without the hello for HELLO_S, or says more than BANNER_MAX, ends; after the hello, an
+    unreadable frame ends the agent (`fail`), naming the machine, as a lost channel does. The
+    other machines' agents go on.
+    """
 
     def __init__(self, command: AgentCommand, term_is_notice: bool = False) -> None:
         self.target = command.target
@@ -158,30 +187,36 @@ class AgentLink:
         # The warm standbys the agent keeps for this machine (launcher/transports/agent_standby.py)
         self.standbys: dict[int, StandbyFrames] = {}
         self.lost: str | None = None
-        self._frames = b""
+        self.reader = FrameReader()
         self._err_tail = b""
         # What ends the client when its agent falls silent: a client that outlives the launcher
         # (srun) is SIGKILLed, which leaves its step to the agent's own end (EOF, or heartbeat).
         self.end_signal = command.death_signal or signal.SIGKILL
         # When the agent last said anything (None: not yet; a Slurm step may wait for its CPUs).
         self.heard: float | None = None
-        self._silent: str | None = None  # why the hub ended the client, if it did
+        self.first_words: float | None = None  # when the host first said anything
+        self._why: str | None = None  # why the hub ended the client, if it did
         # The agent's answer to `guard` (None: none yet), and an event set when it comes (or the
-        # channel ends without one).
+        # channel ends without one); `required`: a host that cannot be firewalled is lost.
         self.guard_answer: dict | None = None
         self.guard_answered = threading.Event()
+        self.guard_required = False
+        self.refusals: list[dict] = []  # the agent's ``e`` frames (commands it refused)
         hello = {
-            "agent": agent.PROTOCOL,
+            "op": "hello",
+            "agent": channel.PROTOCOL,
             "heartbeat_s": HEARTBEAT_TIMEOUT_S,
             "term_is_notice": term_is_notice,
             "beat_s": HEARTBEAT_S,
         }
-        self.send(hello)
+        self._write(json.dumps(hello).encode() + b"\n")
 
-    def send(self, command: dict | None) -> None:
-        """One line to the agent (None: a heartbeat); a channel that is gone is not an error
-        here (its end is)."""
-        line = b"\n" if command is None else json.dumps(command).encode() + b"\n"
+    def send(self, op: str, number: int = 0, **fields: object) -> None:
+        """One command to the agent (`channel.command`)."""
+        self._write(channel.command(op, number, **fields))
+
+    def _write(self, line: bytes) -> None:
+        """Write a line to the agent; a channel that is gone is not an error here (its end is)."""
         with self._send_lock:
             try:
                 assert self.proc.stdin is not None
@@ -191,21 +226,37 @@ class AgentLink:
                 pass
 
     def silent(self) -> bool:
-        """End the client of an agent silent for AGENT_SILENCE_S (the hub's thread): its
-        channel's end follows, naming the silence. True when it did."""
-        if self._silent is not None or self.heard is None:
+        """End the client of an agent silent for AGENT_SILENCE_S, or of a host that has talked
+        for HELLO_S without its agent's hello (the hub's thread). True when it did."""
+        if self._why is not None:
             return False
-        if time.monotonic() - self.heard <= AGENT_SILENCE_S:
-            return False
-        self._silent = f"no word from the agent for {AGENT_SILENCE_S:g} s (the link is down?)"
+        now = time.monotonic()
+        if self.heard is not None and now - self.heard > AGENT_SILENCE_S:
+            self.fail(f"no word from the agent for {AGENT_SILENCE_S:g} s (the link is down?)")
+            return True
+        if self.heard is None and self.first_words is not None:
+            if now - self.first_words > HELLO_S:
+                self.fail(f"the agent did not start within {HELLO_S:g} s{self._words()}")
+                return True
+        return False
+
+    def _words(self) -> str:
+        said = self.reader.last_words()
+        return f"; the host's login shell said: {said!r}" if said else ""
+
+    def fail(self, why: str) -> None:
+        """End this agent (the hub's thread): its client is ended, the channel's end follows and
+        each of its tasks ends with LOST_EXIT, its log saying ``why``."""
+        if self._why is not None:
+            return
+        self._why = why
         procs.signal_group(self.proc.pid, self.end_signal)
-        return True
 
     def heartbeat(self) -> None:
         """A heartbeat, unless a command is being written (which says as much)."""
         if self._send_lock.acquire(blocking=False):
             self._send_lock.release()
-            self.send(None)
+            self._write(b"\n")
 
     def add(self, handle: AgentHandle, request: dict, standby: int | None = None) -> None:
         """Start ``handle``'s task on this machine (from the agent's ``standby`` if given: the
@@ -213,71 +264,127 @@ class AgentLink:
         with self.lock:
             if self.lost is None:
                 self.tasks[handle.number] = handle
+                if self.reader.spoke:
+                    self._show_words(handle)
             else:
-                handle.output(self._lost_line().encode())
+                handle.say(self._lost_line())
                 handle.end(LOST_EXIT)
                 return
         used = {} if standby is None else {"standby": standby}
-        self.send({"start": handle.number, "request": request, **used})
+        self.send("start", handle.number, request=request, **used)
+
+    def _show_words(self, handle: AgentHandle) -> None:
+        """What the host said before its agent's hello, at the top of the task's log."""
+        if self.reader.banner_size:
+            handle.say(
+                f"distlaunch: {self.target} said before its agent started (its login shell?):\n"
+                + bytes(self.reader.banner).decode(errors="replace").rstrip("\n")
+                + "\n"
+            )
 
     def read_frames(self) -> bool:
-        """Read what the agent sent (the hub's thread); False at the channel's end, or when
-        it carries something that is not a frame (then the agent is not to be trusted)."""
+        """Read what the agent sent (the hub's thread); False at the channel's end, or once the
+        agent is ended for what it sent (`fail`)."""
         try:
             chunk = os.read(self.out, 1 << 16)
         except OSError:
             return False
         if not chunk:
             return False
-        self.heard = time.monotonic()
-        self._frames += chunk
-        while True:
-            header, newline, rest = self._frames.partition(b"\n")
-            if not newline:
-                return True
-            try:
-                kind, number, length = header.split()
-                size = int(length)
-            except ValueError:
-                return False
-            if len(rest) <= size:  # the payload and the newline that ends the frame
-                return True
-            payload, self._frames = rest[:size], rest[size + 1 :]
-            if kind == b"g":
-                self._answered(payload)
-                continue
+        if self._why is not None:
+            return True  # ended already: what is left is read, not trusted
+        spoke = self.reader.spoke
+        try:
+            frames = self.reader.feed(chunk)
+        except Unreadable as exc:
+            self.fail(f"the agent sent an unreadable frame ({exc})")
+            return True
+        now = time.monotonic()
+        if not self.reader.spoke:
+            self.first_words = self.first_words or now
+            if self.reader.banner_size > BANNER_MAX:
+                self.fail(f"the host printed {BANNER_MAX} bytes and no agent{self._words()}")
+            return True
+        self.heard = now
+        if not spoke:
             with self.lock:
-                handle = self.tasks.get(int(number))
-                if handle is None:
-                    self._standby_frame(kind, int(number), payload)
-                    continue
-                if kind == b"o":
-                    handle.output(payload)
-                elif kind == b"x":
-                    del self.tasks[handle.number]
-                    handle.end(int(payload))
+                for handle in self.tasks.values():
+                    self._show_words(handle)
+        for got in frames:
+            try:
+                self._frame(got)
+            except (ValueError, UnicodeDecodeError) as exc:
+                self.fail(f"the agent sent an unreadable frame ({got.kind.decode()}: {exc})")
+                return True
+        return True
 
-    def _standby_frame(self, kind: bytes, number: int, payload: bytes) -> None:
+    def _frame(self, got: Frame) -> None:
+        """One frame; ValueError when its payload is not what its kind carries."""
+        if got.kind == b"g":
+            self._answered(got.payload)
+            return
+        if got.kind == b"e":
+            self._refused(got.payload)
+            return
+        if got.kind == b"h":
+            return
+        with self.lock:
+            handle = self.tasks.get(got.number)
+            if handle is None:
+                self._standby_frame(got)
+            elif got.kind == b"o":
+                handle.output(got.payload)
+            elif got.kind == b"s":
+                pid, *warm = got.payload.split(b" ")
+                _number(pid, "a pid")
+                handle.warm = handle.warm and warm == [b"warm"]
+                handle.started.set()
+            elif got.kind == b"x":
+                code = _number(got.payload, "an exit code", 255)
+                del self.tasks[handle.number]
+                handle.end(code)
+
+    def _standby_frame(self, got: Frame) -> None:
         """A frame about one of the agent's standbys (the hub's thread, under the lock)."""
-        standby = self.standbys.get(number)
+        standby = self.standbys.get(got.number)
         if standby is None:
             return
-        standby.frame(kind, payload)
-        if kind == b"x":
-            del self.standbys[number]
+        if got.kind in (b"s", b"x"):
+            _number(got.payload, "a pid or an exit code")
+        standby.frame(got.kind, got.payload)
+        if got.kind == b"x":
+            del self.standbys[got.number]
 
     def guard(self, request: dict) -> None:
         """Make the agent this machine's firewall guard (`firewall.HostRules.request`); its
-        answer comes as `guard_answer`."""
-        self.send({"guard": request})
+        answer comes as `guard_answer`. Where the request says ``required``, an agent that
+        cannot install the rules starts no task (`distlaunch.host.wall`) and is ended here,
+        naming why: a restarted agent too."""
+        self.guard_required = request.get("required") is True
+        self.send("guard", request=request)
 
     def _answered(self, payload: bytes) -> None:
-        try:
-            answer = json.loads(payload)
-        except ValueError:
-            answer = None
-        self.guard_answer = answer if isinstance(answer, dict) else None
+        answer = json.loads(payload)
+        if not isinstance(answer, dict):
+            raise ValueError("a firewall answer that is not a JSON object")
+        self.guard_answer = answer
         self.guard_answered.set()
+        if self.guard_required and not answer.get("protected"):
+            self.fail(
+                'network.protect is "required" and its firewall could not be installed: '
+                f"{answer.get('why', 'no reason given')}"
+            )
+
+    def _refused(self, payload: bytes) -> None:
+        """The agent refused a command (``e``): a line in that task's log; nothing ends."""
+        refusal = json.loads(payload)
+        if not isinstance(refusal, dict):
+            raise ValueError("a refusal that is not a JSON object")
+        self.refusals.append(refusal)
+        with self.lock:
+            handle = self.tasks.get(refusal.get("id", 0))
+        if handle is not None:
+            handle.say(f"distlaunch: the agent refused a command: {refusal.get('error')}\n")
 
     def why_lost(self) -> str:
         """What the client said last on stderr (ssh's own error), or how it exited."""
@@ -303,13 +410,18 @@ class AgentLink:
         with self.lock:
             if self.lost is not None:
                 return
-            self.lost = self._silent or self.why_lost()
+            self.lost = self._why or self._lost_reason()
             self.guard_answered.set()  # with no answer, if none came
-            line = self._lost_line().encode()
+            line = self._lost_line()
             for handle in self.tasks.values():
-                handle.output(line)
+                handle.say(line)
                 handle.end(LOST_EXIT)
             self.tasks.clear()
+
+    def _lost_reason(self) -> str:
+        if self.reader.spoke:
+            return self.why_lost()
+        return f"its agent never started ({self.why_lost()}){self._words()}"
 
     def _lost_line(self) -> str:
         return f"distlaunch: lost the agent on {self.target}: {self.lost}\n"
@@ -330,6 +442,17 @@ class AgentLink:
                 pass
 
 
+def _number(payload: bytes, what: str, most: int = 1 << 31) -> int:
+    """``payload`` as a number 0 to ``most``; ValueError naming ``what`` otherwise."""
+    if not (payload.isdigit() and len(payload) <= 10 and int(payload) <= most):
+        raise ValueError(f"{what} that is not a number 0-{most}: {payload[:40]!r}")
+    return int(payload)
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
+
+
 def _end_all(links: Sequence[AgentLink]) -> None:
     """End ``links``' agents side by side: each is told (EOF) before any is waited for, so that
     their ends (each removing its host's firewall rules) overlap, not one host after another."""
@@ -340,7 +463,11 @@ def _end_all(links: Sequence[AgentLink]) -> None:
 
 
 class _Hub:
-    """The one thread that reads every link's frames and sends every link's heartbeats."""
+    """The one thread that reads every link's frames and sends every link's heartbeats.
+
+    Nothing a link does ends the thread: an exception while serving one link (a log that cannot
+    be written: a full disk; a bug) ends that link's agent with the error as the reason, named
+    by its machine in its tasks' logs, and the thread goes on with the others."""
 
     def __init__(self) -> None:
         self._poll = select.poll()
@@ -374,34 +501,66 @@ class _Hub:
     def _run(self) -> None:
         next_beat = time.monotonic() + HEARTBEAT_S
         while not self._quit:
-            with self._lock:
-                for link in self._new:
-                    self._links.append(link)
-                    for fd, is_out in ((link.out, True), (link.err, False)):
-                        self._by_fd[fd] = (link, is_out)
-                        self._poll.register(fd, select.POLLIN)
-                self._new.clear()
-            for fd, _ in self._poll.poll(max(0.0, next_beat - time.monotonic()) * 1000):
-                if fd == self._wake_r:
-                    os.read(fd, 512)
-                    continue
-                if fd not in self._by_fd:  # its link ended earlier in this batch
-                    continue
-                link, is_out = self._by_fd[fd]
-                if link.read_frames() if is_out else link.read_errors():
-                    continue
+            try:
+                next_beat = self._serve_all(next_beat)
+            except Exception as exc:  # noqa: BLE001 - no link's: every agent ends, named
+                for link in list(self._links):
+                    self._guarded(link, functools.partial(_raise, exc))
+
+    def _serve_all(self, next_beat: float) -> float:
+        """One round: new links, what is readable, and the beats when due; the next beat's time."""
+        with self._lock:
+            for link in self._new:
+                self._links.append(link)
+                for fd, is_out in ((link.out, True), (link.err, False)):
+                    self._by_fd[fd] = (link, is_out)
+                    self._poll.register(fd, select.POLLIN)
+            self._new.clear()
+        for fd, _ in self._poll.poll(max(0.0, next_beat - time.monotonic()) * 1000):
+            if fd == self._wake_r:
+                os.read(fd, 512)
+                continue
+            if fd not in self._by_fd:  # its link ended earlier in this batch
+                continue
+            link, is_out = self._by_fd[fd]
+            self._guarded(link, lambda: self._serve(link, fd, is_out))
+        if time.monotonic() >= next_beat:
+            next_beat = time.monotonic() + HEARTBEAT_S
+            for link in list(self._links):
+                self._guarded(link, lambda: (link.silent(), link.heartbeat()))
+        return next_beat
+
+    def _guarded(self, link: AgentLink, work: Callable[[], object]) -> None:
+        """Do ``work`` for ``link``; whatever it raises ends that link's agent, not the hub."""
+        try:
+            work()
+        except Exception as exc:  # noqa: BLE001 - any failure here is the link's end, named
+            why = f"the launcher could not serve its channel: {type(exc).__name__}: {exc}"
+            with link.lock:
+                for handle in link.tasks.values():
+                    handle.say(f"distlaunch: {link.target}: {why}\n{traceback.format_exc()}")
+            link.fail(why)
+            self._drop(link)
+
+    def _serve(self, link: AgentLink, fd: int, is_out: bool) -> None:
+        if link.read_frames() if is_out else link.read_errors():
+            return
+        self._poll.unregister(fd)
+        del self._by_fd[fd]
+        if is_out:
+            if link.err in self._by_fd:  # what ssh said last, before naming the loss
+                self._drain_errors(link)
+            self._drop(link)
+
+    def _drop(self, link: AgentLink) -> None:
+        """Stop watching ``link`` and end its tasks (its client is ending or has ended)."""
+        for fd in (link.out, link.err):
+            if fd in self._by_fd:
                 self._poll.unregister(fd)
                 del self._by_fd[fd]
-                if is_out:
-                    if link.err in self._by_fd:  # what ssh said last, before naming the loss
-                        self._drain_errors(link)
-                    link.end()
-                    self._links.remove(link)
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + HEARTBEAT_S
-                for link in self._links:
-                    link.silent()
-                    link.heartbeat()
+        if link in self._links:
+            self._links.remove(link)
+        link.end()
 
     def _drain_errors(self, link: AgentLink) -> None:
         self._poll.unregister(link.err)
@@ -484,6 +643,12 @@ class AgentTransport(ABC):
         link = self.link_of(task.host_name)
         handle = AgentHandle(task, link, self.number(), warm=standby is not None)
         link.add(handle, self.request(task), standby)
+        if standby is not None:
+            # Whether the standby became the task is the agent's to say (one that died unused is
+            # replaced by a cold start there): the supervisor records it as soon as this returns.
+            # A restart from a standby is one task's; its round trip is the wait.
+            if not handle.started.wait(AGENT_SILENCE_S):
+                handle.warm = False
         return handle
 
     def link_of(self, machine: str) -> AgentLink:
@@ -526,7 +691,7 @@ class AgentTransport(ABC):
         that long plus a margin for the ends, then `kill` what is left."""
         for handle in handles:
             if handle.code is None:
-                handle.link.send({"stop": handle.number})
+                handle.link.send("stop", handle.number)
         self.kill(wait_ended(handles, grace_s + STOP_MARGIN_S))
 
     def kill(self, handles: Sequence[AgentHandle]) -> None:
@@ -534,7 +699,7 @@ class AgentTransport(ABC):
         report the ends within KILL_WAIT_S has its client ended, which ends all its tasks."""
         for handle in handles:
             if handle.code is None:
-                handle.link.send({"kill": handle.number})
+                handle.link.send("kill", handle.number)
         for handle in wait_ended(handles, KILL_WAIT_S):
             procs.kill_groups([handle.link.proc])
             handle.link.end()
@@ -547,7 +712,7 @@ class AgentTransport(ABC):
         task's program alone, where it runs, and goes on watching it."""
         for handle in handles:
             if handle.code is None:
-                handle.link.send({"notice": handle.number})
+                handle.link.send("notice", handle.number)
         return True
 
     def close(self) -> None:

@@ -27,13 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from distlaunch.host import bootstrap
+from distlaunch.host.timeouts import KILL_WAIT_S
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.plan import program_scan
 from distlaunch.launcher.plan.plan import BOOTSTRAP_MODULE, TaskPlan
 from distlaunch.launcher.plan.program_env import StandbyEnv
 from distlaunch.launcher.plan.program_scan import SERVE_MODULE
 from distlaunch.launcher.transports import procs
-from distlaunch.launcher.transports.agent import KILL_WAIT_S, AgentLink, AgentTransport
+from distlaunch.launcher.transports.agent import AgentLink, AgentTransport
 from distlaunch.launcher.transports.base import StandbyPool
 from distlaunch.launcher.transports.standby_rule import ReconciledPool
 
@@ -155,11 +156,11 @@ class AgentStandbys(ReconciledPool["_Standby"]):
             link.standbys[standby.number] = standby
         request = {**self.transport.request(task), "argv": list(argv)}
         writes = [w.to_json() for w in env.writes]
-        link.send({"prepare": standby.number, "request": request, "writes": writes})
+        link.send("prepare", standby.number, request=request, writes=writes)
         return standby
 
     def _discard(self, standby: _Standby) -> None:
-        standby.link.send({"discard": standby.number})
+        standby.link.send("discard", standby.number)
 
 
 class JointStandbys:

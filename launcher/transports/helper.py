@@ -16,7 +16,7 @@ import signal
 from pathlib import Path
 
 from distlaunch.host import remote
-from distlaunch.launcher.network.heartbeat import HEARTBEAT_TIMEOUT_S
+from distlaunch.host.timeouts import HEARTBEAT_TIMEOUT_S
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.worker import contract
 

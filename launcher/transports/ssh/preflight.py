@@ -245,8 +245,15 @@ class SshProbe:
             # handshake per host (the client's share of one costs 65 ms of CPU with OpenSSH 9's
             # default key exchange, sntrup761x25519; a hundred hosts would pay it twice).
             done = self.session.run(name, command, stdin=probe_source().encode(), timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return f"no answer within {timeout:g} s"
+        except subprocess.TimeoutExpired as exc:
+            # A login shell that prints and never runs the probe (a loop in ~/.bashrc) says so.
+            said = [
+                x for x in (exc.stdout or b"").decode(errors="replace").splitlines() if x.strip()
+            ]
+            printed = (
+                f"; the host printed {said[-1].strip()[:120]!r} and nothing else" if said else ""
+            )
+            return f"no answer within {timeout:g} s{printed}"
         stderr = done.stderr.decode(errors="replace")
         if done.returncode == 255:
             return _ssh_failure(stderr)
