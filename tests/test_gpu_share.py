@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from distlaunch.host import agent, gpu_share
+from distlaunch.host import channel as wire
+from distlaunch.host import gpu_share
 
 SHOW = (
     f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {gpu_share.GPU_LISTS!r}}}))"
@@ -77,10 +78,11 @@ def _agent_frames(environ: dict[str, str], starts: list[dict]) -> dict[int, tupl
         env={**os.environ, **environ},
     )
     assert proc.stdin is not None and proc.stdout is not None
-    lines = [{"agent": agent.PROTOCOL, "heartbeat_s": 60}]
-    lines += [{"start": i + 1, "request": r} for i, r in enumerate(starts)]
-    proc.stdin.write(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+    hello = json.dumps({"agent": wire.PROTOCOL, "heartbeat_s": 60}).encode() + b"\n"
+    commands = [wire.command("start", i + 1, request=r) for i, r in enumerate(starts)]
+    proc.stdin.write(hello + b"".join(commands))
     proc.stdin.flush()
+    assert proc.stdout.read(len(wire.hello())) == wire.hello()
     outputs: dict[int, bytes] = {}
     ends: dict[int, int] = {}
     while len(ends) < len(starts):
