@@ -256,6 +256,20 @@ def test_a_host_file_and_per_host_spread_the_tasks_in_the_plan(tmp: Path) -> Non
             [],
             "hosts.txt:2: $.hostfile: host 'node1' appears twice",
         ),
+        (  # the rule of the spec's `hosts` keys: this machine needs no entry
+            "node1\nlocalhost slots=2\n",
+            "  worker: {per_host: 1}",
+            [],
+            "hosts.txt:2: $.hostfile: expected a host name (letters, digits, '.', '-', '_'; not "
+            "localhost or 127.0.0.1; at most 253 characters), got 'localhost'",
+        ),
+        (
+            "127.0.0.1\n",
+            "  worker: {per_host: 1}",
+            [],
+            "hosts.txt:1: $.hostfile: expected a host name (letters, digits, '.', '-', '_'; not "
+            "localhost or 127.0.0.1; at most 253 characters), got '127.0.0.1'",
+        ),
         (
             "node1 slot=2\n",
             "  worker: {per_host: 1}",
@@ -289,6 +303,8 @@ def test_a_host_file_and_per_host_spread_the_tasks_in_the_plan(tmp: Path) -> Non
     ],
     ids=[
         "duplicate host",
+        "localhost",
+        "loopback address",
         "bad key",
         "over slots",
         "too many tasks",
