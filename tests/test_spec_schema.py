@@ -19,6 +19,8 @@ from conftest import REPO, distlaunch
 from distlaunch.launcher.spec import files, model, schema
 from distlaunch.launcher.spec.sources import read_yaml
 
+pytestmark = pytest.mark.quick
+
 
 def test_the_committed_checker_is_the_schema_compiled():
     pytest.importorskip("fastjsonschema", reason="compiling the schema needs fastjsonschema")
