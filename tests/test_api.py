@@ -57,6 +57,7 @@ def only_run(folder: Path) -> Path:
 # ---- import and bad input -------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_import_is_cheap_and_names_are_exported():
     code = (
         "import json, sys, distlaunch; "
@@ -79,6 +80,7 @@ def test_import_is_cheap_and_names_are_exported():
     assert "UsageError" in names and distlaunch.UsageError is UsageError
 
 
+@pytest.mark.quick
 def test_bad_spec_raises_spec_error_and_starts_nothing(here):
     spec = write_spec(here, tasks={"worker": {"count": "two"}})
     with pytest.raises(distlaunch.SpecError) as caught:
@@ -89,6 +91,7 @@ def test_bad_spec_raises_spec_error_and_starts_nothing(here):
     assert not (here / "runs").exists()
 
 
+@pytest.mark.quick
 def test_unpicklable_argument_fails_before_anything_starts(here):
     lock = threading.Lock()
     with pytest.raises(distlaunch.PicklingError) as caught:
@@ -134,6 +137,7 @@ def test_run_returns_every_workers_value_and_streams_their_lines(here, capsys):
     assert "task 1 has its strategy" in (run_dir / "logs/attempt-0/worker-1.log").read_text()
 
 
+@pytest.mark.quick
 def test_quiet_keeps_output_in_the_run_dir_only(here, capsys):
     assert distlaunch.run(lambda: print("hello from a task"), workers=1, quiet=True) == {
         "worker-0": None
@@ -146,6 +150,7 @@ class StepFailed(Exception):
     """Defined in the test module: unpickles in the caller by reference."""
 
 
+@pytest.mark.quick
 def test_a_tasks_exception_is_raised_as_itself_with_its_traceback(here):
     def step():  # no TensorFlow: the exception's way back is the call's own
         if os.environ["DISTLAUNCH_INDEX"] == "1":
@@ -171,6 +176,7 @@ class NeedsTwoArgs(Exception):
         self.code = code
 
 
+@pytest.mark.quick
 def test_an_exception_that_does_not_unpickle_becomes_task_error(here):
     def step():
         raise NeedsTwoArgs("disk quota", 28)
@@ -185,6 +191,7 @@ def test_an_exception_that_does_not_unpickle_becomes_task_error(here):
     assert exc.failure.kind == "exception" and exc.failure.exit_code == 1
 
 
+@pytest.mark.quick
 def test_an_unpicklable_return_value_names_the_task_and_the_type(here):
     with pytest.raises(distlaunch.PicklingError) as caught:
         distlaunch.run(lambda: threading.Lock(), workers=1)
@@ -193,6 +200,7 @@ def test_an_unpicklable_return_value_names_the_task_and_the_type(here):
     )
 
 
+@pytest.mark.quick
 def test_a_task_killed_during_the_run_raises_task_error_with_the_root_cause(here):
     from distlaunch.launcher.api.call import start
 
@@ -285,6 +293,7 @@ def test_up_returns_the_result_and_raises_run_failed_with_the_failure(here):
     assert failure.summary.startswith(f"run {Path(caught.value.run_dir).name} failed: worker-1 ")
 
 
+@pytest.mark.quick
 def test_launch_gives_a_handle_to_watch_and_stop_the_run(here, request):
     (here / "task.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
     lines: list[str] = []
@@ -355,6 +364,7 @@ def _start_caller(folder: Path) -> tuple[subprocess.Popen, Path]:
     return caller, only_run(folder)
 
 
+@pytest.mark.quick
 def test_ctrl_c_in_the_caller_stops_the_run(here):
     caller, run_dir = _start_caller(here)
     caller.send_signal(signal.SIGINT)
@@ -365,6 +375,7 @@ def test_ctrl_c_in_the_caller_stops_the_run(here):
     assert json.loads((run_dir / "run.json").read_text())["state"] == "interrupted"
 
 
+@pytest.mark.quick
 def test_a_caller_killed_outright_leaves_no_task_behind(here):
     caller, run_dir = _start_caller(here)
     caller.kill()
@@ -481,6 +492,7 @@ def test_restarts_report_each_tasks_latest_attempt(here):
     assert caught.value.failure.kind == "signal"
 
 
+@pytest.mark.quick
 def test_a_host_that_fails_its_check_raises_start_error_and_starts_nothing(ssh_lab, here):
     node1, node2 = ssh_lab.hosts
     spec = {

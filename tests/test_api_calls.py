@@ -119,6 +119,7 @@ def test_a_task_that_exits_mid_call_raises_task_error_naming_it(here, pool):
     assert distlaunch.run(exits, "no", pool=pool) == {"worker-0": 1, "worker-1": 1}
 
 
+@pytest.mark.quick
 def test_a_task_that_exits_before_the_caller_listens_still_raises(here, monkeypatch):
     """A task that says ``open`` on its done FIFO and exits before the caller opened that FIFO
     takes the word with it: the caller, made to open it only once the task's exit is recorded,
@@ -209,6 +210,7 @@ def leaves_a_thread() -> int:
     return 7
 
 
+@pytest.mark.quick
 def test_a_one_shot_call_returns_when_its_function_returns(here):
     call = start(leaves_a_thread, pool=False)
     assert call.result(timeout=CALL_S) == {"worker-0": 7, "worker-1": 7}
@@ -222,6 +224,7 @@ def returns_foreign(folder: str) -> object:
     return dl_foreign_module.Thing()
 
 
+@pytest.mark.quick
 def test_a_return_value_that_does_not_unpickle_names_the_task(here):
     folder = here / "task_only"
     folder.mkdir()
@@ -245,6 +248,7 @@ def test_a_calls_files_are_removed_once_read_unless_kept(here):
     assert kept == {"payload.pkl", "worker-0.pkl", "worker-1.pkl"}
 
 
+@pytest.mark.quick
 def test_ctrl_c_while_the_launcher_answers_leaves_nothing_running(here, monkeypatch):
     real = api_launch.reads
     pressed = []
@@ -262,6 +266,7 @@ def test_ctrl_c_while_the_launcher_answers_leaves_nothing_running(here, monkeypa
     _assert_nothing_running(here, before)
 
 
+@pytest.mark.quick
 def test_ctrl_c_before_the_pool_holds_its_new_run_leaves_nothing_running(here, monkeypatch):
     real = api_pool._Entry.__init__
 
@@ -331,6 +336,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.quick
 def test_a_sigkilled_caller_stops_its_cluster_while_its_forked_child_lives(here):
     (here / "caller.py").write_text(CALLER_FORKS)
     with open(here / "caller.out", "w") as out:
@@ -378,6 +384,7 @@ def _raise(kind: str) -> None:
     raise error
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "kind",
     [
@@ -410,6 +417,7 @@ def test_our_errors_come_back_whole_through_a_process_pool(kind):
         assert error.exit_code == 128 + signal.SIGTERM
 
 
+@pytest.mark.quick
 def test_a_run_stopped_right_after_launch_is_interrupted_not_failed(here):
     (here / "idle.py").write_text("import time\ntime.sleep(600)\n")
     spec = {"name": "idle", "strategy": "multi_worker_mirrored", "program": {"script": "idle.py"}}

@@ -115,6 +115,7 @@ def test_consecutive_calls_reuse_the_same_task_processes(here, capsys):
     assert processes_of_run(cold["worker-0"]["run"]) == []  # a one-shot run ends with its call
 
 
+@pytest.mark.quick
 def test_closing_the_pool_ends_its_run_as_a_one_shot_call_ends(here):
     # Its tasks return at the close (no TERM for TensorFlow to swallow, no grace waited out):
     # the run succeeds, as a one-shot call's does, and nothing of it is left.

@@ -114,6 +114,7 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+@pytest.mark.quick
 def test_non_retryable_failures_are_not_restarted(tmp):
     (tmp / "task.py").write_text(NON_RETRYABLE)
     spec = write_spec(tmp, program={"script": "task.py", "args": ["0"]}, restart=ON_FAILURE)
@@ -263,6 +264,7 @@ BOTH_EXIT = (
 )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("how", ["exit", "sigkill"])
 def test_two_workers_exiting_in_one_batch_gang_restart_once_and_succeed(tmp, launch, how):
     # Issue 14 item 1: both exits reach the launcher in one select() batch (it is stopped while

@@ -7,11 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import distlaunch, write_spec
 from distlaunch.launcher.cli import ExitCode, exit_code
 from distlaunch.launcher.core.errors import HostError, Interrupted, RunFailed, SpecError, UsageError
 from distlaunch.launcher.network.netns import SandboxError
 from distlaunch.launcher.transports.compose.docker import DockerError
+
+pytestmark = pytest.mark.quick
 
 
 def test_errors_map_to_their_exit_codes() -> None:

@@ -63,6 +63,7 @@ if attempt == "0" or sys.argv[1:] != ["--once"]:
 # ---- the generated file: pure, no engine ---------------------------------------------------
 
 
+@pytest.mark.quick
 def test_each_task_is_a_service_on_an_internal_network_with_no_published_port(tmp):
     spec = write_spec(
         tmp,
@@ -117,6 +118,7 @@ def test_each_task_is_a_service_on_an_internal_network_with_no_published_port(tm
     assert all("entrypoint" not in service for service in data["services"].values())
 
 
+@pytest.mark.quick
 def test_ps_workers_restart_alone_where_the_spec_allows_it(tmp):
     spec = write_spec(
         tmp,
@@ -138,6 +140,7 @@ def test_ps_workers_restart_alone_where_the_spec_allows_it(tmp):
     }
 
 
+@pytest.mark.quick
 def test_gpus_and_ssh_hosts_are_refused_with_their_json_path(tmp):
     loaded = load_spec(write_spec(tmp, program=MNIST, tasks={"worker": {"count": 2, "gpus": 1}}))
     with pytest.raises(SpecError) as err:
@@ -156,6 +159,7 @@ def test_gpus_and_ssh_hosts_are_refused_with_their_json_path(tmp):
     assert err.value.json_path == "$.tasks.worker.host"
 
 
+@pytest.mark.quick
 def test_compose_command_writes_an_owner_only_file_and_the_run_dir(tmp):
     spec = write_spec(tmp, program=MNIST)
     out = tmp / "docker-compose.yml"

@@ -60,6 +60,7 @@ LOG = b"serving\n" + SESSION_OPTIONS + b"config {\n  key: 1\n}\n\n" + END_OF_SEQ
 LOG += b"loss: 0.25\n\tindented\n"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("marker", [b"debugproto", b"debugstr", b"debugonly"])
 def test_a_records_dump_and_op_context_are_dropped_and_the_programs_lines_kept(
     marker: bytes,
@@ -67,6 +68,7 @@ def test_a_records_dump_and_op_context_are_dropped_and_the_programs_lines_kept(
     assert hide_tf_noise(LOG.replace(b"debugproto", marker)) == PRINTED
 
 
+@pytest.mark.quick
 def test_a_record_cut_between_two_reads_is_dropped_whole() -> None:
     lines = LOG.splitlines(keepends=True)
     for first in range(len(lines) + 1):

@@ -1,4 +1,8 @@
-"""Inspecting and controlling a live run from another shell: status, logs, restart, down."""
+"""Inspecting and controlling a live run from another shell: status, logs, restart, down.
+
+The tasks are stand-ins (no TensorFlow): what is tested is the launcher's side of each command.
+They serve their TF_CONFIG port as TensorFlow's server does (the launcher sees them join), print
+a line every 0.1 s, and save on a stop notice as dw.fit does: exit 75 (EXIT_PREEMPTED)."""
 
 from __future__ import annotations
 
@@ -7,12 +11,12 @@ import subprocess
 import sys
 
 import pytest
+import standins
 
 from conftest import (
     all_running,
     distlaunch,
     events,
-    example,
     processes_of_run,
     run_record,
     wait_for,
@@ -23,12 +27,33 @@ from distlaunch.worker import contract
 
 pytestmark = pytest.mark.integration
 
+# A gang restart binds the ports again while the last attempt's are in TIME_WAIT.
+STEPS_AND_SAVES = (
+    standins.listening(standins.ANY, bind_tries=100)
+    + """
+import signal
+
+PreemptionCheckpointHandler = None  # what program_scan looks for: this program saves on a notice
+
+
+def save(signum, frame):
+    print("saved", flush=True)
+    os._exit(75)  # saved on the notice and stopped (worker/contract.py EXIT_PREEMPTED)
+
+
+signal.signal(signal.SIGTERM, save)
+step = 0
+while True:
+    print("step", step, flush=True)
+    step += 1
+    time.sleep(0.1)
+"""
+)
+
 
 def test_status_logs_restart_down_from_another_shell(tmp, launch):
-    spec = write_spec(
-        tmp,
-        program=example("mnist_mlp", 1000, 100),
-    )
+    (tmp / "task.py").write_text(STEPS_AND_SAVES)
+    spec = write_spec(tmp)
     launcher = launch(spec)
     run_dir = wait_for_run_dir(tmp / "runs", launcher)
     run_id = run_dir.name
@@ -91,7 +116,7 @@ def test_status_logs_restart_down_from_another_shell(tmp, launch):
         follower_out, _ = follower.communicate(timeout=60)  # -f ends with the run
     finally:
         follower.kill()
-    # down's stop notice: the dw.fit workers saved and stopped (tests/test_preemption.py).
+    # down's stop notice: the workers saved and stopped, as dw.fit's do (tests/test_preemption.py).
     assert launcher.returncode == contract.EXIT_PREEMPTED
     assert run_record(run_dir)["state"] == "preempted"
     assert "worker-1 | " in follower_out  # the restarted task's new attempt was followed

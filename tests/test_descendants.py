@@ -92,6 +92,7 @@ def test_nothing_a_task_started_survives_its_success(tmp: Path, isolation: str) 
     assert _live(run_record(run_dir)["run_id"]) == []
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_nothing_a_task_started_survives_a_sigkilled_launcher(
@@ -157,6 +158,7 @@ def test_a_restarted_task_never_meets_its_predecessors_child(tmp: Path) -> None:
 HANG = standins.listen_and_sleep(300, standins.LOOPBACK)
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 def test_a_dead_namespace_holder_fails_the_run(tmp: Path, launch) -> None:
     if not (CAPS.netns or CAPS.userns):
@@ -190,6 +192,7 @@ def test_a_dead_namespace_holder_fails_the_run(tmp: Path, launch) -> None:
     assert _live(record["run_id"]) == []
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("program", "files", "error"),
@@ -240,6 +243,7 @@ print("SELF " + json.dumps({
 """
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["script", "module"])
 def test_the_program_cannot_tell_it_was_bootstrapped(tmp: Path, kind: str) -> None:
@@ -261,6 +265,7 @@ def test_the_program_cannot_tell_it_was_bootstrapped(tmp: Path, kind: str) -> No
     assert seen == json.loads(plain.stdout.split("SELF ", 1)[1])
 
 
+@pytest.mark.quick
 def test_children_are_started_without_a_preexec_fn(
     tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,6 +286,7 @@ def test_children_are_started_without_a_preexec_fn(
     assert seen == [None, None]
 
 
+@pytest.mark.quick
 def test_a_spawned_task_still_dies_with_its_parent(tmp: Path) -> None:
     """The parent-death signal, now set by taskinit after exec, still reaches the task."""
     driver = (

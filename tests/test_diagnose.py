@@ -243,6 +243,7 @@ def test_a_cluster_that_never_forms_fails_naming_the_task_that_never_connected(t
     assert all(t["state"] != "running" for t in record["tasks"].values())
 
 
+@pytest.mark.quick
 def test_the_leaders_latest_count_and_stragglers_are_read_from_its_log(tmp):
     log = tmp / "worker-0.log"
     log.write_text(
@@ -267,6 +268,7 @@ def test_the_leaders_latest_count_and_stragglers_are_read_from_its_log(tmp):
     assert formation.leader(["worker-1", "worker-0"]) == "worker-0"
 
 
+@pytest.mark.quick
 def test_the_kernel_log_is_read_only_once_the_oom_kill_count_moved(monkeypatch):
     # Reading /dev/kmsg record by record costs tens of milliseconds per SIGKILL: it is skipped
     # while the kernel's OOM kill count stands where it stood when the run began.

@@ -151,6 +151,7 @@ def test_a_runnable_example_of_the_docs_runs(example: Example, work: Path) -> No
     assert result.returncode == expected, f"{example.id}:\n{result.stdout}\n{result.stderr}"
 
 
+@pytest.mark.quick
 def test_the_docs_mark_runnable_examples_only_on_code_blocks(request) -> None:
     assert STRAY == [], f"runnable markers on no code block: {STRAY}"
     kinds = {}
@@ -167,6 +168,7 @@ def test_the_docs_mark_runnable_examples_only_on_code_blocks(request) -> None:
     assert ("backends/ssh.md", "hosts.txt") in FILES
 
 
+@pytest.mark.quick
 def test_a_marker_on_no_code_block_is_named(tmp_path: Path) -> None:
     (tmp_path / "page.md").write_text(
         "<!-- runnable -->\nplain text\n\n<!-- runnable: exit 2 -->\n```bash\nfalse\n```\n"
@@ -198,6 +200,7 @@ def _missing_keys(schema: dict, page: str) -> list[str]:
     return missing
 
 
+@pytest.mark.quick
 def test_the_spec_reference_lists_every_key_of_distlaunch_schema() -> None:
     schema = reference.schema()
     assert reference.SPEC_MARK in (DOCS / "reference" / "spec.md").read_text()
@@ -236,6 +239,7 @@ SYNTHETIC = {
 }
 
 
+@pytest.mark.quick
 def test_the_spec_reference_generator_reads_every_json_schema_construct() -> None:
     page = reference.spec_reference(SYNTHETIC)
     assert _missing_keys(SYNTHETIC, page) == []
@@ -255,6 +259,7 @@ def test_the_spec_reference_generator_reads_every_json_schema_construct() -> Non
 # ---- the hint catalog and the commands -------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_the_troubleshooting_page_lists_every_hint_the_launcher_can_print() -> None:
     from distlaunch.launcher.diagnosis import hints
 
@@ -265,6 +270,7 @@ def test_the_troubleshooting_page_lists_every_hint_the_launcher_can_print() -> N
         assert " ".join(hint.text.split()).replace("|", "\\|") in table
 
 
+@pytest.mark.quick
 def test_the_commands_page_lists_every_command() -> None:
     from distlaunch.launcher.cli import cli
 

@@ -86,6 +86,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("case,text,expected", HOSTILE, ids=[c[0] for c in HOSTILE])
 def test_hostile_spec_values_are_one_line_and_exit_2(tmp, case, text, expected):
     spec = _raw_spec(tmp, text)
@@ -94,6 +95,7 @@ def test_hostile_spec_values_are_one_line_and_exit_2(tmp, case, text, expected):
         assert len(line) < 400, line  # the value itself is not echoed whole
 
 
+@pytest.mark.quick
 def test_a_program_python_that_does_not_exist_is_a_spec_error(tmp):
     spec = _spec(tmp, program={"script": "task.py", "python": "/nonexistent/python3"})
     for command in ("validate", "up"):
@@ -101,6 +103,7 @@ def test_a_program_python_that_does_not_exist_is_a_spec_error(tmp):
     assert not (tmp / "runs").exists()
 
 
+@pytest.mark.quick
 def test_a_shared_dir_under_a_regular_file_is_a_spec_error(tmp):
     (tmp / "blocker").write_text("a file, not a folder")
     spec = _spec(tmp, shared_dir="blocker/runs")
@@ -111,6 +114,7 @@ def test_a_shared_dir_under_a_regular_file_is_a_spec_error(tmp):
 # ---------------------------------------------------------------- item 10: run ids and run dirs
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("run_id", ["../escaped", "", ".", "a/b", "-x"])
 def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp, run_id):
     spec = _spec(tmp)
@@ -118,6 +122,7 @@ def test_a_run_id_that_is_not_a_folder_name_is_refused(tmp, run_id):
     assert not (tmp / "escaped").exists() and not (tmp / "runs" / "run.json").exists()
 
 
+@pytest.mark.quick
 def test_an_existing_folder_is_never_reused_as_a_new_run_dir(tmp):
     spec = _spec(tmp)
     (tmp / "runs" / "mine").mkdir(parents=True, mode=0o755)
@@ -234,6 +239,7 @@ def test_down_leaves_another_projects_run_with_the_same_id_alone(tmp, launch):
 # (plan, up, status, run.json and events.jsonl: test_injection.py's masking test)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "env",
     [
@@ -261,6 +267,7 @@ sys.exit(1 if os.environ["DISTLAUNCH_ATTEMPT"] == "0" else 0)
 """
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("reader", ["never reads", "closed"])
 def test_a_stdout_nobody_reads_never_holds_the_run(tmp, reader):
     (tmp / "task.py").write_text(NOISY)
@@ -314,6 +321,7 @@ sys.stdout.write("\\n" + "y" * 4_000_000 + "\\ndone\\n")
 """
 
 
+@pytest.mark.quick
 def test_carriage_return_progress_is_echoed_as_its_latest_state(tmp):
     (tmp / "task.py").write_text(PROGRESS)
     spec = write_spec(tmp, tasks={"worker": {"count": 1}})

@@ -82,6 +82,7 @@ def _yaml(tmp: Path, text: str, name: str = "spec.yaml") -> Path:
 # ---- YAML --------------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_a_yaml_spec_is_the_same_spec_as_its_json(tmp: Path) -> None:
     from_yaml = load_spec(_yaml(tmp, GOOD_YAML + "hosts:\n  n1: {host_key_checking: yes}\n"))
     json_spec = write_spec(
@@ -95,6 +96,7 @@ def test_a_yaml_spec_is_the_same_spec_as_its_json(tmp: Path) -> None:
     assert from_yaml.spec.hosts["n1"].host_key_checking == "yes"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("text", "where", "says"),
     [
@@ -137,6 +139,7 @@ def test_yaml_errors_name_the_line_and_the_json_path(
 # ---- --set overrides -----------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_overrides_change_the_spec_before_validation(tmp: Path) -> None:
     spec = _yaml(tmp, GOOD_YAML)
     ok = distlaunch("validate", str(spec), "--set", "tasks.worker.count=4", cwd=tmp)
@@ -160,6 +163,7 @@ def test_overrides_change_the_spec_before_validation(tmp: Path) -> None:
     assert tasks[2]["env"]["MY_FLAG"] == "on"  # a YAML `on` is a string, not true
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -247,6 +251,7 @@ def test_a_host_file_and_per_host_spread_the_tasks_in_the_plan(tmp: Path) -> Non
     )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("hostfile", "tasks", "args", "says"),
     [
@@ -255,6 +260,20 @@ def test_a_host_file_and_per_host_spread_the_tasks_in_the_plan(tmp: Path) -> Non
             "  worker: {per_host: 1}",
             [],
             "hosts.txt:2: $.hostfile: host 'node1' appears twice",
+        ),
+        (  # the rule of the spec's `hosts` keys: this machine needs no entry
+            "node1\nlocalhost slots=2\n",
+            "  worker: {per_host: 1}",
+            [],
+            "hosts.txt:2: $.hostfile: expected a host name (letters, digits, '.', '-', '_'; not "
+            "localhost or 127.0.0.1; at most 253 characters), got 'localhost'",
+        ),
+        (
+            "127.0.0.1\n",
+            "  worker: {per_host: 1}",
+            [],
+            "hosts.txt:1: $.hostfile: expected a host name (letters, digits, '.', '-', '_'; not "
+            "localhost or 127.0.0.1; at most 253 characters), got '127.0.0.1'",
         ),
         (
             "node1 slot=2\n",
@@ -289,6 +308,8 @@ def test_a_host_file_and_per_host_spread_the_tasks_in_the_plan(tmp: Path) -> Non
     ],
     ids=[
         "duplicate host",
+        "localhost",
+        "loopback address",
         "bad key",
         "over slots",
         "too many tasks",
@@ -307,6 +328,7 @@ def test_host_file_and_filter_errors_are_one_line(
 # ---- forward_env ---------------------------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_forwarded_env_is_in_every_task_of_the_plan_and_secrets_are_masked(tmp: Path) -> None:
     spec = write_spec(tmp, forward_env=["NCCL_*", "WANDB_*", "HF_*", "DISTLAUNCH_*"])
     (tmp / "task.py").write_text(PRINT_ENV)
@@ -325,6 +347,7 @@ def _env_lines(text: str) -> list[dict]:
     return [json.loads(line.split("ENV ", 1)[1]) for line in text.splitlines() if "ENV {" in line]
 
 
+@pytest.mark.quick
 def test_forwarded_env_reaches_local_tasks(tmp: Path) -> None:
     spec = write_spec(tmp, forward_env=["NCCL_*", "WANDB_*", "HF_*"], isolation="off")
     (tmp / "task.py").write_text(PRINT_ENV)
@@ -420,6 +443,7 @@ def test_forwarded_env_reaches_a_compose_task(docker_lock, tmp: Path) -> None:
 # ---- the console: TensorFlow's noise -----------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_the_noise_filter_drops_only_the_known_lines() -> None:
     body = (
         b"\n".join(TF_NOISE_LINES[:3] + KEPT_LINES[:1] + TF_NOISE_LINES[3:] + KEPT_LINES[1:])
@@ -428,6 +452,7 @@ def test_the_noise_filter_drops_only_the_known_lines() -> None:
     assert hide_tf_noise(body) == b"\n".join(KEPT_LINES) + b"\n"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("quiet", [True, False], ids=["default", "all"])
 def test_the_echo_hides_noise_only_when_asked(tmp: Path, quiet: bool) -> None:
     log = tmp / "task.log"
@@ -447,6 +472,7 @@ def test_the_echo_hides_noise_only_when_asked(tmp: Path, quiet: bool) -> None:
 # ---- status --watch and the live line, in a real terminal --------------------------------------
 
 
+@pytest.mark.quick
 def test_the_heartbeat_carries_what_the_progress_views_show(tmp: Path, monkeypatch) -> None:
     from distlaunch.launcher.diagnosis.progress_view import live_line, screen, task_progress
     from distlaunch.launcher.record.state import RunRecord

@@ -77,6 +77,7 @@ def _task(name: str, host: str, address: str, port: int, transport: str = "ssh")
     )
 
 
+@pytest.mark.quick
 def test_each_remote_host_admits_every_host_of_the_run_to_its_own_ports_only() -> None:
     plan = Plan(
         "r",
@@ -97,6 +98,7 @@ def test_each_remote_host_admits_every_host_of_the_run_to_its_own_ports_only() -
     assert firewall.plan_json("off", rules)["hosts"] == {}
 
 
+@pytest.mark.quick
 def test_the_nft_script_drops_all_but_the_run_and_a_hostile_run_id_stays_a_name() -> None:
     name = firewall.rules_name('x"; flush ruleset; }\ntable ip t {', "/runs/x", "node1")
     assert guard.NAME.fullmatch(name) and guard.table_name(name).startswith("distlaunch_x")
@@ -125,6 +127,7 @@ def test_the_nft_script_drops_all_but_the_run_and_a_hostile_run_id_stays_a_name(
             guard.parse(bad)
 
 
+@pytest.mark.quick
 def test_a_bad_protect_value_is_one_line_and_plan_shows_the_rules(tmp: Path) -> None:
     (tmp / "task.py").write_text("print('hi')\n")
     bad = distlaunch("validate", str(write_spec(tmp, network={"protect": "on"})))
@@ -265,6 +268,7 @@ def test_the_guard_removes_its_rules_however_it_is_ended(
     assert _rules_left(netns_name) == []
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("backend", ["nftables", "iptables"])
 def test_remove_takes_away_what_a_sigkilled_guard_left(netns_name: str, backend: str) -> None:
     """`down` runs ``guard --remove NAME`` on a Slurm run's nodes, where a cancelled step
@@ -555,6 +559,7 @@ def test_a_host_without_cap_net_admin_is_named_open_or_refused(
     )
 
 
+@pytest.mark.quick
 def test_the_guard_imports_neither_launcher_nor_tensorflow() -> None:
     code = (
         "import sys, distlaunch.host.guard; "

@@ -125,6 +125,7 @@ def test_task_indices_count_within_the_launchers_own_visible_gpus(tmp, cuda_gpus
     assert seen == {"worker-0": [last]}
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 def test_a_spec_asking_for_more_gpus_than_this_machine_has_is_refused(tmp):
     have = len(_here())
@@ -153,6 +154,7 @@ def test_distlaunch_run_gives_each_worker_its_own_gpu(tmp, cuda_gpus, monkeypatc
     assert seen == {f"worker-{i}": _probe(str(i)) for i in range(with_gpu)}
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 def test_distlaunch_run_asking_for_more_gpus_than_here_raises_start_error(tmp, monkeypatch):
     monkeypatch.chdir(tmp)

@@ -14,6 +14,8 @@ import pytest
 from distlaunch.launcher.diagnosis import evidence, hints
 from distlaunch.launcher.diagnosis.summary import Failure, details, headline
 
+pytestmark = pytest.mark.quick
+
 TB = (
     "Traceback (most recent call last):\n"
     '  File "/job/train.py", line 25, in <module>\n'

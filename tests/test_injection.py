@@ -21,6 +21,8 @@ from conftest import distlaunch, only_run_dir, write_spec
 from distlaunch.launcher.core.errors import SpecError
 from distlaunch.launcher.spec.model import load_spec
 
+pytestmark = pytest.mark.quick
+
 PAYLOADS = [
     '; touch "$DL_CANARY"',
     '&& touch "$DL_CANARY"',

@@ -96,6 +96,7 @@ def needs_netns(capsys: pytest.CaptureFixture) -> None:
 # ---------------------------------------------------------------- the decision and the plan
 
 
+@pytest.mark.quick
 def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
     (tmp / "task.py").write_text("")
     auto = load_spec(write_spec(tmp))
@@ -131,6 +132,7 @@ def test_choose_is_a_pure_function_of_spec_and_capabilities(tmp: Path) -> None:
         )
 
 
+@pytest.mark.quick
 def test_up_probes_this_machine_with_the_runs_own_holder(tmp: Path, needs_netns: None) -> None:
     # `up`'s plan finds what this machine allows by starting the run's namespace holder, and the
     # run uses that holder: one namespace made, not two. A plan that no run opens leaves none.
@@ -153,6 +155,7 @@ def test_up_probes_this_machine_with_the_runs_own_holder(tmp: Path, needs_netns:
     assert processes_of_run("probe-unused") == []
 
 
+@pytest.mark.quick
 def test_plan_shows_the_isolation_mode(tmp: Path) -> None:
     (tmp / "task.py").write_text("")
     spec = write_spec(tmp)
@@ -168,6 +171,7 @@ def test_plan_shows_the_isolation_mode(tmp: Path) -> None:
     assert bad.returncode == 2 and "$.isolation" in bad.stderr
 
 
+@pytest.mark.quick
 def test_private_ports_need_no_lookup_and_no_check(tmp: Path) -> None:
     (tmp / "task.py").write_text("")
     busy = socket.socket()
@@ -239,6 +243,7 @@ def test_cluster_with_isolation_off_is_reachable(tmp: Path, launch) -> None:
 # ---------------------------------------------------------------- nothing outlives a run
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 def test_success_leaves_nothing(tmp: Path, needs_netns: None, launch) -> None:
     spec = _stand_in(tmp, "peers")
@@ -261,6 +266,7 @@ def test_failure_leaves_nothing(tmp: Path, needs_netns: None, launch) -> None:
     _assert_nothing_left(_run_id(run_dir), _one_namespace(out))
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 def test_ctrl_c_leaves_nothing(tmp: Path, needs_netns: None, launch) -> None:
     spec = _stand_in(tmp, "hang")
@@ -295,6 +301,7 @@ def test_sigkilled_launcher_then_down_leaves_nothing(tmp: Path, needs_netns: Non
     assert again.returncode == 0 and "nothing was left running" in again.stdout
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 def test_down_on_a_live_run_stops_its_launcher_first(tmp: Path, needs_netns: None, launch) -> None:
     spec = _stand_in(tmp, "hang")
@@ -314,6 +321,7 @@ def test_down_on_a_live_run_stops_its_launcher_first(tmp: Path, needs_netns: Non
 # ---------------------------------------------------------------- an unprivileged user
 
 
+@pytest.mark.quick
 @pytest.mark.integration
 def test_unprivileged_user_gets_a_user_namespace(capsys: pytest.CaptureFixture) -> None:
     """As `nobody`: probe, open the sandbox, start a listener in it, and fail to reach it from outside.

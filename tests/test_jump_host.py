@@ -24,6 +24,7 @@ from test_ssh import _script, _spec
 __all__ = ["fw_lab"]  # a fixture of test_firewall, used here
 
 
+@pytest.mark.quick
 def test_ssh_tells_which_hosts_it_reaches_through_a_jump_host() -> None:
     hosts = {
         "direct": Host(transport="ssh", address="10.0.0.11"),

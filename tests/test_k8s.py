@@ -163,6 +163,7 @@ def _payload_spec(tmp: Path, strategy: str, tasks: dict, restart: str) -> Path:
     )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("restart", ["never", "on-failure"])
 @pytest.mark.parametrize("jobset", [False, True], ids=["jobs", "jobset"])
 @pytest.mark.parametrize("mix", ROLE_MIXES)
@@ -316,6 +317,7 @@ def pod_failure_action(job: dict, code: int, disrupted: bool = False) -> str:
     return "Count"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("jobset", [False, True], ids=["jobs", "jobset"])
 def test_the_pod_failure_rules_come_from_the_exit_code_table(tmp, monkeypatch, jobset):
     """Every Job (a JobSet's too) replaces a pod that exited with a "preempted" code of
@@ -346,6 +348,7 @@ def test_the_pod_failure_rules_come_from_the_exit_code_table(tmp, monkeypatch, j
         assert [pod_failure_action(job, c) for c in (75, 76, 99)] == ["Count", "Ignore", "Ignore"]
 
 
+@pytest.mark.quick
 def test_the_network_policy_admits_the_task_port_from_the_runs_own_pods_only(tmp):
     loaded = load_spec(write_spec(tmp, program=MNIST))
     made = k8s.manifests(loaded, "t-1", "img", None, False)
@@ -372,6 +375,7 @@ def test_the_network_policy_admits_the_task_port_from_the_runs_own_pods_only(tmp
     assert any("emptyDir" in note for note in made.notes)
 
 
+@pytest.mark.quick
 def test_the_validator_catches_a_wrong_manifest(tmp):
     """The schema check is not a rubber stamp: a misspelt field and a wrong type fail it."""
     loaded = load_spec(write_spec(tmp, program=MNIST))
@@ -385,6 +389,7 @@ def test_the_validator_catches_a_wrong_manifest(tmp):
             validate(broken)
 
 
+@pytest.mark.quick
 def test_long_and_odd_run_ids_make_valid_names():
     for run_id in (
         "9lives_X.Y-20261123-101010-abcd",
@@ -396,6 +401,7 @@ def test_long_and_odd_run_ids_make_valid_names():
     assert k8s.object_name("a" * 64 + "-20261123-101010-abcd").endswith("20261123-101010-abcd")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("what", "fields", "path"),
     [
@@ -422,6 +428,7 @@ def test_what_pods_cannot_run_is_a_spec_error(tmp, what, fields, path):
     assert err.value.json_path == path, what
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("key", ["namespace", "image", "pvc", "cpu"])
 def test_payloads_in_kubernetes_names_are_refused_with_their_json_path(tmp, key):
     for payload in PAYLOADS:
@@ -431,6 +438,7 @@ def test_payloads_in_kubernetes_names_are_refused_with_their_json_path(tmp, key)
         assert err.value.json_path == f"$.kubernetes.{key}", payload
 
 
+@pytest.mark.quick
 def test_the_command_writes_a_private_file_and_bad_flags_exit_2(tmp):
     spec = write_spec(
         tmp,
@@ -484,6 +492,7 @@ def test_the_command_writes_a_private_file_and_bad_flags_exit_2(tmp):
     )
 
 
+@pytest.mark.quick
 def test_the_entrypoint_builds_tf_config_from_the_pod_index():
     cluster = {"chief": ["c-0.s:2222"], "worker": ["w-0.s:2222", "w-1.s:2222"]}
     environ = {
@@ -510,6 +519,7 @@ def test_the_entrypoint_builds_tf_config_from_the_pod_index():
             k8s_entry.task_env(broken)
 
 
+@pytest.mark.quick
 def test_the_entrypoint_runs_the_program_and_refuses_a_bad_pod_with_exit_2(tmp):
     environ = {
         contract.ROLE: "worker",

@@ -131,6 +131,7 @@ def _stop(proc: subprocess.Popen, child: psutil.Process | None) -> None:
             pass
 
 
+@pytest.mark.quick
 def test_the_notice_reaches_the_program_alone_again_once_built_and_42_reads_75(tmp):
     log = tmp / "entry.log"
     entry = _entry(tmp, "worker", ["program"], SAVER, log)
@@ -154,6 +155,7 @@ def test_the_notice_reaches_the_program_alone_again_once_built_and_42_reads_75(t
     assert not (run_dir / "child.term").exists(), "the data loader's child got the notice"
 
 
+@pytest.mark.quick
 def test_a_program_that_cannot_save_is_stopped_with_its_children(tmp):
     log = tmp / "entry.log"
     entry = _entry(tmp, "worker", ["group"], PLAIN, log)
@@ -170,6 +172,7 @@ def test_a_program_that_cannot_save_is_stopped_with_its_children(tmp):
     wait_for(lambda: (tmp / "run" / "child.term").exists(), "the child to get SIGTERM")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("chief_saves", [True, False], ids=["chief-saved", "deadline"])
 def test_a_pss_server_serves_until_its_chief_has_saved(tmp, chief_saves):
     chief_status = tmp / "run" / "status" / "chief-0.json"

@@ -15,6 +15,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = {
     "distlaunch": REPO / "launcher" / "root",  # the package root, kept inside launcher/

@@ -18,6 +18,8 @@ import pytest
 
 from conftest import distlaunch
 
+pytestmark = pytest.mark.quick
+
 
 def _orphaned_run(tmp: Path, launcher_pid: int, started_at: float) -> Path:
     run_dir = tmp / "runs" / "t-1"

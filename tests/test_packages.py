@@ -9,6 +9,10 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parent.parent
 SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
 

@@ -20,6 +20,8 @@ from distlaunch.launcher.transports.local import transport as local
 from distlaunch.launcher.transports.slurm import transport as slurm
 from distlaunch.worker import contract
 
+pytestmark = pytest.mark.quick
+
 LAUNCHER = Path(__file__).resolve().parent.parent / "launcher"
 MIXED = {
     "strategy": "parameter_server",

@@ -14,6 +14,8 @@ from distlaunch.launcher.run.policy import (
     TaskEvent,
 )
 
+pytestmark = pytest.mark.quick
+
 MWMS = Cluster("multi_worker_mirrored", {"worker": ["worker-0", "worker-1"]})
 PSS = Cluster(
     "parameter_server",

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import standins
 
 from conftest import (
@@ -626,6 +627,7 @@ def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):
     assert (run_dir / "checkpoints" / "checkpoint").is_file()  # the handler's own save
 
 
+@pytest.mark.quick
 def test_save_s_is_checked_like_the_other_timeouts(tmp):
     spec = write_spec(tmp, timeouts={"save_s": 0})
     result = distlaunch("up", str(spec), cwd=tmp)
@@ -647,6 +649,7 @@ def _after_notice(name: str, code: int, exited: dict[str, int]) -> Action:
     return RestartPolicy(MWMS, ON_FAILURE).decide(event, exited, History(), 0.0).action
 
 
+@pytest.mark.quick
 def test_after_a_notice_the_run_is_preempted_once_every_training_task_saved():
     assert _after_notice("worker-0", 75, {"worker-0": 75}) is Action.CONTINUE
     assert _after_notice("worker-1", 75, {"worker-0": 75, "worker-1": 75}) is Action.PREEMPTED
@@ -662,6 +665,7 @@ def test_after_a_notice_the_run_is_preempted_once_every_training_task_saved():
     assert (decision.action, decision.reason) == (Action.STOP, "worker-0 late")
 
 
+@pytest.mark.quick
 def test_the_exit_code_table():
     meaning = contract.exit_meaning
     assert meaning(0, noticed=False) is contract.ExitMeaning.DONE

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import standins
 
 from conftest import distlaunch, events, processes_of_run, run_record, wait_for, write_spec
@@ -169,6 +170,7 @@ def test_a_third_stop_signal_stops_at_once_and_down_says_why_nothing_was_saved(t
     assert not processes_of_run(record["run_id"])
 
 
+@pytest.mark.quick
 def test_a_notice_ends_when_one_task_finished_and_the_other_saved(tmp, launch):
     # worker-0's own handler exits 0 (it was in its last step), worker-1's exits 143 (saved):
     # before, each waited for the other to be like itself, forever.
@@ -224,6 +226,7 @@ def test_a_notice_held_past_save_s_ends_preempted_where_the_attempt_resumed(tmp,
     assert "preempted at step 40; `distlaunch up " in err
 
 
+@pytest.mark.quick
 def test_a_notice_after_training_finished_ends_succeeded(tmp, launch):
     # worker-1 finished; the chief wrote the "training done" marker and is still finishing up.
     plan = {"worker-0": {"finish": "linger", "done": True}, "worker-1": {"finish": "exit"}}
@@ -241,6 +244,7 @@ def test_a_notice_after_training_finished_ends_succeeded(tmp, launch):
     assert record["notice"]["done"] == "training was done when the notice came"
 
 
+@pytest.mark.quick
 def test_a_notice_during_the_evaluators_drain_ends_succeeded_and_says_it_was_cut(tmp, launch):
     plan = {
         "worker-0": {"finish": "exit", "done": True},

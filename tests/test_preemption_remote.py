@@ -315,6 +315,7 @@ def test_ssh_hosts_that_share_nothing_save_and_the_run_is_preempted_without_a_st
     wait_for(lambda: _nothing_left(lab, record["run_id"]), "nothing of the run left on the hosts")
 
 
+@pytest.mark.quick
 def test_a_compose_file_gives_a_program_that_saves_the_save_deadline_to_stop(tmp: Path) -> None:
     # `docker compose stop`/`down` of a file run by hand: Docker's SIGTERM is a notice to dw.fit,
     # which must have timeouts.save_s to save; a program that cannot save keeps grace_s.

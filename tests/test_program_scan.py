@@ -17,6 +17,7 @@ from distlaunch.launcher.spec.model import LoadedSpec, load_spec
 TF_KERAS = "import tensorflow as tf\nmodel = tf.keras.Sequential()\n"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("source", "tf_keras", "keras3"),
     [
@@ -41,6 +42,7 @@ def test_scan_finds_tf_keras_and_keras3(
     assert (facts.tf_keras_line, facts.keras3_line) == (tf_keras, keras3)
 
 
+@pytest.mark.quick
 def test_scan_finds_who_serves() -> None:
     assert program_scan.scan("import distlaunch.worker as dw\n").imports_distlaunch
     assert program_scan.scan("from distlaunch import worker\n").imports_distlaunch
@@ -63,6 +65,7 @@ def _plan(loaded: LoadedSpec, ports: dict[tuple[str, int], int], tmp: Path) -> P
     return make_plan(loaded, on_hosts(loaded).with_ports(ports), "r", tmp / "runs" / "r")
 
 
+@pytest.mark.quick
 def test_auto_runs_tf_keras_programs_with_tf_keras(tmp: Path) -> None:
     choice = program_scan.choose(_loaded(tmp, TF_KERAS))
     assert choice.keras == "tf_keras" and choice.keras_auto
@@ -80,6 +83,7 @@ def test_auto_runs_tf_keras_programs_with_tf_keras(tmp: Path) -> None:
     )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("source", "fields", "why"),
     [
@@ -101,6 +105,7 @@ def test_auto_keeps_keras3_otherwise(tmp: Path, source: str, fields: dict, why: 
     )
 
 
+@pytest.mark.quick
 def test_spec_default_is_auto_and_tf_keras_stays(tmp: Path) -> None:
     assert _loaded(tmp, TF_KERAS).spec.program.keras == "auto"
     choice = program_scan.choose(_loaded(tmp, "import keras\n", program={"keras": "tf_keras"}))
@@ -114,6 +119,7 @@ PSS = {
 PSS_PORTS = {("chief", 0): 1, ("worker", 0): 2, ("ps", 0): 3, ("ps", 1): 4}
 
 
+@pytest.mark.quick
 def test_pss_ps_and_workers_serve_when_the_program_does_not(tmp: Path) -> None:
     plan = _plan(_loaded(tmp, TF_KERAS, **PSS), PSS_PORTS, tmp)
     assert plan.task("chief-0").argv[-1].endswith("job.py")
@@ -122,6 +128,7 @@ def test_pss_ps_and_workers_serve_when_the_program_does_not(tmp: Path) -> None:
     assert "never creates a tf.distribute.Server" in plan.program.serve_reason
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "source",
     [
@@ -134,6 +141,7 @@ def test_pss_programs_that_serve_run_on_every_task(tmp: Path, source: str) -> No
     assert all(t.argv[-1].endswith("job.py") for t in plan.tasks)
 
 
+@pytest.mark.quick
 def test_module_source_is_found_without_importing_its_packages(tmp: Path) -> None:
     package = tmp / "pkg_never_imported"
     package.mkdir()
@@ -164,6 +172,7 @@ def test_plan_shows_the_choice_and_why(tmp: Path) -> None:
     assert data["program"]["keras"] == "tf_keras" and data["program"]["serve_ps_workers"] is True
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("source", "saves"),
     [

@@ -72,6 +72,7 @@ def _assert_servers_stopped_by_sigterm(record: dict) -> None:
 # Unit tests: no TensorFlow, no subprocess.
 
 
+@pytest.mark.quick
 def test_context_of_a_hand_run_with_ps_tasks_is_pss(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (contract.STRATEGY, contract.ROLE, contract.INDEX):
         monkeypatch.delenv(name, raising=False)
@@ -83,6 +84,7 @@ def test_context_of_a_hand_run_with_ps_tasks_is_pss(monkeypatch: pytest.MonkeyPa
     assert (ctx.strategy, ctx.role, ctx.is_chief, ctx.num_workers) == (contract.PSS, "ps", False, 2)
 
 
+@pytest.mark.quick
 def test_training_done_marker_counts_for_its_attempt_and_earlier_ones(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 SPECS = REPO / "cluster_specs"

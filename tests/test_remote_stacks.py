@@ -132,6 +132,7 @@ def _ended(helper: subprocess.Popen) -> None:
     helper.wait(timeout=30)
 
 
+@pytest.mark.quick
 @pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason=f"no {SYSTEM_PYTHON}")
 def test_where_py_spy_cannot_read_it_the_helper_asks_the_program_itself_and_only_it(
     tmp: Path,
@@ -164,6 +165,7 @@ def test_where_py_spy_cannot_read_it_the_helper_asks_the_program_itself_and_only
         _ended(task)
 
 
+@pytest.mark.quick
 @pytest.mark.skipif(not os.path.exists(SYSTEM_PYTHON), reason=f"no {SYSTEM_PYTHON}")
 def test_a_program_without_its_faulthandler_is_never_signalled_and_the_reason_is_one_line(
     tmp: Path, monkeypatch: pytest.MonkeyPatch

@@ -33,6 +33,7 @@ def _index(folder: Path, step: int) -> None:
     )
 
 
+@pytest.mark.quick
 def test_a_whole_index_is_trusted_and_a_fresh_folder_starts_at_zero(tmp):
     assert resume.find(tmp / "none") == resume.ResumePoint(None)
     assert resume.find(tmp) == resume.ResumePoint(None)
@@ -42,6 +43,7 @@ def test_a_whole_index_is_trusted_and_a_fresh_folder_starts_at_zero(tmp):
     assert resume.find(tmp) == resume.ResumePoint(tmp / "ckpt-20")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("damage", ["missing", "garbled", "gone", "shard"])
 def test_a_damaged_index_resumes_from_the_newest_whole_checkpoint_and_says_why(tmp, damage):
     _checkpoint(tmp, 20)
@@ -68,6 +70,7 @@ def test_a_damaged_index_resumes_from_the_newest_whole_checkpoint_and_says_why(t
     assert point.damage == f"{said}; resuming from ckpt-{newest}, the newest whole checkpoint"
 
 
+@pytest.mark.quick
 def test_nothing_whole_to_resume_from_fails_in_one_line(tmp):
     _checkpoint(tmp, 20, shards=2, missing=0)
     _index(tmp, 20)

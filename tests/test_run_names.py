@@ -42,6 +42,7 @@ def _plan(run_id: str, run_dir: str) -> Plan:
     return Plan(run_id, run_dir, "multi_worker_mirrored", 0, (task,))
 
 
+@pytest.mark.quick
 def test_runs_that_share_an_id_or_its_spelling_get_rules_of_their_own() -> None:
     names = {
         firewall.plan_rules(_plan(run_id, run_dir))["node1"].name
@@ -106,6 +107,7 @@ def test_a_guard_ends_without_touching_the_table_a_later_guard_put_in_its_place(
     assert _rules_left(netns_name) == []
 
 
+@pytest.mark.quick
 def test_kubernetes_names_and_labels_of_look_alike_run_ids_differ(tmp: Path) -> None:
     (tmp / "task.py").write_text("print('hi')\n")
     loaded = load_spec(write_spec(tmp))

@@ -85,6 +85,7 @@ def test_64_tasks_start_join_and_leave_nothing_behind_under_a_low_fd_limit(tmp: 
     assert f"worker-{TASKS - 1} | nofile {LOW_SOFT_LIMIT}" in stdout
 
 
+@pytest.mark.quick
 def test_the_socket_table_shows_a_server_come_and_go() -> None:
     ports = ListeningPorts()
     ports.MAX_AGE_S = ports.MAX_STALE_S = 0  # read the table at every call
@@ -97,6 +98,7 @@ def test_the_socket_table_shows_a_server_come_and_go() -> None:
     assert port not in ports.of(os.getpid())
 
 
+@pytest.mark.quick
 def test_the_socket_table_is_read_again_only_when_the_socket_count_changed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -26,6 +26,7 @@ from test_k8s import MNIST, _manifests, pods_on_docker  # noqa: F401  (fixtures)
 PSS_TASKS = {"chief": {"count": 1}, "worker": {"count": 2}, "ps": {"count": 1}}
 
 
+@pytest.mark.quick
 def test_a_success_ends_the_servers_and_a_failure_only_once_it_is_final() -> None:
     verdicts = Verdicts(EndRule(retries=1, final=(2,)))
     assert verdicts.verdict(Result("a", 1)) is None  # the chief's Job retries it
@@ -36,6 +37,7 @@ def test_a_success_ends_the_servers_and_a_failure_only_once_it_is_final() -> Non
     assert Verdicts(EndRule(0, ())).verdict(Result("e", 0)) == 0
 
 
+@pytest.mark.quick
 def test_only_the_chiefs_result_line_is_read_as_one() -> None:
     assert Result.parse(Result("x1", 3).line()) == Result("x1", 3)
     assert Result.parse(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00") is None  # a gRPC server's hello

@@ -179,6 +179,7 @@ BAD = [
 ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("case,text,path,expected", BAD, ids=[c[0] for c in BAD])
 def test_bad_spec_is_one_line_with_path_and_exit_2(tmp, case, text, path, expected):
     spec = _spec(tmp, text)
@@ -194,6 +195,7 @@ def test_bad_spec_is_one_line_with_path_and_exit_2(tmp, case, text, path, expect
     assert not (tmp / "runs").exists()
 
 
+@pytest.mark.quick
 def test_port_in_use_is_a_spec_error(tmp):
     busy = socket.socket()
     busy.bind(("", 0))
@@ -210,12 +212,14 @@ def test_port_in_use_is_a_spec_error(tmp):
     assert not (tmp / "runs").exists()
 
 
+@pytest.mark.quick
 def test_missing_file(tmp):
     result = distlaunch("validate", str(tmp / "nope.json"))
     assert result.returncode == 2
     assert result.stderr.strip() == f"distlaunch: error: {tmp / 'nope.json'}: $: no such file"
 
 
+@pytest.mark.quick
 def test_relative_paths_resolve_against_the_spec_folder(tmp):
     (tmp / "sub").mkdir()
     (tmp / "sub" / "task.py").write_text("")
@@ -228,6 +232,7 @@ def test_relative_paths_resolve_against_the_spec_folder(tmp):
     assert loaded.shared_dir == (tmp / "out").resolve()
 
 
+@pytest.mark.quick
 def test_good_spec_validates(tmp):
     spec = _spec(tmp, json.dumps(GOOD))
     result = distlaunch("validate", str(spec))
@@ -235,12 +240,14 @@ def test_good_spec_validates(tmp):
     assert "ok (multi_worker_mirrored; 2 worker)" in result.stdout
 
 
+@pytest.mark.quick
 def test_spec_error_is_typed(tmp):
     with pytest.raises(SpecError) as info:
         load_spec(_spec(tmp, _with(tasks__worker={"count": 0})))
     assert info.value.json_path == "$.tasks.worker.count"
 
 
+@pytest.mark.quick
 def test_schema_is_published():
     result = distlaunch("schema")
     assert result.returncode == 0
@@ -258,6 +265,7 @@ def test_every_example_spec_validates():
         assert result.returncode == 0, (spec, result.stderr)
 
 
+@pytest.mark.quick
 def test_values_are_checked_as_written(tmp):
     # A number field shows the value as written; a pattern's "$" ends the text (a trailing
     # newline does not match); an integral float is the integer JSON Schema says it is; no

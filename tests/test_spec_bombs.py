@@ -64,12 +64,14 @@ def _one_short_line(result: subprocess.CompletedProcess, says: str, limit: int =
     assert says in line, line
 
 
+@pytest.mark.quick
 def test_the_bounded_limit_fits_a_good_spec(tmp: Path) -> None:
     (tmp / "spec.yaml").write_text(HEAD)
     result = _validate(tmp, "spec.yaml")
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("text", "says"),
     [
@@ -107,6 +109,7 @@ def test_a_set_value_that_expands_within_bounds_still_works(tmp: Path) -> None:
     _one_short_line(wrong, "$.name: expected a string")
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("slots", ["²", "١", "9" * 5000])
 def test_a_hostfile_slot_count_is_ascii_digits(tmp: Path, slots: str) -> None:
     (tmp / "hosts.txt").write_text(f"node1 slots={slots}\n")
@@ -121,6 +124,7 @@ def test_a_hostfile_slot_count_is_ascii_digits(tmp: Path, slots: str) -> None:
 JSON_HEAD = '{"name": "t", "strategy": "multi_worker_mirrored", "tasks": {"worker": {"count": 1}}, '
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("text", "says"),
     [

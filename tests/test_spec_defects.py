@@ -18,6 +18,8 @@ from distlaunch.launcher.core.errors import LaunchError, SpecError
 from distlaunch.launcher.spec.model import json_schema, load_spec
 from distlaunch.launcher.spec.sources import SpecOptions
 
+pytestmark = pytest.mark.quick
+
 BASE = {
     "name": "t",
     "strategy": "multi_worker_mirrored",

@@ -30,7 +30,7 @@ from distlaunch.launcher.core.errors import LaunchError, SpecError, UsageError
 from distlaunch.launcher.export import k8s
 from distlaunch.launcher.plan import tfconfig
 from distlaunch.launcher.run.up import build_plan, choose_run
-from distlaunch.launcher.spec import model
+from distlaunch.launcher.spec import files, model, typed
 from distlaunch.launcher.spec.sources import SpecOptions, apply_overrides
 from distlaunch.launcher.transports.compose import file as compose
 from test_k8s import validate as k8s_validate
@@ -318,7 +318,7 @@ def test_validate_and_the_schema_agree_on_generated_specs(tmp):
         counts["accepted" if code == 0 else "refused"] += 1
         # The data the schema is about: the spec as read, with its overrides.
         try:
-            source = model._read(path, str(path))
+            source = files.read(path, str(path))
             apply_overrides(source, overrides, str(path))
         except (SpecError, UsageError):
             assert code == 2
@@ -327,7 +327,7 @@ def test_validate_and_the_schema_agree_on_generated_specs(tmp):
         data = source.raw
         theirs = reference.is_valid(data)
         try:
-            model._check_schema(copy.deepcopy(data), str(path))
+            typed.check_schema(copy.deepcopy(data), str(path))
             ours = True
         except SpecError:
             ours = False

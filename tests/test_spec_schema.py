@@ -16,8 +16,10 @@ import jsonschema
 import pytest
 
 from conftest import REPO, distlaunch
-from distlaunch.launcher.spec import model, schema
+from distlaunch.launcher.spec import files, model, schema
 from distlaunch.launcher.spec.sources import read_yaml
+
+pytestmark = pytest.mark.quick
 
 
 def test_the_committed_checker_is_the_schema_compiled():
@@ -108,7 +110,7 @@ def _shown_specs() -> list[tuple[str, Any]]:
     found = []
     for path in sorted((REPO / "cluster_specs").glob("*")):
         if path.suffix in (".json", ".yaml", ".yml"):
-            found.append((str(path), model._read(path, str(path)).raw))
+            found.append((str(path), files.read(path, str(path)).raw))
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
     for page in pages:
         text = page.read_text()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from distlaunch.launcher.diagnosis import evidence, stacks
+
+pytestmark = pytest.mark.quick
 
 WAITING = """Process 3052: python task.py
 Python v3.11.7 (/usr/bin/python3.11)

@@ -192,6 +192,7 @@ def test_the_program_cannot_tell_it_was_started_through_a_standby(tmp: Path, kin
     assert not processes_of_run(run_record(run_dir)["run_id"])
 
 
+@pytest.mark.quick
 def test_a_program_without_tensorflow_gets_no_standby(tmp: Path) -> None:
     (tmp / "task.py").write_text("print('no TensorFlow here')\n")
     (tmp / "tf_task.py").write_text("from tensorflow import constant\n")
@@ -243,6 +244,7 @@ def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path, launch) -> None:
     )
 
 
+@pytest.mark.quick
 def test_plan_shows_whether_restarts_use_standbys(tmp: Path) -> None:
     (tmp / "task.py").write_text("import tensorflow\n")
     shown = {}

@@ -29,6 +29,7 @@ def _env(source: str) -> program_env.StandbyEnv:
     return program_env.before_tensorflow(ast.parse(source), "t.py")
 
 
+@pytest.mark.quick
 def test_plain_writes_before_the_import_are_repeated_in_order() -> None:
     found = _env(
         "import os\nfrom os import environ as E, putenv\n"
@@ -51,6 +52,7 @@ def test_plain_writes_before_the_import_are_repeated_in_order() -> None:
     ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("source", "cold"),
     [
@@ -69,6 +71,7 @@ def test_writes_a_standby_cannot_repeat_make_restarts_cold(source: str, cold: st
     assert cold in _env(source).cold
 
 
+@pytest.mark.quick
 def test_writes_after_a_top_level_import_or_without_tensorflow_do_not_matter() -> None:
     assert _env('import tensorflow\nimport os\nos.environ["X"] = str(1)\n') == (
         program_env.StandbyEnv()
@@ -129,6 +132,7 @@ def test_a_warm_restart_imports_tensorflow_with_the_programs_env(tmp: Path) -> N
     )
 
 
+@pytest.mark.quick
 def test_a_program_whose_writes_cannot_be_repeated_restarts_cold(tmp: Path) -> None:
     (tmp / "task.py").write_text('import os\nos.environ["X"] = str(1)\nimport tensorflow\n')
     spec = write_spec(tmp, tasks={"worker": {"count": 1}}, restart=ON_FAILURE)
@@ -147,6 +151,7 @@ def test_a_program_whose_writes_cannot_be_repeated_restarts_cold(tmp: Path) -> N
         standbys.close()
 
 
+@pytest.mark.quick
 def test_a_module_of_its_own_that_sets_the_environment_first_makes_restarts_cold(
     tmp: Path,
 ) -> None:

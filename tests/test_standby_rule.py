@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.launcher.transports.standby_rule import Held, Reconcile, reconcile
+
+pytestmark = pytest.mark.quick
 
 
 def _task(name: str, attempt: int = 1, transport: TaskTransport = TaskTransport.SSH) -> TaskPlan:

@@ -22,6 +22,8 @@ from distlaunch.launcher.record.state import (
     TransitionError,
 )
 
+pytestmark = pytest.mark.quick
+
 
 def test_a_record_round_trips_and_keeps_keys_it_does_not_know(tmp_path: Path) -> None:
     record = RunRecord(run_id="r", name="t", launcher_pid=7, started_at=1.5)

@@ -12,6 +12,8 @@ from distlaunch.launcher.plan.placement import on_hosts
 from distlaunch.launcher.plan.plan import make_plan
 from distlaunch.launcher.spec.model import load_spec
 
+pytestmark = pytest.mark.quick
+
 W = ["h:1", "h:2"]
 
 

@@ -130,6 +130,7 @@ def test_ctrl_c_tears_down_then_resume_continues_from_the_checkpoint(tmp, launch
 SWALLOWS_SIGTERM = standins.listen_and_sleep(3600, standins.ANY, swallow_sigterm=True)
 
 
+@pytest.mark.quick
 def test_killing_the_launcher_leaves_no_task_behind(tmp, launch):
     (tmp / "task.py").write_text(SWALLOWS_SIGTERM)
     spec = write_spec(tmp)

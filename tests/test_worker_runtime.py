@@ -162,6 +162,7 @@ def _set_tf_config(env: pytest.MonkeyPatch, cluster: dict, role: str, index: int
     env.setenv(contract.TF_CONFIG, json.dumps(tf_config))
 
 
+@pytest.mark.quick
 def test_context_without_launcher_is_a_single_chief(clean_env: pytest.MonkeyPatch) -> None:
     ctx = runtime.context()
     assert (ctx.role, ctx.index, ctx.attempt) == ("worker", 0, 0)
@@ -170,6 +171,7 @@ def test_context_without_launcher_is_a_single_chief(clean_env: pytest.MonkeyPatc
     assert ctx.run_dir is None and ctx.checkpoint_dir is None
 
 
+@pytest.mark.quick
 def test_context_chief_rule(clean_env: pytest.MonkeyPatch) -> None:
     with_chief = {"chief": ["h:1"], "worker": ["h:2", "h:3"]}
     _set_tf_config(clean_env, with_chief, "worker", 0)
@@ -186,6 +188,7 @@ def test_context_chief_rule(clean_env: pytest.MonkeyPatch) -> None:
     assert runtime.context().name == "worker-1"
 
 
+@pytest.mark.quick
 def test_context_reads_launcher_variables(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _set_tf_config(clean_env, {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3"]}, "chief", 0)
     clean_env.setenv(contract.STRATEGY, contract.PSS)
@@ -199,6 +202,7 @@ def test_context_reads_launcher_variables(clean_env: pytest.MonkeyPatch, tmp_pat
     assert ctx.keras == contract.TF_KERAS
 
 
+@pytest.mark.quick
 def test_report_writes_the_status_file_atomically(
     clean_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -212,6 +216,7 @@ def test_report_writes_the_status_file_atomically(
     assert [p.name for p in status_file.parent.iterdir()] == [status_file.name]
 
 
+@pytest.mark.quick
 def test_checkpoint_dir_for_this_task(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert runtime.checkpoint_dir_for_this_task() is None
     clean_env.setenv(contract.CHECKPOINT_DIR, str(tmp_path))
@@ -225,6 +230,7 @@ def test_checkpoint_dir_for_this_task(clean_env: pytest.MonkeyPatch, tmp_path: P
 # Subprocess tests.
 
 
+@pytest.mark.quick
 def test_importing_contract_or_reporting_does_not_import_tensorflow(tmp_path: Path) -> None:
     code = (
         "import sys\n"
@@ -240,6 +246,7 @@ def test_importing_contract_or_reporting_does_not_import_tensorflow(tmp_path: Pa
     assert status["state"] == "starting"
 
 
+@pytest.mark.quick
 def test_uncaught_exception_writes_the_error_file(tmp_path: Path) -> None:
     env = _task_env(tmp_path, 1, 3, contract.KERAS3, None)
     script = tmp_path / "task.py"

@@ -38,6 +38,10 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 PRIVATE_UMASK = 0o077
 
 
+# The time in a run id `new_run_id` made: it sorts as the time does.
+_STAMP = r"(\d{8}-\d{6})-[0-9a-f]{4}"
+
+
 def new_run_id(name: str) -> str:
     """Return a fresh run id: the spec's name, the UTC time and a short random suffix."""
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -198,6 +202,22 @@ def runs_in(shared_dir: Path) -> list[Path]:
         if isinstance(record, dict):
             found.append((record.get("started_at") or 0, child))
     return [path for _, path in sorted(found)]
+
+
+def runs_of(shared_dir: Path, name: str) -> list[tuple[str, Path]]:
+    """The runs of spec ``name`` under ``shared_dir`` as (start time, run dir), newest first,
+    found by their ids alone (`new_run_id`'s: the name, the UTC second it started, a random
+    suffix): no run.json is read, so a shared dir that keeps thousands of runs costs one listing.
+
+    A run given its own `--run-id` is not among them; two runs started in one second share a
+    time (their run.json says which started first)."""
+    try:
+        entries = os.listdir(shared_dir)
+    except OSError:  # no shared dir yet (or not a folder): no runs
+        return []
+    pattern = re.compile(re.escape(name) + "-" + _STAMP)
+    found = [(m.group(1), entry) for entry in entries if (m := pattern.fullmatch(entry))]
+    return [(stamp, shared_dir / entry) for stamp, entry in sorted(found, reverse=True)]
 
 
 def resolve_run(ref: str | None, shared_dir: Path) -> Path:

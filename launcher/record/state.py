@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -307,10 +308,17 @@ def _section_key(backend: str) -> str | None:
 
 
 def latest_unfinished(shared_dir: Path, name: str) -> Path | None:
-    """The run dir of spec ``name``'s latest run if it did not succeed, else None."""
-    for path in reversed(rundir.runs_in(shared_dir)):
-        record = RunRecord.find(path)
-        if record is not None and record.name == name:
+    """The run dir of spec ``name``'s latest run if it did not succeed, else None.
+
+    Every `up` asks, so it reads no run.json but the newest runs' (`rundir.runs_of`, by their
+    ids): a run deleted by hand is simply not listed, and one whose run.json is missing or
+    unreadable (a launcher creating it right now) is passed over for the one before it."""
+    for _, group in itertools.groupby(rundir.runs_of(shared_dir, name), key=lambda run: run[0]):
+        # Runs started within one second: their records say which is the latest.
+        found = [(r.started_at, p, r) for _, p in group if (r := RunRecord.find(p)) is not None]
+        found = [(started, path, r) for started, path, r in found if r.name == name]
+        if found:
+            _, path, record = max(found, key=lambda item: item[0])
             return None if record.state is RunState.SUCCEEDED else path
     return None
 
