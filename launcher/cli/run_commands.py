@@ -4,6 +4,7 @@ that runs `up`)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from distlaunch.launcher.cli.options import (
     spec_options,
 )
 from distlaunch.launcher.core.errors import LaunchError, RunFailed, UsageError
+from distlaunch.launcher.run.options import DEFAULTS, LaunchOptions
 from distlaunch.launcher.transports.compose import DEFAULT_BASE
 
 if TYPE_CHECKING:
@@ -28,12 +30,22 @@ if TYPE_CHECKING:
 
 @cli.command()
 @SPEC
-@click.option("--run-id", help="Use this run id; an existing run with this id is resumed.")
-@click.option("--resume", is_flag=True, help="Resume the latest unfinished run of this spec.")
+@click.option(
+    "--run-id",
+    default=DEFAULTS.run_id,
+    help="Use this run id; an existing run with this id is resumed.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    default=DEFAULTS.resume,
+    help="Resume the latest unfinished run of this spec.",
+)
 @click.option("--fresh", is_flag=True, help="Start a new run even if the last one did not finish.")
 @click.option(
     "--backend",
     type=BackendChoice(),
+    default=DEFAULTS.backend,
     help="Where tasks run (default: the spec's `backend`): local processes, one container each under "
     "docker-compose, or one Slurm job step each inside the current allocation.",
 )
@@ -75,14 +87,12 @@ def up(
 
     if resume and fresh:
         raise UsageError("--resume and --fresh exclude each other")
-    # --backend replaces the spec's before validation: what a task's `host` may name depends on it.
-    if backend is not None:
-        overrides = (*overrides, f"backend={backend}")
-    loaded = load_spec(spec, spec_options(overrides, only_hosts, exclude_hosts))
+    options = LaunchOptions(backend=backend, run_id=run_id, resume=resume, overrides=overrides)
+    loaded = load_spec(spec, spec_options(options.spec_overrides, only_hosts, exclude_hosts))
     console = Console(quiet_tf=loaded.spec.tf_log_level == "default")
     if not (resume or fresh or run_id):
-        resume = _offer_resume(loaded, console)
-    target = choose_run(loaded, run_id, resume)
+        options = replace(options, resume=_offer_resume(loaded, console))
+    target = choose_run(loaded, options.run_id, options.resume)
     # The one path `distlaunch.launch` takes too (launcher/api/child.py).
     try:
         claim_and_up(loaded, target, console, UpOptions(image, base_image, requeue))

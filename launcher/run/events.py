@@ -145,7 +145,7 @@ class Events:
                 return result
         return None
 
-    # ---- what happened -----------------------------------------------------------------------------
+    # ---- what happened ---------------------------------------------------------------------
 
     def _decide(self, event: TaskEvent) -> Decision:
         history = self.restarts.history()
