@@ -25,6 +25,7 @@ import sys
 import tempfile
 import types
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ import cloudpickle
 from distlaunch.launcher.api import launch as api
 from distlaunch.launcher.api import pool as api_pool
 from distlaunch.launcher.api.results import PicklingError, RemoteTraceback, RunResult, TaskError
+from distlaunch.launcher.run.options import DEFAULTS, LaunchOptions, SpecInput
 from distlaunch.worker import contract
 from distlaunch.worker.call import PAYLOAD, SERVE_ARG, payload_path, result_path
 
@@ -47,51 +49,41 @@ NO_STARTUP_DEADLINE_S = 10 * 365 * 86400.0
 def run(
     fn: Callable[..., Any],
     *args: Any,
-    workers: int = 2,
-    chief: int = 0,
-    ps: int = 0,
-    evaluator: int = 0,
-    strategy: str = contract.MWMS,
-    gpus: int = 0,
-    spec: api.SpecInput | None = None,
-    timeout_s: float | None = None,
-    restart: Mapping[str, Any] | str | None = None,
-    env: Mapping[str, str] | None = None,
-    quiet: bool = False,
-    pool: bool | None = None,
-    keep: bool = False,
+    workers: int = DEFAULTS.workers,
+    chief: int = DEFAULTS.chief,
+    ps: int = DEFAULTS.ps,
+    evaluator: int = DEFAULTS.evaluator,
+    strategy: str | None = DEFAULTS.strategy,
+    gpus: int = DEFAULTS.gpus,
+    spec: SpecInput | None = DEFAULTS.spec,
+    timeout_s: float | None = DEFAULTS.timeout_s,
+    restart: Mapping[str, Any] | str | None = DEFAULTS.restart,
+    env: Mapping[str, str] | None = DEFAULTS.env,
+    quiet: bool = DEFAULTS.quiet,
+    pool: bool | None = DEFAULTS.pool,
+    keep: bool = DEFAULTS.keep,
     **kwargs: Any,
 ) -> Any:
     """Call ``fn(*args, **kwargs)`` on every task of a local cluster and return what they returned.
 
-    The cluster: ``workers``, ``chief``, ``ps`` and ``evaluator`` tasks under ``strategy``
-    ("multi_worker_mirrored" or "parameter_server"), each chief and worker with ``gpus`` GPUs of
-    this machine of its own (0: CPU only; StartError when the machine has fewer), run dirs under
-    ./runs; or, with ``spec`` (a spec file, dict or typed Spec), that spec's tasks, strategy,
-    hosts and settings, its program replaced by the call (the counts, strategy and GPUs given
-    here are then not used). Each task runs ``fn`` with its TF_CONFIG set and no strategy made
-    yet: ``fn`` builds its strategy as a script would. Under ParameterServerStrategy ``fn`` runs
-    on the chief only; the ps and worker tasks serve. Each task sees this process's environment
-    and working directory of the moment of the call (plus TF_CONFIG and the run's own
-    variables), and a ``sys.argv`` of its own (``[<path of distlaunch/worker/call.py>]``), pooled
-    or not.
+    The options (the cluster's ``workers``, ``chief``, ``ps``, ``evaluator``, ``strategy`` and
+    ``gpus``, or a ``spec`` of its own; ``timeout_s``, ``restart``, ``env``, ``quiet``,
+    ``pool``, ``keep``) are the fields of `LaunchOptions`, each with its default and meaning
+    there. Run dirs go under ./runs (or the spec's shared dir). Each task runs ``fn`` with its
+    TF_CONFIG set and no strategy made yet: ``fn`` builds its strategy as a script would. Under
+    ParameterServerStrategy ``fn`` runs on the chief only; the ps and worker tasks serve. Each
+    task sees this process's environment and working directory of the moment of the call (plus
+    TF_CONFIG, ``env`` and the run's own variables), and a ``sys.argv`` of its own
+    (``[<path of distlaunch/worker/call.py>]``), pooled or not.
 
     Returns ``{"worker-0": v0, "worker-1": v1}`` in TF_CONFIG order (chief, workers, evaluator),
     or under ParameterServerStrategy the chief's value alone. The call returns once ``fn`` has
     returned on every task: what it left running (a thread) ends with its task.
 
-    ``timeout_s`` limits the whole run (timeouts.run_s); ``restart`` is the spec's restart
-    setting (a policy name such as "on-failure", or the whole mapping); ``env`` is added to each
-    task's environment. Each task's lines are printed with its prefix on sys.stdout while the
-    call runs (``quiet``: the run dir's logs only). The call's payload (the function and its
-    arguments, sent as a file) and its result files are removed from the run dir once read;
-    ``keep=True`` keeps them. Launch options are these keyword names; an argument of ``fn``
+    Each task's lines are printed with its prefix on sys.stdout while the call runs. The call's
+    payload (the function and its arguments, sent as a file) and its result files are removed
+    from the run dir once read. Launch options are these keyword names; an argument of ``fn``
     that has one of these names goes through ``functools.partial``.
-
-    ``pool``: whether the call may take its tasks from the warm pool of this process (a live
-    cluster of the same shape whose interpreters imported TensorFlow in an earlier call;
-    launcher/api/pool.py); None: on unless DISTLAUNCH_POOL=0. Calls with ``spec``, ``restart``
-    or ``timeout_s`` always start a cluster of their own.
 
     Raises: PicklingError (before anything starts) naming the function or argument that cannot
     be pickled; the first failed task's own exception (same type; the remote traceback chained as
@@ -105,12 +97,12 @@ def run(
     the call's run before it goes on up: nothing of it is left running.
     """
     with api.owning():
-        call = start(
-            fn, *args, workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-            strategy=strategy, gpus=gpus, spec=spec, timeout_s=timeout_s, restart=restart,
-            env=env, quiet=quiet, pool=pool, keep=keep, **kwargs,
+        options = LaunchOptions(
+            workers=workers, chief=chief, ps=ps, evaluator=evaluator, strategy=strategy,
+            gpus=gpus, spec=spec, timeout_s=timeout_s, restart=restart, env=env, quiet=quiet,
+            pool=pool, keep=keep,
         )  # fmt: skip
-        return call.result()
+        return submit(fn, args, kwargs, options).result()
 
 
 class Call:
@@ -153,80 +145,74 @@ class Call:
 def start(
     fn: Callable[..., Any],
     *args: Any,
-    workers: int = 2,
-    chief: int = 0,
-    ps: int = 0,
-    evaluator: int = 0,
-    strategy: str = contract.MWMS,
-    gpus: int = 0,
-    spec: api.SpecInput | None = None,
-    timeout_s: float | None = None,
-    restart: Mapping[str, Any] | str | None = None,
-    env: Mapping[str, str] | None = None,
-    quiet: bool = False,
-    pool: bool | None = None,
-    keep: bool = False,
+    workers: int = DEFAULTS.workers,
+    chief: int = DEFAULTS.chief,
+    ps: int = DEFAULTS.ps,
+    evaluator: int = DEFAULTS.evaluator,
+    strategy: str | None = DEFAULTS.strategy,
+    gpus: int = DEFAULTS.gpus,
+    spec: SpecInput | None = DEFAULTS.spec,
+    timeout_s: float | None = DEFAULTS.timeout_s,
+    restart: Mapping[str, Any] | str | None = DEFAULTS.restart,
+    env: Mapping[str, str] | None = DEFAULTS.env,
+    quiet: bool = DEFAULTS.quiet,
+    pool: bool | None = DEFAULTS.pool,
+    keep: bool = DEFAULTS.keep,
     **kwargs: Any,
 ) -> Call:
     """`run` without the wait: start the call and return it (`Call.result` waits). An
     interrupt before it returns stops what it started."""
     with api.owning():
-        return submit(
-            fn, args, kwargs, workers=workers, chief=chief, ps=ps, evaluator=evaluator,
-            strategy=strategy, gpus=gpus, spec=spec, timeout_s=timeout_s, restart=restart,
-            env=env, quiet=quiet, pool=pool, keep=keep,
+        options = LaunchOptions(
+            workers=workers, chief=chief, ps=ps, evaluator=evaluator, strategy=strategy,
+            gpus=gpus, spec=spec, timeout_s=timeout_s, restart=restart, env=env, quiet=quiet,
+            pool=pool, keep=keep,
         )  # fmt: skip
+        return submit(fn, args, kwargs, options)
 
 
 def submit(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
-    *,
-    workers: int = 2,
-    chief: int = 0,
-    ps: int = 0,
-    evaluator: int = 0,
-    strategy: str = contract.MWMS,
-    gpus: int = 0,
-    spec: api.SpecInput | None = None,
-    timeout_s: float | None = None,
-    restart: Mapping[str, Any] | str | None = None,
-    env: Mapping[str, str] | None = None,
-    quiet: bool = False,
-    pool: bool | None = None,
-    keep: bool = False,
+    options: LaunchOptions = DEFAULTS,
 ) -> Call:
-    """`start` with the function's arguments apart from the launch options (``kwargs`` may
+    """`start` with the function's arguments apart from the launch ``options`` (``kwargs`` may
     use any name: ``workers``, ``env``...), for callers that pass a user's arguments on (the
     pytest fixture)."""
+    o = options
     program: dict[str, Any] = {"module": CALL_MODULE, "workdir": str(Path.cwd())}
-    if env:
-        program["env"] = dict(env)
-    console: api.ConsoleTarget = None if quiet else "stdout"
-    warm = spec is None and restart is None and timeout_s is None and api_pool.enabled(pool)
+    if o.env:
+        program["env"] = dict(o.env)
+    console: api.ConsoleTarget = None if o.quiet else "stdout"
+    # The warm pool's runs are of a call's own cluster with nothing else asked of the run.
+    own = (o.spec, o.restart, o.timeout_s, o.backend, o.run_id, o.resume, o.overrides)
+    warm = own == (None, None, None, None, None, False, ()) and api_pool.enabled(o.pool)
+    spec = o.spec
     if spec is None:
-        spec = cluster_spec(_run_name(fn), workers, chief, ps, evaluator, strategy, gpus=gpus)
+        spec = cluster_spec(
+            _run_name(fn), o.workers, o.chief, o.ps, o.evaluator, o.strategy_name, gpus=o.gpus
+        )
     payload = write_payload(fn, tuple(args), dict(kwargs), pooled=warm)
     try:
         if warm:
             assert isinstance(spec, dict)
             lease = _lease(spec, {**program, "args": [SERVE_ARG]}, payload, console)
             if lease is not None:
-                return Call(lease.run, fn, lease, keep)
-        overrides = [f"program={json.dumps(program)}"]
-        if timeout_s is not None:
-            overrides.append(f"timeouts.run_s={timeout_s}")
-        if restart is not None:
+                return Call(lease.run, fn, lease, o.keep)
+        overrides = [*o.overrides, f"program={json.dumps(program)}"]
+        if o.timeout_s is not None:
+            overrides.append(f"timeouts.run_s={o.timeout_s}")
+        if o.restart is not None:
+            restart = o.restart
             policy = {"policy": restart} if isinstance(restart, str) else dict(restart)
             overrides.append(f"restart={json.dumps(policy)}")
-        handle = api.launch_with_files(
-            spec, None, None, False, tuple(overrides), console, {PAYLOAD: payload}
-        )
+        launch = replace(o, spec=spec, overrides=tuple(overrides))
+        handle = api.launch_with_files(launch, console, {PAYLOAD: payload})
     except BaseException:
         payload.unlink(missing_ok=True)  # the run was refused, or never asked for
         raise
-    return Call(handle, fn, keep=keep)
+    return Call(handle, fn, keep=o.keep)
 
 
 def _lease(
@@ -245,9 +231,8 @@ def _lease(
     overrides = (f"program={json.dumps(program)}",)
 
     def start() -> api.Run:
-        return api.launch_with_files(
-            spec, None, None, False, overrides, console, {PAYLOAD: payload}
-        )
+        options = LaunchOptions(spec=spec, overrides=overrides)
+        return api.launch_with_files(options, console, {PAYLOAD: payload})
 
     return api_pool.take(key, tasks, payload, console, start)
 

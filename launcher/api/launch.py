@@ -34,19 +34,19 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from distlaunch.launcher.api import protocol as api_protocol
 from distlaunch.launcher.api.results import RunFailed, RunResult, StartError
+from distlaunch.launcher.run.options import DEFAULTS, LaunchOptions, SpecInput
+
+__all__ = ["LaunchOptions", "Run", "SpecInput", "launch", "up"]
 
 if TYPE_CHECKING:
     from types import ModuleType
 
     from distlaunch.launcher.spec.model import Spec
 
-# A spec: a JSON/YAML file, the spec as data (relative paths against the working directory), or
-# the typed model.
-SpecInput: TypeAlias = "str | os.PathLike[str] | Mapping[str, Any] | Spec"
 # Where a run's output goes: "stdout" (sys.stdout at each write), a text stream, or None (the
 # run dir only).
 ConsoleTarget = Literal["stdout"] | TextIO | None
@@ -303,31 +303,33 @@ class Run:
 def launch(
     spec: SpecInput,
     *,
-    backend: str | None = None,
-    run_id: str | None = None,
-    resume: bool = False,
-    overrides: tuple[str, ...] | list[str] = (),
+    backend: str | None = DEFAULTS.backend,
+    run_id: str | None = DEFAULTS.run_id,
+    resume: bool = DEFAULTS.resume,
+    overrides: tuple[str, ...] | list[str] = DEFAULTS.overrides,
     console: ConsoleTarget = "stdout",
 ) -> Run:
     """Start ``spec`` as `distlaunch up` does and return its `Run` at once.
 
     ``spec``: a spec file's path, the spec as a dict (relative paths against the working
-    directory), or a typed ``Spec``. ``backend`` replaces the spec's; ``overrides`` are `--set`
-    values (``"tasks.worker.count=4"``); ``run_id`` names the run (an existing run with that id is
-    resumed); ``resume`` continues the spec's latest unfinished run. ``console``: where the
-    tasks' prefixed lines and the launcher's messages go (default sys.stdout; None: the run dir
-    only). A bad spec raises SpecError, a bad run id UsageError: nothing starts.
+    directory), or a typed ``Spec``. ``backend``, ``run_id``, ``resume`` and ``overrides`` are
+    `LaunchOptions`' fields, as `distlaunch up` takes them. ``console``: where the tasks'
+    prefixed lines and the launcher's messages go (default sys.stdout; None: the run dir only).
+    A bad spec raises SpecError, a bad run id UsageError: nothing starts.
     """
-    return launch_with_files(spec, backend, run_id, resume, tuple(overrides), console, {})
+    options = LaunchOptions(
+        spec=spec, backend=backend, run_id=run_id, resume=resume, overrides=tuple(overrides)
+    )
+    return launch_with_files(options, console, {})
 
 
 def up(
     spec: SpecInput,
     *,
-    backend: str | None = None,
-    run_id: str | None = None,
-    resume: bool = False,
-    overrides: tuple[str, ...] | list[str] = (),
+    backend: str | None = DEFAULTS.backend,
+    run_id: str | None = DEFAULTS.run_id,
+    resume: bool = DEFAULTS.resume,
+    overrides: tuple[str, ...] | list[str] = DEFAULTS.overrides,
     console: ConsoleTarget = "stdout",
 ) -> RunResult:
     """`launch`, then wait for the end: return the result of a run that succeeded, else raise
@@ -402,20 +404,13 @@ def check(run: Run, result: RunResult) -> RunResult:
 
 
 def launch_with_files(
-    spec: SpecInput,
-    backend: str | None,
-    run_id: str | None,
-    resume: bool,
-    overrides: tuple[str, ...],
-    console: ConsoleTarget,
-    files: Mapping[str, Path],
+    options: LaunchOptions, console: ConsoleTarget, files: Mapping[str, Path]
 ) -> Run:
-    """`launch`, also moving ``files`` (relative path in the run dir: a file of this machine)
-    into the run dir before any task starts (`distlaunch.run`'s payload: it travels as a file,
-    never inside the request)."""
-    if backend is not None:
-        # Before validation, as `up --backend`: what a task's `host` may name depends on it.
-        overrides = (*overrides, f"backend={backend}")
+    """`launch` of ``options.spec`` (the spec options: backend, run_id, resume, overrides),
+    also moving ``files`` (relative path in the run dir: a file of this machine) into the run
+    dir before any task starts (`distlaunch.run`'s payload: it travels as a file, never inside
+    the request)."""
+    spec = options.spec
     if isinstance(spec, str | os.PathLike):
         spec_file, spec_data = os.fspath(spec), None
     elif isinstance(spec, Mapping):
@@ -428,9 +423,9 @@ def launch_with_files(
         spec_file=spec_file,
         spec_data=spec_data,
         base=os.getcwd(),
-        overrides=overrides,
-        run_id=run_id,
-        resume=resume,
+        overrides=options.spec_overrides,
+        run_id=options.run_id,
+        resume=options.resume,
         files={relative: str(source) for relative, source in files.items()},
     )
     return Run(request, console)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         TaskError,
     )
     from distlaunch.launcher.core.errors import LaunchError, SpecError, UsageError
+    from distlaunch.launcher.run.options import LaunchOptions
 
 # Public name -> module that defines it (with the name there, where it differs).
 _EXPORTS = {
@@ -55,11 +56,13 @@ _EXPORTS = {
     "LaunchError": "distlaunch.launcher.core.errors",
     "UsageError": "distlaunch.launcher.core.errors",
     "SpecInput": "distlaunch.launcher.api.launch",
+    "LaunchOptions": "distlaunch.launcher.run.options",
 }
 
 __all__ = [
     "Failure",
     "LaunchError",
+    "LaunchOptions",
     "PicklingError",
     "Run",
     "RunFailed",

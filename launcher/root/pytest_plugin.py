@@ -10,7 +10,8 @@ multi-worker TensorFlow cluster of local processes, shaped by the ``tf_cluster``
 
 The runs go under the test's tmp_path. Whatever the test does (fails, leaves a call running),
 every run it started is stopped at its end and no process of them is left; a failing test's
-report names the run dirs. Loading the plugin imports neither TensorFlow nor the launcher.
+report names the run dirs. Loading the plugin imports neither TensorFlow nor the launcher (but
+the launch options, which import nothing): the marker takes `distlaunch.LaunchOptions`' fields.
 """
 
 from __future__ import annotations
@@ -20,20 +21,22 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from distlaunch.launcher.run.options import DEFAULTS, LaunchOptions
 
 if TYPE_CHECKING:
     from distlaunch.launcher.api.call import Call
 
 MARKER = "tf_cluster"
 _MARKER_HELP = (
-    "tf_cluster(workers=2, chief=0, ps=0, evaluator=0, strategy=None, timeout_s=None): the "
-    "cluster of the tf_cluster fixture (strategy: parameter_server when ps > 0, else "
-    "multi_worker_mirrored)"
+    "tf_cluster(workers=2, chief=0, ps=0, evaluator=0, strategy=None, timeout_s=None, ...): the "
+    "cluster of the tf_cluster fixture, and any other option of distlaunch.LaunchOptions but "
+    "spec (strategy: parameter_server when ps > 0, else multi_worker_mirrored)"
 )
 # The report section of a failing test that used the fixture.
 SECTION = "distlaunch tf_cluster"
@@ -44,29 +47,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", _MARKER_HELP)
 
 
-@dataclass(frozen=True)
-class Shape:
-    """The cluster of a ``tf_cluster``: its tasks by role, strategy and time limit."""
-
-    workers: int = 2
-    chief: int = 0
-    ps: int = 0
-    evaluator: int = 0
-    strategy: str | None = None  # None: parameter_server when ps > 0, else multi_worker_mirrored
-    timeout_s: float | None = None  # the whole run's limit (timeouts.run_s)
-
-    @property
-    def strategy_name(self) -> str:
-        """The strategy the cluster runs under."""
-        if self.strategy is not None:
-            return self.strategy
-        return "parameter_server" if self.ps else "multi_worker_mirrored"
-
-
 class TfCluster:
     """The ``tf_cluster`` fixture: runs functions on its cluster, and controls the latest run."""
 
-    def __init__(self, shape: Shape, shared_dir: Path) -> None:
+    def __init__(self, shape: LaunchOptions, shared_dir: Path) -> None:
         self.shape = shape
         self.shared_dir = shared_dir
         self.calls: list[Call] = []  # every call started, this cluster's and its siblings'
@@ -88,10 +72,11 @@ class TfCluster:
 
         s = self.shape
         spec = api_call.cluster_spec(
-            "tf_cluster", s.workers, s.chief, s.ps, s.evaluator, s.strategy_name, self.shared_dir
-        )
+            "tf_cluster", s.workers, s.chief, s.ps, s.evaluator, s.strategy_name, self.shared_dir,
+            gpus=s.gpus,
+        )  # fmt: skip
         with api.owning():
-            call = api_call.submit(fn, args, kwargs, spec=spec, timeout_s=s.timeout_s)
+            call = api_call.submit(fn, args, kwargs, replace(s, spec=spec))
             self.calls.append(call)
         return call
 
@@ -178,7 +163,7 @@ def tf_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TfClu
     """A TensorFlow cluster of local processes for this test, shaped by its ``tf_cluster`` marker
     (default: 2 workers under MultiWorkerMirroredStrategy)."""
     marker = request.node.get_closest_marker(MARKER)
-    shape = Shape(*marker.args, **marker.kwargs) if marker else Shape()
+    shape = LaunchOptions(*marker.args, **marker.kwargs) if marker else DEFAULTS
     cluster = TfCluster(shape, tmp_path / "tf_cluster")
     request.node.stash[_CLUSTER] = cluster
     yield cluster
