@@ -19,7 +19,7 @@ from types import ModuleType
 
 # Comma-separated patch names to leave out (`patches.PATCHES`): shows the upstream bug a patch
 # answers; the layer's tests run each patch off once this way.
-OFF_ENV = "DISTLAUNCH_KERAS3_OFF"
+OFF_ENV = "KERAS3_LAYER_OFF"
 _lock = threading.Lock()
 _state = {"installed": False, "applied": False}
 

@@ -1,0 +1,156 @@
+"""Keras 3 `fit`, `evaluate` and `predict` of a program that never imports distlaunch, under `up`
+on 2 and 3 real MWMS workers (worker/keras3/), compared with one process of the same program.
+
+The program (tests/keras3_programs/tutorial.py) is TensorFlow's multi-worker Keras tutorial in
+shape: global batch 64 over 552 samples (a last batch of 40), so 3 workers split every batch
+unevenly (22/21/21, then 14/13/13). Each patch is then switched off once (KERAS3_LAYER_OFF) to
+show the upstream bug it answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import distlaunch, only_run_dir, write_spec
+
+pytestmark = pytest.mark.integration
+
+PROGRAM = Path(__file__).resolve().parent / "keras3_programs" / "tutorial.py"
+EPOCHS = 3
+RTOL = 1e-4
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= RTOL * max(abs(y), 1e-6) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    """The program's results in one process (no TF_CONFIG, no distlaunch), same global batch."""
+    out = tmp_path_factory.mktemp("one")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), str(out), "--epochs", str(EPOCHS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "result-single.json").read_text())
+
+
+def _up(
+    tmp: Path, workers: int, *args: str, off: str = ""
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """`up` the program on ``workers`` workers with ``"keras": "keras3"``; its results by task."""
+    out = tmp / "out"
+    program = {
+        "script": str(PROGRAM),
+        "args": [str(out), "--epochs", str(EPOCHS), *args],
+        "keras": "keras3",
+        "env": {"KERAS3_LAYER_OFF": off} if off else {},
+    }
+    spec = write_spec(tmp, program=program, tasks={"worker": {"count": workers}})
+    result = distlaunch("up", str(spec), cwd=tmp, timeout=400)
+    results = {p.stem[len("result-") :]: json.loads(p.read_text()) for p in out.glob("*.json")}
+    return result, results
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_two_workers_with_the_callbacks_match_one_process(tmp, one_process):
+    files = tmp / "files"
+    result, results = _up(tmp, 2, "--files", str(files))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(results) == ["worker-0", "worker-1"]
+    for task, got in results.items():
+        assert _close(got["loss"], one_process["loss"]), (task, got["loss"], one_process["loss"])
+        assert _close(got["val_loss"], one_process["val_loss"]), task
+        assert _close(got["batch_loss"], one_process["batch_loss"]), task
+        assert _close(got["evaluate"], one_process["evaluate"]), task
+        assert _close(got["predict"], one_process["predict"]), task
+        assert got["iterations"] == one_process["iterations"] == 27
+    # Every worker logged the same loss each epoch, in its own log too.
+    logs = sorted((only_run_dir(tmp / "runs") / "logs" / "attempt-0").glob("worker-*.log"))
+    epoch_lines = [[ln for ln in p.read_text().splitlines() if " - loss: " in ln] for p in logs]
+    assert len(epoch_lines) == 2 and len(epoch_lines[0]) == EPOCHS
+    assert [ln.split(" - loss: ")[1] for ln in epoch_lines[0]] == [
+        ln.split(" - loss: ")[1] for ln in epoch_lines[1]
+    ]
+    # Only the chief's files at the user's paths; the backup is gone after training, as in one
+    # process; the other worker wrote into its temporary folders only.
+    left = _files(files)
+    assert "ckpt/best.keras" in left and "log.csv" in left
+    assert not any("workertemp" in name or name.startswith("backup") for name in left), left
+    assert all("workertemp_1" in path for path in results["worker-1"]["writes"])
+    assert not any("workertemp" in path for path in results["worker-0"]["writes"])
+    assert len((files / "log.csv").read_text().splitlines()) == EPOCHS + 1
+    events = (
+        [p for p in (files / "tb").rglob("events.out.tfevents.*")]
+        if (files / "tb").exists()
+        else []
+    )
+    assert len({p.name.split(".")[-3] for p in events}) <= 1  # event files of one pid only
+
+
+def test_three_workers_split_unevenly_match_one_process(tmp, one_process):
+    result, results = _up(tmp, 3)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(results) == ["worker-0", "worker-1", "worker-2"]
+    for task, got in results.items():
+        assert _close(got["loss"], one_process["loss"]), (task, got["loss"], one_process["loss"])
+        assert _close(got["batch_loss"], one_process["batch_loss"]), task
+        assert _close(got["evaluate"], one_process["evaluate"]), task
+        assert _close(got["predict"], one_process["predict"]), task
+
+
+@pytest.mark.parametrize(
+    "patch, upstream",
+    [
+        ("symbolic-build", "Attempt to convert a value (PerReplica"),
+        ("reduce-logs", "Invalid reduction dimension 0"),
+    ],
+)
+def test_without_the_patch_fit_fails_as_upstream(tmp, patch, upstream):
+    result, results = _up(tmp, 2, off=patch)
+    assert result.returncode != 0 and not results
+    assert upstream in result.stdout + result.stderr
+
+
+def test_without_loss_by_samples_an_uneven_split_drifts(tmp, one_process):
+    result, results = _up(tmp, 3, off="loss-by-samples")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not _close(results["worker-0"]["loss"], one_process["loss"])
+
+
+def test_without_merged_metrics_step_logs_are_not_one_process(tmp, one_process):
+    result, results = _up(tmp, 3, off="merged-metrics")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = results["worker-0"]
+    assert _close(got["loss"], one_process["loss"])  # the epoch's state is still summed
+    assert not _close(got["batch_loss"], one_process["batch_loss"])
+
+
+def test_without_the_callback_patches_every_worker_writes_the_users_paths(tmp):
+    files = tmp / "files"
+    off = "backup-and-restore,model-checkpoint,csv-logger,tensorboard"
+    result, results = _up(tmp, 2, "--files", str(files), off=off)
+    writes = results.get("worker-1", {}).get("writes") if results else None
+    if writes is None:  # it crashed on the shared HDF5 file (BlockingIOError), as upstream does
+        assert result.returncode != 0
+        return
+    user = [path for path in writes if "workertemp" not in path]
+    assert any(path.endswith("latest.weights.h5") for path in user)  # BackupAndRestore
+    assert any(path.endswith("best.keras") for path in user)  # ModelCheckpoint
+    assert any(path.endswith("log.csv") for path in user)  # CSVLogger
+    if (files / "tb").exists():  # TensorBoard: event files of both workers' pids
+        assert len({p.name.split(".")[-3] for p in (files / "tb").rglob("events.out.*")}) == 2
