@@ -66,6 +66,8 @@ class Record(keras.callbacks.Callback):
         for callback in callbacks:
             if isinstance(callback, keras.callbacks.CSVLogger):
                 writes.append(callback.csv_file.name)
+            if isinstance(callback, keras.callbacks.TensorBoard):
+                writes.append(os.path.join(callback._log_write_dir, "tb-events"))
 
 
 callbacks = []
