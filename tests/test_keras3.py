@@ -151,3 +151,29 @@ def test_without_the_callback_patches_every_worker_writes_the_users_paths(tmp):
     assert any(path.endswith("log.csv") for path in user)  # CSVLogger
     if (files / "tb").exists():  # TensorBoard (where the tensorboard package is installed)
         assert any(path.endswith("tb-events") for path in user)
+
+
+def test_worker_killed_mid_epoch_two_resumes_from_the_backup_at_its_step(tmp, one_process):
+    """Worker 1 SIGKILLs itself before global step 14 (epoch 2, step 5; the backup holds 12):
+    the gang restarts, restores the chief's BackupAndRestore and skips the 3 steps of epoch 2 it
+    holds, so the optimizer counts the uninterrupted run's steps and ends where it ends."""
+    files = tmp / "files"
+    out = tmp / "out"
+    program = {
+        "script": str(PROGRAM),
+        "args": [str(out), "--epochs", str(EPOCHS), "--files", str(files), "--die-at", "14"],
+        "keras": "keras3",
+    }
+    spec = write_spec(tmp, program=program, restart={"policy": "on-failure", "max_restarts": 2})
+    result = distlaunch("up", str(spec), cwd=tmp, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "worker-1 was killed by signal SIGKILL: restarting" in result.stderr
+    for task in ("worker-0", "worker-1"):
+        got = json.loads((out / f"result-{task}.json").read_text())
+        assert got["iterations"] == one_process["iterations"] == 27
+        # The resumed fit runs epochs 2 and 3; epoch 3 is the uninterrupted run's.
+        assert len(got["loss"]) == 2
+        assert _close(got["loss"][-1:], one_process["loss"][-1:]), (task, got["loss"])
+        assert _close(got["val_loss"], one_process["val_loss"][1:]), task
+        assert _close(got["evaluate"], one_process["evaluate"]), task
+    assert not (files / "backup").exists()

@@ -23,6 +23,8 @@ parser.add_argument("--global-batch", type=int, default=64)
 parser.add_argument("--samples", type=int, default=552)  # 8 full batches of 64 and one of 40
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--files", default=None)  # where the callbacks write; none: no callbacks
+# Worker 1 of the first attempt SIGKILLs itself before this global step (1-based): a fault.
+parser.add_argument("--die-at", type=int, default=0)
 args = parser.parse_args()
 
 rng = np.random.default_rng(7)
@@ -59,6 +61,12 @@ batch_loss = []
 
 
 class Record(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy()) + 1
+        first_attempt = os.environ.get("DISTLAUNCH_ATTEMPT", "0") == "0"
+        if step == args.die_at and first_attempt and strategy.cluster_resolver.task_id == 1:
+            os.kill(os.getpid(), 9)
+
     def on_train_batch_end(self, batch, logs=None):
         batch_loss.append(float(logs["loss"]))
 

@@ -72,6 +72,9 @@ def patch_backup_and_restore_chief_writes() -> None:
     @functools.wraps(save)
     def _save_model(self):
         strategy = _strategy(self)
+        # Keras makes the folder when it is missing; made here first, as another worker's
+        # temporary folder inside it may make it at the same moment (FileExistsError).
+        os.makedirs(write_dir(self.backup_dir, strategy), exist_ok=True)
         if is_chief(strategy):
             return save(self)
         kept = {name: getattr(self, name) for name in ("backup_dir", *names)}
@@ -96,6 +99,77 @@ def patch_backup_and_restore_chief_writes() -> None:
     cls.on_train_end = on_train_end
 
 
+# Steps of the restored epoch a backup already holds: the next epoch loop of fit skips them.
+_resume = {"skip": 0}
+STEP_KEY = "distlaunch_steps_in_epoch"
+
+
+def patch_backup_and_restore_resumes_at_its_step() -> None:
+    """Keras 3's ``BackupAndRestore(save_freq=N)`` saves mid-epoch but restores at the start of
+    the saved epoch (its metadata's ``batch`` is never read; tf_keras resumed at the step): the
+    steps of that epoch done before the failure run twice, and the optimizer counts them twice.
+    The backup now also records how many steps of its epoch it holds, and after a restore the
+    first epoch of ``fit`` skips those steps and their batches (the data as an uninterrupted run
+    sees it)."""
+    import json
+
+    from keras.src.callbacks import backup_and_restore
+    from keras.src.trainers import epoch_iterator
+
+    cls = backup_and_restore.BackupAndRestore
+    save, load, batch_end, epoch_end = (
+        cls._save_model,
+        cls._load_model,
+        cls.on_train_batch_end,
+        cls.on_epoch_end,
+    )
+    enumerate_steps = epoch_iterator.EpochIterator._enumerate_iterator
+
+    @functools.wraps(batch_end)
+    def on_train_batch_end(self, batch, logs=None):
+        self._distlaunch_steps = batch + 1
+        return batch_end(self, batch, logs)
+
+    @functools.wraps(epoch_end)
+    def on_epoch_end(self, epoch, logs=None):
+        self._distlaunch_steps = 0
+        return epoch_end(self, epoch, logs)
+
+    @functools.wraps(save)
+    def _save_model(self):
+        save(self)
+        if not is_chief(_strategy(self)) or not os.path.exists(self._training_metadata_path):
+            return  # a non-chief worker's copy is gone already; the user's file is the chief's
+        with open(self._training_metadata_path) as f:
+            metadata = json.load(f)
+        metadata[STEP_KEY] = getattr(self, "_distlaunch_steps", 0)
+        with open(self._training_metadata_path, "w") as f:
+            json.dump(metadata, f)
+
+    @functools.wraps(load)
+    def _load_model(self):
+        from .patches import multi_worker
+
+        load(self)
+        if multi_worker(_strategy(self)) and os.path.exists(self._training_metadata_path):
+            with open(self._training_metadata_path) as f:
+                _resume["skip"] = int(json.load(f).get(STEP_KEY, 0))
+
+    @functools.wraps(enumerate_steps)
+    def _enumerate_iterator(self):
+        skip, _resume["skip"] = _resume["skip"], 0
+        for begin, end, iterator in enumerate_steps(self):
+            if end < skip:
+                for _ in range(end - begin + 1):
+                    next(iterator)  # the batch this step took before the restart
+                continue
+            yield begin, end, iterator
+
+    cls.on_train_batch_end, cls.on_epoch_end = on_train_batch_end, on_epoch_end
+    cls._save_model, cls._load_model = _save_model, _load_model
+    epoch_iterator.EpochIterator._enumerate_iterator = _enumerate_iterator
+
+
 def patch_model_checkpoint_chief_writes() -> None:
     """Keras 3's ``ModelCheckpoint`` saves to the user's path from every worker. Non-chief
     workers save into their temporary folder beside it and remove it after each save; the
@@ -109,9 +183,11 @@ def patch_model_checkpoint_chief_writes() -> None:
     def _save_model(self, epoch, batch, logs):
         strategy = _strategy(self)
         if is_chief(strategy):
+            os.makedirs(os.path.dirname(self.filepath) or ".", exist_ok=True)
             return save(self, epoch, batch, logs)
         kept = self.filepath
         folder = write_dir(os.path.dirname(kept) or ".", strategy)
+        os.makedirs(folder, exist_ok=True)  # see BackupAndRestore's: the chief may make its parent
         self.filepath = os.path.join(folder, os.path.basename(kept))
         try:
             return save(self, epoch, batch, logs)
@@ -193,6 +269,18 @@ PATCHES = (
             for a in ("_save_model", "on_train_end", "on_train_begin")
         ),
         patch_backup_and_restore_chief_writes,
+    ),
+    guards.Patch(
+        "backup-resumes-at-step",
+        "keras-team/keras#20585 (BackupAndRestore restores at the epoch, not the step)",
+        "3.0",
+        "4",
+        (
+            f"{_CALLBACKS}.backup_and_restore:BackupAndRestore._load_model",
+            f"{_CALLBACKS}.backup_and_restore:BackupAndRestore._save_model",
+            "keras.src.trainers.epoch_iterator:EpochIterator._enumerate_iterator",
+        ),
+        patch_backup_and_restore_resumes_at_its_step,
     ),
     guards.Patch(
         "model-checkpoint",
