@@ -18,6 +18,7 @@ Keras 3 program under MWMS; it imports nothing but the standard library.
 
 from __future__ import annotations
 
-from .hook import LayerError, install, installed
+from .guards import LayerError
+from .hook import install, installed
 
 __all__ = ["LayerError", "install", "installed"]

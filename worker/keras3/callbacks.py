@@ -19,6 +19,7 @@ import shutil
 from typing import Any
 
 from . import guards
+from .where import is_chief, multi_worker, write_dir
 
 _CALLBACKS = "keras.src.callbacks"
 
@@ -26,27 +27,6 @@ _CALLBACKS = "keras.src.callbacks"
 def _strategy(callback: Any) -> Any:
     model = getattr(callback, "model", None) or getattr(callback, "_model", None)
     return getattr(model, "distribute_strategy", None)
-
-
-def is_chief(strategy: Any) -> bool:
-    """Whether this task writes the user's paths: the chief, else worker 0 where there is none;
-    every process outside multi-worker MWMS."""
-    from .patches import multi_worker
-
-    if strategy is None or not multi_worker(strategy):
-        return True
-    resolver = strategy.cluster_resolver
-    task_type, task_id = resolver.task_type, resolver.task_id
-    if task_type == "chief":
-        return True
-    return task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().jobs
-
-
-def write_dir(path: str, strategy: Any) -> str:
-    """Where this task writes what belongs in folder ``path`` (tf_keras's write_dirpath)."""
-    if is_chief(strategy):
-        return path
-    return os.path.join(path, f"workertemp_{strategy.cluster_resolver.task_id}")
 
 
 def _remove(path: str) -> None:
@@ -148,8 +128,6 @@ def patch_backup_and_restore_resumes_at_its_step() -> None:
 
     @functools.wraps(load)
     def _load_model(self):
-        from .patches import multi_worker
-
         load(self)
         if multi_worker(_strategy(self)) and os.path.exists(self._training_metadata_path):
             with open(self._training_metadata_path) as f:

@@ -17,15 +17,13 @@ import sys
 import threading
 from types import ModuleType
 
+from .guards import LayerError
+
 # Comma-separated patch names to leave out (`patches.PATCHES`): shows the upstream bug a patch
 # answers; the layer's tests run each patch off once this way.
 OFF_ENV = "KERAS3_LAYER_OFF"
 _lock = threading.Lock()
 _state = {"installed": False, "applied": False}
-
-
-class LayerError(ImportError):
-    """The layer cannot stand in for what Keras 3 lacks here: one line, with the way out."""
 
 
 def install() -> None:

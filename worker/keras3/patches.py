@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any
 
 import keras
 import tensorflow as tf
 
 from . import callbacks, guards
-from .hook import LayerError
+from .guards import LayerError
+from .where import multi_worker
 
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _LOSS = "keras.src.losses.loss"
@@ -30,13 +30,6 @@ _step = threading.local()
 # Results a merged metric produced (by tensor ref) while the step traced: reduce_per_replica
 # passes them through instead of all-reducing values every worker already agrees on.
 _merged = threading.local()
-
-
-def multi_worker(strategy: Any) -> bool:
-    """Whether ``strategy`` is MultiWorkerMirroredStrategy over more than one worker."""
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and bool(
-        strategy.extended._in_multi_worker_mode()
-    )
 
 
 def _current_multi_worker() -> bool:
