@@ -177,3 +177,17 @@ def test_worker_killed_mid_epoch_two_resumes_from_the_backup_at_its_step(tmp, on
         assert _close(got["val_loss"], one_process["val_loss"][1:]), task
         assert _close(got["evaluate"], one_process["evaluate"]), task
     assert not (files / "backup").exists()
+
+
+def test_dw_keras_callbacks_serve_keras3_fit(tmp, one_process):
+    result, results = _up(tmp, 2, "--dw-callbacks")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for task in ("worker-0", "worker-1"):
+        assert _close(results[task]["loss"], one_process["loss"]), task
+        lines = [ln for ln in result.stdout.splitlines() if ln.startswith(f"{task} | epoch ")]
+        assert [ln.split(" loss ")[0] for ln in lines] == [
+            f"{task} | epoch {e}/3 step {9 * e}" for e in (1, 2, 3)
+        ]
+    run_dir = only_run_dir(tmp / "runs")
+    backup = list((run_dir / "checkpoints").rglob("latest.weights.h5"))
+    assert len(backup) == 1 and "workertemp" not in str(backup[0]), backup

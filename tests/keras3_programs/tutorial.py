@@ -25,6 +25,8 @@ parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--files", default=None)  # where the callbacks write; none: no callbacks
 # Worker 1 of the first attempt SIGKILLs itself before this global step (1-based): a fault.
 parser.add_argument("--die-at", type=int, default=0)
+# Also distlaunch's own callbacks (the only import of distlaunch, and only with this flag).
+parser.add_argument("--dw-callbacks", action="store_true")
 args = parser.parse_args()
 
 rng = np.random.default_rng(7)
@@ -95,6 +97,10 @@ if args.files:
     except ImportError:
         pass
 
+if args.dw_callbacks:
+    import distlaunch.worker as dw
+
+    callbacks += dw.keras_callbacks(checkpoint_every=4)
 history = model.fit(
     dataset(x, y),
     epochs=args.epochs,
