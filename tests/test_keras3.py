@@ -78,6 +78,7 @@ def test_two_workers_with_the_callbacks_match_one_process(tmp, one_process):
         assert _close(got["batch_loss"], one_process["batch_loss"]), task
         assert _close(got["evaluate"], one_process["evaluate"]), task
         assert _close(got["predict"], one_process["predict"]), task
+        assert _close(got["predict_files"], one_process["predict_files"]), task
         assert got["iterations"] == one_process["iterations"] == 27
     # Every worker logged the same loss each epoch, in its own log too.
     logs = sorted((only_run_dir(tmp / "runs") / "logs" / "attempt-0").glob("worker-*.log"))
@@ -191,3 +192,13 @@ def test_dw_keras_callbacks_serve_keras3_fit(tmp, one_process):
     run_dir = only_run_dir(tmp / "runs")
     backup = list((run_dir / "checkpoints").rglob("latest.weights.h5"))
     assert len(backup) == 1 and "workertemp" not in str(backup[0]), backup
+
+
+def test_without_predict_by_data_files_are_predicted_out_of_order(tmp, one_process):
+    """3 files over 2 workers, sharded by FILE: worker 0 predicts 2 batches, worker 1 one; the
+    second gather pairs with nothing (the collective aborts), or the rows come out of order."""
+    result, results = _up(tmp, 2, off="predict-by-data")
+    if result.returncode != 0:
+        assert "CollectiveGather" in result.stdout + result.stderr
+        return
+    assert not _close(results["worker-0"]["predict_files"], one_process["predict_files"])

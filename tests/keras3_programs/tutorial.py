@@ -110,6 +110,16 @@ history = model.fit(
 )
 evaluated = model.evaluate(dataset(x[:200], y[:200]), verbose=0)
 predicted = model.predict(dataset(x[:150]), verbose=0)
+# A dataset read from files (3 of them, 40 rows each), left to TensorFlow's auto-shard policy.
+folder = os.path.join(args.out, f"rows-{strategy.cluster_resolver.task_id}")
+os.makedirs(folder, exist_ok=True)
+names = []
+for i in range(3):
+    names.append(os.path.join(folder, f"rows-{i}.txt"))
+    with open(names[-1], "w") as f:
+        f.writelines(" ".join(str(v) for v in row) + "\n" for row in x[40 * i : 40 * i + 40])
+lines = tf.data.TextLineDataset(names).map(lambda t: tf.strings.to_number(tf.strings.split(t)))
+from_files = model.predict(lines.batch(args.global_batch), verbose=0)
 resolver = strategy.cluster_resolver
 task = f"{resolver.task_type}-{resolver.task_id}" if resolver.task_type else "single"
 os.makedirs(args.out, exist_ok=True)
@@ -121,6 +131,7 @@ with open(os.path.join(args.out, f"result-{task}.json"), "w") as f:
             "val_loss": history.history["val_loss"],
             "evaluate": evaluated,
             "predict": predicted.ravel().tolist(),
+            "predict_files": from_files.ravel().tolist(),
             "iterations": int(model.optimizer.iterations.numpy()),
             "batch_loss": batch_loss,
             "writes": writes,

@@ -223,6 +223,29 @@ def patch_metrics_merged_across_workers() -> None:
     Metric.__init_subclass__ = __init_subclass__
 
 
+def patch_predict_shards_by_data() -> None:
+    """Keras 3's ``predict`` under multi-worker MWMS distributes the dataset with its own
+    auto-shard policy: a dataset read from files is sharded by FILE, so each worker predicts other
+    files and the gathered outputs are not the one-process order (tf_keras forced DATA sharding
+    for predict; keras-team/keras#20585). Force DATA sharding, as tf_keras did: every worker
+    reads every batch and keeps its share of it, and the concatenation over workers restores the
+    order."""
+    from keras.src.backend.tensorflow import trainer
+
+    original = trainer.TensorFlowTrainer.predict
+
+    @functools.wraps(original)
+    def predict(self, x, *args, **kwargs):
+        if isinstance(x, tf.data.Dataset) and multi_worker(self.distribute_strategy):
+            options = tf.data.Options()
+            policy = tf.data.experimental.AutoShardPolicy.DATA
+            options.experimental_distribute.auto_shard_policy = policy
+            x = x.with_options(options)
+        return original(self, x, *args, **kwargs)
+
+    trainer.TensorFlowTrainer.predict = predict
+
+
 def _in_multi_worker_replica_context() -> bool:
     return not tf.distribute.in_cross_replica_context() and _current_multi_worker()
 
@@ -279,6 +302,14 @@ PATCHES = (
         "4",
         (f"{_METRIC}:Metric.stateless_result", f"{_METRIC}:Metric.variables"),
         patch_metrics_merged_across_workers,
+    ),
+    guards.Patch(
+        "predict-by-data",
+        "keras-team/keras#20585",
+        "3.0",
+        "4",
+        (f"{_TRAINER}:TensorFlowTrainer.predict",),
+        patch_predict_shards_by_data,
     ),
     *callbacks.PATCHES,
 )
