@@ -107,6 +107,7 @@ def test_three_workers_split_unevenly_match_one_process(tmp, one_process):
     for task, got in results.items():
         assert _close(got["loss"], one_process["loss"]), (task, got["loss"], one_process["loss"])
         assert _close(got["batch_loss"], one_process["batch_loss"]), task
+        assert _close(got["batch_my_mae"], one_process["batch_my_mae"]), task
         assert _close(got["evaluate"], one_process["evaluate"]), task
         assert _close(got["predict"], one_process["predict"]), task
 

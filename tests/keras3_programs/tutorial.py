@@ -41,12 +41,28 @@ def dataset(xs, ys=None):
     return tf.data.Dataset.from_tensor_slices(data).batch(args.global_batch).with_options(options)
 
 
+class MeanAbsError(keras.metrics.Metric):
+    """A user's own metric, defined after the layer went in (merged across workers too)."""
+
+    def __init__(self, name="my_mae", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable((), "zeros", name="total")
+        self.count = self.add_variable((), "zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.total.assign_add(keras.ops.sum(keras.ops.abs(y_true - y_pred)))
+        self.count.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
+
+    def result(self):
+        return keras.ops.divide_no_nan(self.total, self.count)
+
+
 keras.utils.set_random_seed(1)
 with strategy.scope():
     model = keras.Sequential(
         [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
     )
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae", MeanAbsError()])
 
 # What each worker's callbacks wrote (the model's save calls, the CSV file it opened), for the
 # tests' chief-only checks; and the loss every training step logged.
@@ -60,6 +76,7 @@ for name in ("save", "save_weights"):
 
     setattr(model, name, spy)
 batch_loss = []
+batch_metric = []
 
 
 class Record(keras.callbacks.Callback):
@@ -71,6 +88,7 @@ class Record(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         batch_loss.append(float(logs["loss"]))
+        batch_metric.append(float(logs["my_mae"]))
 
     def on_epoch_end(self, epoch, logs=None):
         for callback in callbacks:
@@ -134,6 +152,7 @@ with open(os.path.join(args.out, f"result-{task}.json"), "w") as f:
             "predict_files": from_files.ravel().tolist(),
             "iterations": int(model.optimizer.iterations.numpy()),
             "batch_loss": batch_loss,
+            "batch_my_mae": batch_metric,
             "writes": writes,
         },
         f,

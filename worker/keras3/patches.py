@@ -112,6 +112,7 @@ def patch_loss_weighted_by_samples() -> None:
     from keras.src import tree
     from keras.src.backend.tensorflow import trainer
     from keras.src.losses import loss as loss_module
+    from keras.src.trainers.data_adapters import data_adapter_utils
 
     make_function = trainer.TensorFlowTrainer._make_function
     scale, unscale = (
@@ -126,7 +127,7 @@ def patch_loss_weighted_by_samples() -> None:
 
         @functools.wraps(step_function)
         def counted_step(data):
-            x = data[0] if isinstance(data, tuple) else data
+            x, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
             first = next((t for t in tree.flatten(x) if t is not None), None)
             if first is None:
                 return step_function(data)
@@ -292,6 +293,7 @@ PATCHES = (
             f"{_TRAINER}:TensorFlowTrainer._make_function",
             f"{_LOSS}:scale_loss_for_distribution",
             f"{_LOSS}:unscale_loss_for_distribution",
+            "keras.src.trainers.data_adapters.data_adapter_utils:unpack_x_y_sample_weight",
         ),
         patch_loss_weighted_by_samples,
     ),
