@@ -30,6 +30,8 @@ _step = threading.local()
 # Results a merged metric produced (by tensor ref) while the step traced: reduce_per_replica
 # passes them through instead of all-reducing values every worker already agrees on.
 _merged = threading.local()
+# Set while a merged result is computed: results inside it (sub-metrics) are not merged again.
+_merging = threading.local()
 
 
 def _current_multi_worker() -> bool:
@@ -170,14 +172,16 @@ def patch_metrics_merged_across_workers() -> None:
     what callbacks see of them, differ per worker. Called in a replica context of multi-worker
     MWMS, a metric's result is now computed from its state variables summed (or averaged, as
     each variable aggregates) over every replica in one all-reduce, so every worker logs the
-    same values and takes the same decisions. Wraps ``result`` of every Metric class, present
+    same values and takes the same decisions (the step's logs: every metric in one all-reduce).
+    Wraps ``result`` of every Metric class, present
     and future; a result computed inside another's merge (CompileMetrics' sub-metrics) is not
     merged twice."""
     from keras.src import tree
+    from keras.src.backend.common.stateless_scope import StatelessScope
     from keras.src.metrics import metric as metric_module
+    from keras.src.trainers import trainer as base_trainer
 
     Metric = metric_module.Metric
-    merging = threading.local()
 
     def wrap(cls: type) -> None:
         original = cls.__dict__.get("result")
@@ -186,19 +190,9 @@ def patch_metrics_merged_across_workers() -> None:
 
         @functools.wraps(original)
         def result(self):
-            if getattr(merging, "active", False) or not _in_multi_worker_replica_context():
+            if getattr(_merging, "active", False) or not _in_multi_worker_replica_context():
                 return original(self)
-            variables = list(self.variables)
-            merged = _merged_values(variables)
-            merging.active = True
-            try:
-                out = self.stateless_result(merged)
-            finally:
-                merging.active = False
-            refs = getattr(_merged, "refs", None)
-            if refs is not None:
-                refs.update(t.ref() for t in tree.flatten(out) if isinstance(t, tf.Tensor))
-            return out
+            return _merged_call(lambda: original(self), list(self.variables))
 
         result._distlaunch_merged = True  # type: ignore[attr-defined]
         cls.result = result
@@ -211,6 +205,32 @@ def patch_metrics_merged_across_workers() -> None:
 
     for cls in every_subclass(Metric):
         wrap(cls)
+
+    # The step's logs (get_metrics_result, what train_step and test_step return): every metric's
+    # state in one all-reduce, not one per metric.
+    get_metrics_result = base_trainer.Trainer.get_metrics_result
+
+    @functools.wraps(get_metrics_result)
+    def merged_metrics_result(self):
+        if getattr(_merging, "active", False) or not _in_multi_worker_replica_context():
+            return get_metrics_result(self)
+        variables = [v for metric in self.metrics for v in metric.variables]
+        return _merged_call(lambda: get_metrics_result(self), variables)
+
+    def _merged_call(compute, variables):
+        merged = _merged_values(variables)
+        _merging.active = True
+        try:
+            with StatelessScope(state_mapping=list(zip(variables, merged))):
+                out = compute()
+        finally:
+            _merging.active = False
+        refs = getattr(_merged, "refs", None)
+        if refs is not None:
+            refs.update(t.ref() for t in tree.flatten(out) if isinstance(t, tf.Tensor))
+        return out
+
+    base_trainer.Trainer.get_metrics_result = merged_metrics_result
     previous = Metric.__dict__.get("__init_subclass__")
 
     @classmethod  # type: ignore[misc]
@@ -302,7 +322,11 @@ PATCHES = (
         "keras-team/keras#20585",
         "3.0",
         "4",
-        (f"{_METRIC}:Metric.stateless_result", f"{_METRIC}:Metric.variables"),
+        (
+            f"{_METRIC}:Metric.variables",
+            "keras.src.trainers.trainer:Trainer.get_metrics_result",
+            "keras.src.backend.common.stateless_scope:StatelessScope",
+        ),
         patch_metrics_merged_across_workers,
     ),
     guards.Patch(
