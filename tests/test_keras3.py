@@ -101,9 +101,14 @@ def test_two_workers_with_the_callbacks_match_one_process(tmp, one_process):
 
 
 def test_three_workers_split_unevenly_match_one_process(tmp, one_process):
-    result, results = _up(tmp, 3)
+    files = tmp / "files"
+    result, results = _up(tmp, 3, "--files", str(files))
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(results) == ["worker-0", "worker-1", "worker-2"]
+    left = _files(files)
+    assert "ckpt/best.keras" in left and not any("workertemp" in name for name in left), left
+    for index in (1, 2):
+        assert all(f"workertemp_{index}" in p for p in results[f"worker-{index}"]["writes"])
     for task, got in results.items():
         assert _close(got["loss"], one_process["loss"]), (task, got["loss"], one_process["loss"])
         assert _close(got["batch_loss"], one_process["batch_loss"]), task
