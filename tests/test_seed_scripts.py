@@ -16,7 +16,6 @@ expression that loads that file the way Keras' loader does; the test prints whic
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -67,24 +66,13 @@ def test_slide4_tf_keras_fit_on_mwms_runs_with_tf_keras(tmp: Path) -> None:
         assert any("Epoch 5/5" in line for line in _lines(result, task))
 
 
-def test_slide4_with_keras3_fails_and_says_why_in_a_short_summary(tmp: Path) -> None:
+def test_slide4_with_keras3_runs_its_fit_with_the_layer(tmp: Path) -> None:
+    # Keras 3's own model.fit fails under MWMS (keras-team/keras#20585); distlaunch's Keras 3
+    # layer (worker/keras3/) runs the slide's NumPy-array fit unchanged.
     result = _up(tmp, PROGRAMS / "slide4_mwms_fit.py", keras="keras3")
-    assert result.returncode == 1
-    lines = result.stderr.splitlines()
-    start = next(
-        i
-        for i, line in enumerate(lines)
-        if re.match(r"distlaunch: run \S+ failed: worker-\d", line)
-    )
-    summary = lines[start:]
-    assert len(summary) <= 12, "\n".join(summary)
-    text = "\n".join(summary)
-    assert "ValueError" in summary[0]
-    assert "Keras 3 model.fit cannot run under MultiWorkerMirroredStrategy" in text
-    assert "keras-team/keras#20585" in text
-    assert '"keras": "tf_keras"' in text and "dw.fit" in text  # both fixes
-    assert "PerReplica'>) to a Tensor" in text  # the message's last line, not the tensor dump
-    assert all(len(line) <= 200 for line in summary if "hint:" not in line)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for task in ("worker-0", "worker-1"):
+        assert "Multi-worker distributed training completed" in _lines(result, task)
 
 
 def test_slide5_pss_coordinator_chief_program_with_served_ps_and_workers(

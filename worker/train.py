@@ -22,7 +22,6 @@ from . import contract, preempt, progress, ps, resume, runtime
 
 if TYPE_CHECKING:
     import keras
-    import tf_keras
 
 # Per-example weighted losses: (y_true, y_pred, sample_weight or None) -> tensor [batch].
 PerExampleLoss = Callable[[Any, Any, Any], tf.Tensor]
@@ -140,13 +139,15 @@ def fit(
     return log.entries
 
 
-def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.callbacks.Callback]:
-    """Return callbacks that make ``tf_keras`` ``model.fit`` a well-behaved distlaunch task.
+def keras_callbacks(*, checkpoint_every: int | None = None) -> list[Any]:
+    """Return callbacks that make ``model.fit`` a well-behaved distlaunch task, for the Keras
+    the task runs (tf_keras, or Keras 3 under MWMS with distlaunch.worker.keras3's layer).
 
-    With DISTLAUNCH_CHECKPOINT_DIR set: ``tf_keras.callbacks.BackupAndRestore`` backing up into
-    ``<checkpoint dir>/backup`` every ``checkpoint_every`` steps (default: every epoch); it
-    already lets only the chief keep its copy and makes every worker restore. Under MWMS it also
-    saves on a stop notice (``save_before_preemption``, see `preempt`) and exits 42. Always: a callback
+    With DISTLAUNCH_CHECKPOINT_DIR set: ``BackupAndRestore`` backing up into
+    ``<checkpoint dir>/backup`` every ``checkpoint_every`` steps (default: every epoch); only the
+    chief keeps its copy and every worker restores (Keras 3: at the step the backup holds). Under
+    MWMS tf_keras's also saves on a stop notice (``save_before_preemption``, see `preempt`) and
+    exits 42; Keras 3's has no such option. Always: a callback
     that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file, the chief's
     TensorBoard scalars and the "ready" heartbeat like `fit` does, prints ``distlaunch: resumed
     from ...`` after a restore, and writes the "training done" marker on the chief at the end.
@@ -154,12 +155,20 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
     Under ParameterServerStrategy tf_keras allows no batch-level callbacks: backups happen at
     epoch ends only (``checkpoint_every`` is ignored), and the heartbeat comes from a thread.
     """
-    import tf_keras  # imported here so that Keras 3 scripts never load Keras 2
-
     ctx = runtime.context()
     coordinated = ctx.strategy == contract.PSS
+    if ctx.keras == contract.TF_KERAS:
+        import tf_keras as keras_module  # imported here so that Keras 3 scripts never load Keras 2
+    else:
+        import keras as keras_module
 
-    class _DistlaunchCallback(tf_keras.callbacks.Callback):
+        if coordinated:
+            raise ValueError(
+                "Keras 3 model.fit does not support ParameterServerStrategy "
+                '(keras-team/keras#18624): set "keras": "tf_keras" or train with dw.fit'
+            )
+
+    class _DistlaunchCallback(keras_module.callbacks.Callback):
         """Metrics, heartbeat, resume line and done marker for tf_keras fit (after the restore)."""
 
         def __init__(self, backup_dir: Path | None) -> None:
@@ -208,16 +217,17 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[tf_keras.cal
                 self._heartbeat.beat(self._step(), force=True)
 
     backup_dir = ctx.checkpoint_dir / "backup" if ctx.checkpoint_dir else None
-    callbacks: list[tf_keras.callbacks.Callback] = []
+    callbacks: list[Any] = []
     if backup_dir is not None:
         # delete_checkpoint=False: like `fit`, a finished run keeps its state, so running the
         # same run again with more epochs continues instead of starting over.
+        more = {"save_before_preemption": ctx.strategy == contract.MWMS}
         callbacks.append(
-            tf_keras.callbacks.BackupAndRestore(
+            keras_module.callbacks.BackupAndRestore(
                 backup_dir=str(backup_dir),
                 save_freq="epoch" if coordinated else checkpoint_every or "epoch",
                 delete_checkpoint=False,
-                save_before_preemption=ctx.strategy == contract.MWMS,
+                **(more if ctx.keras == contract.TF_KERAS else {}),
             )
         )
     callbacks.append((_DistlaunchCallback if coordinated else _StepHeartbeatCallback)(backup_dir))

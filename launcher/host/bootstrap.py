@@ -50,6 +50,8 @@ _ERROR_FILE, _ROLE, _INDEX, _ATTEMPT, _RUN_DIR = (
 # contract.STACKS_SIGNAL_NAME and contract.stacks_signal_path's layout.
 _STACKS_SIGNAL = "SIGUSR2"
 _KERAS, _TF_KERAS = "DISTLAUNCH_KERAS", "tf_keras"  # contract.KERAS, contract.TF_KERAS
+# contract.STRATEGY, contract.MWMS, contract.KERAS3: where the Keras 3 layer goes in.
+_STRATEGY, _MWMS, _KERAS3 = "DISTLAUNCH_STRATEGY", "multi_worker_mirrored", "keras3"
 # A standby's only difference from its task: {"fd": control socket, "env": [[op, name, value]]}
 # (op: program_env's set, setdefault, putenv, unset).
 STANDBY_ENV = "DISTLAUNCH_STANDBY"
@@ -80,6 +82,7 @@ def main(args: list[str]) -> None:
         wait_as_standby(order["fd"], order["env"])
     install_error_hook()
     install_stack_dump()
+    install_keras3_layer()
     if args[0] == "-m":
         runpy.run_module(args[1], run_name="__main__", alter_sys=True)
     else:
@@ -136,6 +139,35 @@ def _write_env(writes: list[list[str]]) -> Callable[[], None]:
                 os.unsetenv(name)  # also what putenv wrote, which os.environ never saw
 
     return undo
+
+
+def install_keras3_layer() -> None:
+    """Where the plan runs Keras 3 under MWMS, put distlaunch.worker.keras3's post-import hook
+    in place: it patches Keras once the program imports it (nothing is imported now). Where
+    distlaunch is not importable here, that import of keras stops the task in one line."""
+    if os.environ.get(_KERAS) != _KERAS3 or os.environ.get(_STRATEGY) != _MWMS:
+        return
+    try:
+        from distlaunch.worker.keras3 import install
+    except ImportError:
+        sys.meta_path.insert(0, _NoLayer())
+        return
+    install()
+
+
+class _NoLayer:
+    """Stops an ``import keras`` where the layer cannot be imported (no distlaunch here)."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname == "keras":
+            print(
+                f"distlaunch: Keras 3 under MultiWorkerMirroredStrategy needs distlaunch "
+                f"installed for {sys.executable} (its Keras 3 layer); install it there or set "
+                '"keras": "tf_keras"',
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(2)
 
 
 def install_error_hook() -> None:

@@ -3,10 +3,14 @@
 Decides two things for a plan, before anything starts, from the entry script's source (or the
 module's, located the way ``python -m`` would find it, without importing it or its packages):
 
-- ``"keras": "auto"``: code written against ``tf.keras`` / ``tensorflow.keras`` is Keras 2 code,
-  and Keras 3's ``model.fit`` cannot run under MultiWorkerMirroredStrategy (keras-team/keras#20585)
-  nor ParameterServerStrategy (keras-team/keras#18624). Such a program, when it does not import
-  Keras 3 itself, runs with ``tf_keras`` (``TF_USE_LEGACY_KERAS=1``); everything else keeps Keras 3.
+- ``"keras": "auto"``: code written against ``tf.keras`` / ``tensorflow.keras`` is Keras 2 code
+  (written for tf_keras's ``model.fit``, which runs under both strategies). Such a program, when
+  it does not import Keras 3 itself, runs with ``tf_keras`` (``TF_USE_LEGACY_KERAS=1``);
+  everything else keeps Keras 3, under MultiWorkerMirroredStrategy with distlaunch's Keras 3
+  layer (distlaunch.worker.keras3: Keras 3's own ``model.fit`` does not support it,
+  keras-team/keras#20585). Refused before anything starts, in one line: Keras 3 on another
+  backend than TensorFlow (``KERAS_BACKEND``), and Keras 3's ``model.fit`` under
+  ParameterServerStrategy (keras-team/keras#18624).
 - Under ParameterServerStrategy the ps and worker tasks only run a TensorFlow server. A program
   that never starts one itself (the tutorials' chief-side code) would build a second coordinator
   on those tasks, so they run ``python -m distlaunch.worker.serve`` instead and only the chief
@@ -29,8 +33,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
+from importlib.util import find_spec
 from pathlib import Path
 
+from distlaunch.launcher.core.errors import SpecError
 from distlaunch.launcher.plan import program_env
 from distlaunch.launcher.plan.program_env import StandbyEnv
 from distlaunch.launcher.spec.model import LoadedSpec
@@ -64,6 +70,10 @@ class Facts:
     # names a way to save on a stop notice: TensorFlow's PreemptionCheckpointHandler or a Keras
     # BackupAndRestore (or imports distlaunch.worker, whose dw.fit saves on one)
     handler_line: int | None = None
+    # first `X.fit(...)` call whose X is not distlaunch.worker (a Keras model's fit)
+    fit_line: int | None = None
+    # first use of a Keras TensorBoard callback (needs the tensorboard package)
+    tensorboard_line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,10 @@ class ProgramChoice:
     # Whether the program can save on a stop notice (launcher/run/supervisor.py waits for the save
     # only then); True when the source is unknown
     saves_on_notice: bool = True
+    # Keras 3 under MWMS: the bootstrap puts distlaunch.worker.keras3 in before the program runs
+    keras_layer: bool = False
+    # one line each that `up` says before the tasks start (e.g. TensorBoard without tensorboard)
+    notes: tuple[str, ...] = ()
 
     @property
     def warm_restarts(self) -> bool:
@@ -92,13 +106,16 @@ class ProgramChoice:
         return self.uses_tensorflow and not self.standby_env.cold
 
     def start_note(self, strategy: str) -> str | None:
-        """The one line `up` prints when auto switched the program to tf_keras, else None."""
-        if not self.keras_auto:
-            return None
-        return (
-            f"program uses tf.keras: running with tf_keras, because {_why_tf_keras(strategy)}; "
-            'set "keras": "keras3" to override'
-        )
+        """What `up` prints before the tasks start: that auto switched the program to tf_keras,
+        and the `notes`, one line each; None when there is nothing to say."""
+        lines = list(self.notes)
+        if self.keras_auto:
+            lines.insert(
+                0,
+                f"program uses tf.keras: running with tf_keras, because {_why_tf_keras(strategy)}; "
+                'set "keras": "keras3" to override',
+            )
+        return "\n".join(lines) or None
 
     def to_json(self) -> dict:
         """JSON-ready data for the plan."""
@@ -112,6 +129,8 @@ class ProgramChoice:
             "standby_env": sorted({w.name for w in self.standby_env.writes}),
             "standby_cold": self.standby_env.cold,
             "saves_on_notice": self.saves_on_notice,
+            "keras_layer": self.keras_layer,
+            "notes": list(self.notes),
         }
 
 
@@ -126,7 +145,15 @@ def choose(loaded: LoadedSpec) -> ProgramChoice:
             facts = scan(source, where, _program_dir(loaded))
         except (SyntaxError, ValueError) as exc:
             where = f"{where} does not parse ({exc.__class__.__name__})"
-    keras, reason, auto = _keras(program.keras, facts, where, loaded.spec.strategy)
+    strategy = loaded.spec.strategy
+    keras, reason, auto = _keras(program.keras, facts, where, strategy)
+    layer = keras == contract.KERAS3 and strategy == contract.MWMS
+    if keras == contract.KERAS3:
+        _refuse_keras3(loaded, facts, where)
+        if layer and (facts is None or facts.keras3_line or facts.tf_keras_line):
+            reason += "; under MultiWorkerMirroredStrategy with distlaunch's Keras 3 layer"
+            reason += _untested_keras()
+    notes = _tensorboard_note(loaded, facts, where, keras)
     serve, serve_reason = _serving(facts, where, loaded.spec.strategy)
     uses_tf = facts is None or facts.imports_tensorflow
     env = (
@@ -137,7 +164,79 @@ def choose(loaded: LoadedSpec) -> ProgramChoice:
         )
     )
     saves = facts is None or facts.imports_distlaunch or facts.handler_line is not None
-    return ProgramChoice(keras, reason, auto, serve, serve_reason, uses_tf, env, saves)
+    return ProgramChoice(
+        keras, reason, auto, serve, serve_reason, uses_tf, env, saves, layer, notes
+    )
+
+
+def _refuse_keras3(loaded: LoadedSpec, facts: Facts | None, where: str) -> None:
+    """SpecError (one line) for a Keras 3 program distlaunch cannot run: another backend than
+    TensorFlow, or Keras 3's model.fit under ParameterServerStrategy."""
+    program = loaded.spec.program
+    backend, at = program.env.get("KERAS_BACKEND"), "program.env.KERAS_BACKEND"
+    if facts is not None:
+        for write in facts.standby_env.writes:
+            if write.name == "KERAS_BACKEND" and write.op in (
+                program_env.SET,
+                program_env.SETDEFAULT,
+            ):
+                backend, at = write.value, f"{where}:{write.line}"
+    if backend and backend.lower() != "tensorflow":
+        raise SpecError(
+            loaded.shown,
+            at,
+            f"Keras 3 on the {backend} backend (KERAS_BACKEND={backend}): distlaunch runs "
+            "TensorFlow clusters; use the tensorflow backend (unset KERAS_BACKEND) or "
+            '"keras": "tf_keras"',
+        )
+    # A program that imports distlaunch.worker picks its loop by the Keras it runs on (the
+    # examples call model.fit on tf_keras only, dw.fit otherwise): its own choice.
+    if (
+        loaded.spec.strategy == contract.PSS
+        and facts is not None
+        and facts.fit_line
+        and not facts.imports_distlaunch
+    ):
+        raise SpecError(
+            loaded.shown,
+            "program.keras",
+            f"{where}:{facts.fit_line} calls Keras 3 model.fit, which ParameterServerStrategy "
+            'does not support (keras-team/keras#18624): set "keras": "tf_keras" (tf.keras '
+            "model.fit runs under it) or train with dw.fit",
+        )
+
+
+def _untested_keras() -> str:
+    """``"; Keras X is untested ..."`` where this Python's Keras is not one the layer's tests ran
+    on, else ``""`` (read from the installed metadata; nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from distlaunch.worker.keras3.guards import TESTED
+
+    try:
+        have = version("keras")
+    except PackageNotFoundError:
+        return ""
+    if have in TESTED:
+        return ""
+    return f" (Keras {have} is untested: the layer was tested on {', '.join(TESTED)})"
+
+
+def _tensorboard_note(
+    loaded: LoadedSpec, facts: Facts | None, where: str, keras: str
+) -> tuple[str, ...]:
+    """The line `up` says when the program uses Keras's TensorBoard callback and the tensorboard
+    package is missing (TensorFlow 2.21 no longer installs it), checked for this Python when the
+    tasks run it."""
+    if facts is None or facts.tensorboard_line is None or loaded.spec.program.python:
+        return ()
+    if find_spec("tensorboard") is not None:
+        return ()
+    return (
+        f"{where}:{facts.tensorboard_line} uses Keras's TensorBoard callback and the "
+        "tensorboard package is not installed: it fails at the end of the first epoch; "
+        "pip install tensorboard",
+    )
 
 
 def standby_env(rest: Sequence[str], cwd: str) -> StandbyEnv:
@@ -244,6 +343,9 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
     keras3: list[int] = []
     server: list[int] = []
     handler: list[int] = []
+    fits: list[int] = []
+    tensorboard: list[int] = []
+    distlaunch_names: set[str] = set()  # names bound to distlaunch.worker (`dw`): dw.fit is ours
     imports_distlaunch = False
     imports_tensorflow = False
     for node in ast.walk(tree):
@@ -256,6 +358,8 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
                 if any(program_env.is_module(alias.name, m) for m in _KERAS2_MODULES):
                     tf_keras.append(node.lineno)
                 imports_distlaunch |= program_env.is_module(alias.name, "distlaunch")
+                if program_env.is_module(alias.name, "distlaunch"):
+                    distlaunch_names.add(alias.asname or alias.name.split(".")[0])
                 imports_tensorflow |= any(program_env.is_module(alias.name, m) for m in _TF_MODULES)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names = {alias.name for alias in node.names}
@@ -266,6 +370,8 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
             ):
                 tf_keras.append(node.lineno)
             imports_distlaunch |= program_env.is_module(node.module, "distlaunch")
+            if program_env.is_module(node.module, "distlaunch"):
+                distlaunch_names |= {alias.asname or alias.name for alias in node.names}
             imports_tensorflow |= any(program_env.is_module(node.module, m) for m in _TF_MODULES)
             if names & set(_NOTICE_HANDLERS):
                 handler.append(node.lineno)
@@ -281,10 +387,24 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
                 server.append(node.lineno)
             if node.attr in _NOTICE_HANDLERS:
                 handler.append(node.lineno)
+            if node.attr == "TensorBoard":
+                tensorboard.append(node.lineno)
         elif isinstance(node, ast.Name) and node.id == "Server":
             server.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id == "TensorBoard":
+            tensorboard.append(node.lineno)
         elif isinstance(node, ast.Name) and node.id in _NOTICE_HANDLERS:
             handler.append(node.lineno)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "fit"
+            and not (
+                isinstance(node.func.value, ast.Name) and node.func.value.id in distlaunch_names
+            )
+        ):
+            fits.append(node.lineno)
     return Facts(
         tf_keras_line=min(tf_keras, default=None),
         keras3_line=min(keras3, default=None),
@@ -292,6 +412,8 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
         server_line=min(server, default=None),
         imports_tensorflow=imports_tensorflow,
         handler_line=min(handler, default=None),
+        fit_line=min(fits, default=None),
+        tensorboard_line=min(tensorboard, default=None),
         standby_env=program_env.before_tensorflow(
             tree, filename, lambda name: _own_module(name, folder)
         ),
@@ -299,9 +421,8 @@ def scan(source: str, filename: str = "<program>", folder: Path | None = None) -
 
 
 def _why_tf_keras(strategy: str) -> str:
-    what, issue = UPSTREAM.get(strategy, UPSTREAM[contract.MWMS])
-    cannot = f"Keras 3's model.fit cannot run under {what} ({issue})"
-    return f"tf.keras code is Keras 2 code and {cannot}"
+    what, _ = UPSTREAM.get(strategy, UPSTREAM[contract.MWMS])
+    return f"tf.keras code is Keras 2 code, written for tf_keras's model.fit under {what}"
 
 
 def _keras(setting: str, facts: Facts | None, where: str, strategy: str) -> tuple[str, str, bool]:

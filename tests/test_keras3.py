@@ -1,0 +1,210 @@
+"""Keras 3 `fit`, `evaluate` and `predict` of a program that never imports distlaunch, under `up`
+on 2 and 3 real MWMS workers (worker/keras3/), compared with one process of the same program.
+
+The program (tests/keras3_programs/tutorial.py) is TensorFlow's multi-worker Keras tutorial in
+shape: global batch 64 over 552 samples (a last batch of 40), so 3 workers split every batch
+unevenly (22/21/21, then 14/13/13). Each patch is then switched off once (KERAS3_LAYER_OFF) to
+show the upstream bug it answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import distlaunch, only_run_dir, write_spec
+
+pytestmark = pytest.mark.integration
+
+PROGRAM = Path(__file__).resolve().parent / "keras3_programs" / "tutorial.py"
+EPOCHS = 3
+RTOL = 1e-4
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= RTOL * max(abs(y), 1e-6) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict:
+    """The program's results in one process (no TF_CONFIG, no distlaunch), same global batch."""
+    out = tmp_path_factory.mktemp("one")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    done = subprocess.run(
+        [sys.executable, str(PROGRAM), str(out), "--epochs", str(EPOCHS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "result-single.json").read_text())
+
+
+def _up(
+    tmp: Path, workers: int, *args: str, off: str = ""
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """`up` the program on ``workers`` workers with ``"keras": "keras3"``; its results by task."""
+    out = tmp / "out"
+    program = {
+        "script": str(PROGRAM),
+        "args": [str(out), "--epochs", str(EPOCHS), *args],
+        "keras": "keras3",
+        "env": {"KERAS3_LAYER_OFF": off} if off else {},
+    }
+    spec = write_spec(tmp, program=program, tasks={"worker": {"count": workers}})
+    result = distlaunch("up", str(spec), cwd=tmp, timeout=400)
+    results = {p.stem[len("result-") :]: json.loads(p.read_text()) for p in out.glob("*.json")}
+    return result, results
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_two_workers_with_the_callbacks_match_one_process(tmp, one_process):
+    files = tmp / "files"
+    result, results = _up(tmp, 2, "--files", str(files))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(results) == ["worker-0", "worker-1"]
+    for task, got in results.items():
+        assert _close(got["loss"], one_process["loss"]), (task, got["loss"], one_process["loss"])
+        assert _close(got["val_loss"], one_process["val_loss"]), task
+        assert _close(got["batch_loss"], one_process["batch_loss"]), task
+        assert _close(got["evaluate"], one_process["evaluate"]), task
+        assert _close(got["predict"], one_process["predict"]), task
+        assert _close(got["predict_files"], one_process["predict_files"]), task
+        assert got["iterations"] == one_process["iterations"] == 27
+    # Every worker logged the same loss each epoch, in its own log too.
+    logs = sorted((only_run_dir(tmp / "runs") / "logs" / "attempt-0").glob("worker-*.log"))
+    epoch_lines = [[ln for ln in p.read_text().splitlines() if " - loss: " in ln] for p in logs]
+    assert len(epoch_lines) == 2 and len(epoch_lines[0]) == EPOCHS
+    assert [ln.split(" - loss: ")[1] for ln in epoch_lines[0]] == [
+        ln.split(" - loss: ")[1] for ln in epoch_lines[1]
+    ]
+    # Only the chief's files at the user's paths; the backup is gone after training, as in one
+    # process; the other worker wrote into its temporary folders only.
+    left = _files(files)
+    assert "ckpt/best.keras" in left and "log.csv" in left
+    assert not any("workertemp" in name or name.startswith("backup") for name in left), left
+    assert all("workertemp_1" in path for path in results["worker-1"]["writes"])
+    assert not any("workertemp" in path for path in results["worker-0"]["writes"])
+    assert len((files / "log.csv").read_text().splitlines()) == EPOCHS + 1
+    if (files / "tb").exists():  # TensorBoard (where the tensorboard package is installed)
+        assert any(p.name.startswith("events.out") for p in (files / "tb").rglob("*"))
+        assert any(path.endswith("tb-events") for path in results["worker-1"]["writes"])
+
+
+def test_three_workers_split_unevenly_match_one_process(tmp, one_process):
+    files = tmp / "files"
+    result, results = _up(tmp, 3, "--files", str(files))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(results) == ["worker-0", "worker-1", "worker-2"]
+    left = _files(files)
+    assert "ckpt/best.keras" in left and not any("workertemp" in name for name in left), left
+    for index in (1, 2):
+        assert all(f"workertemp_{index}" in p for p in results[f"worker-{index}"]["writes"])
+    for task, got in results.items():
+        assert _close(got["loss"], one_process["loss"]), (task, got["loss"], one_process["loss"])
+        assert _close(got["batch_loss"], one_process["batch_loss"]), task
+        assert _close(got["batch_my_mae"], one_process["batch_my_mae"]), task
+        assert _close(got["evaluate"], one_process["evaluate"]), task
+        assert _close(got["predict"], one_process["predict"]), task
+
+
+@pytest.mark.parametrize(
+    "patch, upstream",
+    [
+        ("symbolic-build", "Attempt to convert a value (PerReplica"),
+        ("reduce-logs", "Invalid reduction dimension 0"),
+    ],
+)
+def test_without_the_patch_fit_fails_as_upstream(tmp, patch, upstream):
+    result, results = _up(tmp, 2, off=patch)
+    assert result.returncode != 0 and not results
+    assert upstream in result.stdout + result.stderr
+
+
+def test_without_loss_by_samples_an_uneven_split_drifts(tmp, one_process):
+    result, results = _up(tmp, 3, off="loss-by-samples")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not _close(results["worker-0"]["loss"], one_process["loss"])
+
+
+def test_without_merged_metrics_step_logs_are_not_one_process(tmp, one_process):
+    result, results = _up(tmp, 3, off="merged-metrics")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = results["worker-0"]
+    assert _close(got["loss"], one_process["loss"])  # the epoch's state is still summed
+    assert not _close(got["batch_loss"], one_process["batch_loss"])
+
+
+def test_without_the_callback_patches_every_worker_writes_the_users_paths(tmp):
+    files = tmp / "files"
+    off = "backup-and-restore,model-checkpoint,csv-logger,tensorboard"
+    result, results = _up(tmp, 2, "--files", str(files), off=off)
+    writes = results.get("worker-1", {}).get("writes") if results else None
+    if writes is None:  # it crashed on the shared HDF5 file (BlockingIOError), as upstream does
+        assert result.returncode != 0
+        return
+    user = [path for path in writes if "workertemp" not in path]
+    assert any(path.endswith("latest.weights.h5") for path in user)  # BackupAndRestore
+    assert any(path.endswith("best.keras") for path in user)  # ModelCheckpoint
+    assert any(path.endswith("log.csv") for path in user)  # CSVLogger
+    if (files / "tb").exists():  # TensorBoard (where the tensorboard package is installed)
+        assert any(path.endswith("tb-events") for path in user)
+
+
+def test_worker_killed_mid_epoch_two_resumes_from_the_backup_at_its_step(tmp, one_process):
+    """Worker 1 SIGKILLs itself before global step 14 (epoch 2, step 5; the backup holds 12):
+    the gang restarts, restores the chief's BackupAndRestore and skips the 3 steps of epoch 2 it
+    holds, so the optimizer counts the uninterrupted run's steps and ends where it ends."""
+    files = tmp / "files"
+    out = tmp / "out"
+    program = {
+        "script": str(PROGRAM),
+        "args": [str(out), "--epochs", str(EPOCHS), "--files", str(files), "--die-at", "14"],
+        "keras": "keras3",
+    }
+    spec = write_spec(tmp, program=program, restart={"policy": "on-failure", "max_restarts": 2})
+    result = distlaunch("up", str(spec), cwd=tmp, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "worker-1 was killed by signal SIGKILL: restarting" in result.stderr
+    for task in ("worker-0", "worker-1"):
+        got = json.loads((out / f"result-{task}.json").read_text())
+        assert got["iterations"] == one_process["iterations"] == 27
+        # The resumed fit runs epochs 2 and 3; epoch 3 is the uninterrupted run's.
+        assert len(got["loss"]) == 2
+        assert _close(got["loss"][-1:], one_process["loss"][-1:]), (task, got["loss"])
+        assert _close(got["val_loss"], one_process["val_loss"][1:]), task
+        assert _close(got["evaluate"], one_process["evaluate"]), task
+    assert not (files / "backup").exists()
+
+
+def test_dw_keras_callbacks_serve_keras3_fit(tmp, one_process):
+    result, results = _up(tmp, 2, "--dw-callbacks")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for task in ("worker-0", "worker-1"):
+        assert _close(results[task]["loss"], one_process["loss"]), task
+        lines = [ln for ln in result.stdout.splitlines() if ln.startswith(f"{task} | epoch ")]
+        assert [ln.split(" loss ")[0] for ln in lines] == [
+            f"{task} | epoch {e}/3 step {9 * e}" for e in (1, 2, 3)
+        ]
+    run_dir = only_run_dir(tmp / "runs")
+    backup = list((run_dir / "checkpoints").rglob("latest.weights.h5"))
+    assert len(backup) == 1 and "workertemp" not in str(backup[0]), backup
+
+
+def test_without_predict_by_data_files_are_predicted_out_of_order(tmp, one_process):
+    """3 files over 2 workers, sharded by FILE: worker 0 predicts 2 batches, worker 1 one; the
+    second gather pairs with nothing (the collective aborts), or the rows come out of order."""
+    result, results = _up(tmp, 2, off="predict-by-data")
+    if result.returncode != 0:
+        assert "CollectiveGather" in result.stdout + result.stderr
+        return
+    assert not _close(results["worker-0"]["predict_files"], one_process["predict_files"])
