@@ -8,7 +8,7 @@ import pytest
 
 from distlaunch.host import rules, timeouts
 from distlaunch.launcher.network import firewall
-from distlaunch.launcher.transports import agent, helper
+from distlaunch.launcher.transports import agent, agent_hub, agent_link, helper
 
 pytestmark = pytest.mark.quick
 
@@ -38,8 +38,10 @@ def test_the_named_relations_are_the_issues() -> None:
 
 def test_both_sides_wait_on_the_tables_values() -> None:
     assert agent.AGENT_SILENCE_S is timeouts.AGENT_SILENCE_S
-    assert agent.HELLO_S is timeouts.HELLO_S
-    assert agent.HEARTBEAT_S is timeouts.HEARTBEAT_S
+    assert agent_link.AGENT_SILENCE_S is timeouts.AGENT_SILENCE_S
+    assert agent_link.HELLO_S is timeouts.HELLO_S
+    assert agent_link.HEARTBEAT_S is timeouts.HEARTBEAT_S
+    assert agent_hub.HEARTBEAT_S is timeouts.HEARTBEAT_S
     assert firewall.ANSWER_TIMEOUT_S is timeouts.ANSWER_TIMEOUT_S
     assert helper.HEARTBEAT_TIMEOUT_S is timeouts.HEARTBEAT_TIMEOUT_S
     assert rules.TOOL_TIMEOUT_S is timeouts.TOOL_TIMEOUT_S

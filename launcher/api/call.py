@@ -42,8 +42,6 @@ from distlaunch.worker.call import PAYLOAD, SERVE_ARG, payload_path, result_path
 CALL_MODULE = "distlaunch.worker.call"
 # The roles that train, and so get `gpus=`: ps servers and the evaluator stay on the CPU.
 _GPU_ROLES = (contract.CHIEF, contract.WORKER)
-# timeouts.startup_s of a call's own cluster: no deadline (ten years), see the module docstring.
-NO_STARTUP_DEADLINE_S = 10 * 365 * 86400.0
 
 
 def run(
@@ -314,7 +312,7 @@ def cluster_spec(
             for role, n in counts.items()
             if n
         },
-        "timeouts": {"startup_s": NO_STARTUP_DEADLINE_S},
+        "timeouts": {"startup_s": None},  # no deadline: see the module docstring
         "shared_dir": str(shared_dir),
     }
 

@@ -197,7 +197,10 @@ def make_plan(
     # The one read of the program's source: which Keras, and who serves under PSS.
     program = program_scan.choose(loaded)
     addresses = placed.addresses()
-    environ = os.environ if environ is None else environ
+    # One read of the environment for every task: os.environ decodes each variable on each read,
+    # and a plan of N tasks read it 2N times.
+    environ = dict(os.environ if environ is None else environ)
+    forwarded = forwarded_env(spec.forward_env, environ)
     tasks = []
     for row in placed.rows:
         role, index = row.key
@@ -212,6 +215,7 @@ def make_plan(
             visible_gpus,
             program.keras,
             environ,
+            forwarded,
         )
         serves = program.serve_ps_workers and role in (contract.PS, contract.WORKER)
         tasks.append(
@@ -230,7 +234,7 @@ def make_plan(
                 transport=row.transport,
                 attempt=attempt,
                 cpus=row.cpus,
-                threads_kept=_threads_kept(loaded, row, environ),
+                threads_kept=_threads_kept(loaded, row, environ, forwarded),
             )
         )
     restart = spec.restart
@@ -281,6 +285,7 @@ def _task_env(
     visible_gpus: str | None,
     keras: str,
     environ: Mapping[str, str],
+    forwarded: Mapping[str, str],
 ) -> dict[str, str]:
     spec = loaded.spec
     role, index = row.key
@@ -289,7 +294,7 @@ def _task_env(
     # The log files keep TensorFlow's C++ INFO lines (level 0); the console hides them unless
     # tf_log_level is "all" (console.TfNoise).
     env = {"PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "0"}
-    env.update(forwarded_env(spec.forward_env, environ))
+    env.update(forwarded)
     env.update(spec.program.env)
     sizes = cpu_fit.threads(row.cpus)
     if sizes is not None:
@@ -326,17 +331,16 @@ def _task_env(
 
 
 def _threads_kept(
-    loaded: LoadedSpec, row: Placement, environ: Mapping[str, str]
+    loaded: LoadedSpec, row: Placement, environ: Mapping[str, str], forwarded: Mapping[str, str]
 ) -> tuple[str, ...]:
     """The thread variables (cpu_fit.THREAD_ENV) a pinned task keeps as the user set them: in the
     spec's env, the forwarded environment, or (a local task) the launcher's own environment."""
     if not row.cpus.pinned:
         return ()
     spec = loaded.spec
-    users = {**forwarded_env(spec.forward_env, environ), **spec.program.env}
-    if row.transport == TaskTransport.LOCAL:
-        users = {**environ, **users}
-    return tuple(k for k in cpu_fit.THREAD_ENV if k in users)
+    users = {**forwarded, **spec.program.env}
+    local = row.transport == TaskTransport.LOCAL
+    return tuple(k for k in cpu_fit.THREAD_ENV if k in users or (local and k in environ))
 
 
 def forwarded_env(patterns: list[str], environ: Mapping[str, str]) -> dict[str, str]:

@@ -78,10 +78,13 @@ def optional_text(description: str, **more: Any) -> dict[str, Any]:
     return {**text(description, **more), "type": ["string", "null"], "default": None}
 
 
-def seconds(description: str, default: float | None, *, zero: bool = False) -> dict[str, Any]:
+def seconds(
+    description: str, default: float | None, *, zero: bool = False, nullable: bool = False
+) -> dict[str, Any]:
+    """A duration in seconds; null (no limit) allowed where the default is null or ``nullable``."""
     low = {"minimum": 0} if zero else {"exclusiveMinimum": 0}
     return {
-        "type": "number" if default is not None else ["number", "null"],
+        "type": "number" if default is not None and not nullable else ["number", "null"],
         **low,
         "maximum": MAX_INT32,
         "default": default,

@@ -90,7 +90,10 @@ def timeouts() -> dict[str, Any]:
         "description": "How long the launcher waits before it calls something failed.",
         "properties": {
             "startup_s": seconds(
-                "Every training task must start its TensorFlow server within this.", 300.0
+                "Every training task must start its TensorFlow server within this (null: no "
+                "deadline).",
+                300.0,
+                nullable=True,
             ),
             "grace_s": seconds("SIGTERM to SIGKILL grace period at teardown.", 5.0, zero=True),
             "save_s": seconds(

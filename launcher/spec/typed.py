@@ -170,7 +170,7 @@ def _plain(value: Any) -> Any:
 class Timeouts:
     """How long the launcher waits before it calls something failed (seconds)."""
 
-    startup_s: float = 300.0
+    startup_s: float | None = 300.0  # None: no deadline
     grace_s: float = 5.0
     save_s: float = 30.0
     run_s: float | None = None
