@@ -216,11 +216,11 @@ def _requeued_and_resumed(
 def test_sbatch_requeue_saves_and_resumes_at_the_time_limit_signal(
     lab: SlurmLab, tmp: Path
 ) -> None:
-    # --time 2: Slurm signals the launcher timeouts.save_s + grace_s + 15 = 47 s before the end;
-    # its time-limit check runs every 30 s and sends it once the end is within 47 + 30 s, so
-    # 43 to 73 s after the start: both workers train by then (about 20 s under load), and the
-    # test waits half as long as with --time 3. The requeued job gets 10 minutes, so that the
-    # resumed run has no second warning before the test ends it.
+    # --time 2: Slurm signals the launcher timeouts.save_s + grace_s + 15 = 47 s before the end,
+    # or earlier: slurmctld's time-limit check (every 30 s) sends it once the end is within the
+    # lead plus 30 s, so 43 to 73 s after the start (seen at 58 s; with --time 3 the test sat
+    # 100 s waiting). Both workers train well before (they join about 15 s in). The requeued job
+    # gets 10 minutes, so that the resumed run has no second warning before the test ends it.
     job, run_dir = _submitted(lab, tmp, "--time", "2")
     script = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --signal=B:USR2@47\n" in script
