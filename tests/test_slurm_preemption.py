@@ -165,17 +165,25 @@ def _evidence(lab: SlurmLab, job: str, run_dir: Path) -> None:
     print(lab.log("slurmctld")[-3000:])
 
 
-def _requeued_and_resumed(lab: SlurmLab, job: str, run_dir: Path, signal_name: str) -> int:
+def _requeued_and_resumed(
+    lab: SlurmLab, job: str, run_dir: Path, signal_name: str, time_limit: str | None = None
+) -> int:
     """After a notice to the job: both workers saved one step on the notice (``signal_name``
     to the launcher), the launcher exited preempted, and the requeued job resumed the run at
-    exactly that step. Returns the step; ends the job (`down`)."""
+    exactly that step. Returns the step; ends the job (`down`). ``time_limit``: the requeued
+    job's, set while it waits (a short one would warn the resumed run too)."""
     pending_since: list[float] = []
+    limited: list[str] = []
 
     def resumed() -> bool:
         if _job_state(lab, job) == "PENDING":
             # Slurm holds a requeued job back (BeginTime); the test skips most of that wait (see
             # test_slurm's requeue test: not within the second of the requeue).
             pending_since[:1] = pending_since[:1] or [time.monotonic()]
+            if time_limit is not None and not limited:
+                done = lab.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={time_limit}"])
+                assert done.returncode == 0, done.stderr
+                limited.append(time_limit)
             if time.monotonic() - pending_since[0] > 2.0:
                 lab.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
         logs = (run_dir / "logs" / "attempt-1").glob("worker-*.log")
@@ -208,12 +216,15 @@ def _requeued_and_resumed(lab: SlurmLab, job: str, run_dir: Path, signal_name: s
 def test_sbatch_requeue_saves_and_resumes_at_the_time_limit_signal(
     lab: SlurmLab, tmp: Path
 ) -> None:
-    # --time 3: Slurm signals the launcher timeouts.save_s + grace_s + 15 = 47 s before the end
-    # (its own time-limit check may send it up to a minute early).
-    job, run_dir = _submitted(lab, tmp, "--time", "3")
+    # --time 2: Slurm signals the launcher timeouts.save_s + grace_s + 15 = 47 s before the end,
+    # or earlier: slurmctld's time-limit check (every 30 s) sends it once the end is within the
+    # lead plus 30 s, so 43 to 73 s after the start (seen at 58 s; with --time 3 the test sat
+    # 100 s waiting). Both workers train well before (they join about 15 s in). The requeued job
+    # gets 10 minutes, so that the resumed run has no second warning before the test ends it.
+    job, run_dir = _submitted(lab, tmp, "--time", "2")
     script = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --signal=B:USR2@47\n" in script
-    assert _requeued_and_resumed(lab, job, run_dir, "SIGUSR2") > 25
+    assert _requeued_and_resumed(lab, job, run_dir, "SIGUSR2", time_limit="10") > 25
 
 
 @pytest.mark.integration
