@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import distlaunch, only_run_dir, write_spec
+from conftest import distlaunch, only_run_dir, wait_for, wait_for_run_dir, write_spec
+from distlaunch.worker import contract
 
 pytestmark = pytest.mark.integration
 
@@ -184,6 +187,61 @@ def test_worker_killed_mid_epoch_two_resumes_from_the_backup_at_its_step(tmp, on
         assert _close(got["val_loss"], one_process["val_loss"][1:]), task
         assert _close(got["evaluate"], one_process["evaluate"]), task
     assert not (files / "backup").exists()
+
+
+def test_a_stop_notice_mid_epoch_saves_an_agreed_step_and_the_resume_loses_none(tmp, one_process):
+    """Both workers wait before global step 14 (epoch 2, step 5) for the notice (SIGTERM to
+    `up`); every worker learns of it in step 14's all-reduce and saves the user's BackupAndRestore
+    there (its periodic backup held step 12), exits preempted; `up --resume` restores step 14 and
+    the optimizer counts the uninterrupted run's 27 steps."""
+    files = tmp / "files"
+    out = tmp / "out"
+    program = {
+        "script": str(PROGRAM),
+        "args": [str(out), "--epochs", str(EPOCHS), "--files", str(files), "--notice-at", "14"],
+        "keras": "keras3",
+    }
+    spec = write_spec(tmp, program=program, timeouts={"grace_s": 2, "startup_s": 120, "save_s": 60})
+    with open(tmp / "stderr.txt", "w") as err:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)],
+            cwd=tmp,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        logs = run_dir / "logs" / "attempt-0"
+        wait_for(
+            lambda: (
+                launcher.poll() is not None
+                or (
+                    len(found := list(logs.glob("worker-*.log"))) == 2
+                    and all("waiting for a notice" in p.read_text() for p in found)
+                )
+            ),
+            "both workers to wait before step 14",
+        )
+        assert launcher.poll() is None, (tmp / "stderr.txt").read_text()[-3000:]
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    stderr = (tmp / "stderr.txt").read_text()
+    assert launcher.returncode == contract.EXIT_PREEMPTED, stderr[-3000:]
+    texts = [p.read_text() for p in sorted(logs.glob("worker-*.log"))]
+    assert [re.findall(r"stop notice: saved step (\d+)", t) for t in texts] == [["14"], ["14"]]
+    assert not list(out.glob("result-*.json"))  # the first attempt ended at the notice
+    resumed = distlaunch("up", str(spec), "--resume", cwd=tmp, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for log in sorted((run_dir / "logs" / "attempt-1").glob("worker-*.log")):
+        assert "fit starts at step 14" in log.read_text(), log
+    for task in ("worker-0", "worker-1"):
+        got = json.loads((out / f"result-{task}.json").read_text())
+        assert got["iterations"] == one_process["iterations"] == 27
+        assert len(got["loss"]) == 2  # epochs 2 and 3; epoch 3 is the uninterrupted run's
+        assert _close(got["loss"][-1:], one_process["loss"][-1:]), (task, got["loss"])
+        assert _close(got["evaluate"], one_process["evaluate"]), task
 
 
 def test_dw_keras_callbacks_serve_keras3_fit(tmp, one_process):
