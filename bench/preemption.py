@@ -1,6 +1,6 @@
 """Preemption: steps lost over stop notices at random times, and how fast a notice ends a run.
 
-Four kinds of program, each a case (no periodic checkpoint in any: only a notice's save can
+Five kinds of program, each a case (no periodic checkpoint in any: only a notice's save can
 carry the steps over to the resume):
 
 - ``mwms``: 2 MultiWorkerMirroredStrategy workers training `dw.fit`
@@ -10,6 +10,10 @@ carry the steps over to the resume):
   own ``BackupAndRestore(save_before_preemption=True)`` under ``dw.strategy()``; a callback of
   the script prints ``step S`` (the optimizer's iterations) after every batch, and the step
   ``fit`` starts from;
+- ``keras3``: 2 MWMS workers running a Keras 3 ``model.fit`` script that never imports
+  distlaunch (``"keras": "keras3"``: the layer of worker/keras3/), with its own
+  ``BackupAndRestore`` (no ``save_before_preemption`` in Keras 3: the layer saves it on the
+  notice); a callback prints ``step S`` after every batch, and the step ``fit`` starts from;
 - ``handler``: 2 MWMS workers running a user's own loop around TensorFlow's
   ``PreemptionCheckpointHandler``; it prints ``step S`` (the handler's run counter, which its
   checkpoint holds) after every step, and the step it starts from;
@@ -29,7 +33,7 @@ line of its logs, or the step it saved) minus the step the next round's resume s
 (``resumed from ... at step R`` on every training task; 0 when a task printed none: it started
 over). Notice-to-stopped: from the notice to `up` exiting (every task gone).
 
-    python bench/preemption.py [--case mwms|tf_keras|handler|pss|all] [--backend local|slurm]
+    python bench/preemption.py [--case mwms|tf_keras|keras3|handler|pss|all] [--backend local|slurm]
         [--notices 20] [--double | --early]
 
 prints one line per case and backend:
@@ -105,6 +109,59 @@ model.fit(
         tf_keras.callbacks.BackupAndRestore(
             backup, save_freq=1000000, delete_checkpoint=False, save_before_preemption=True
         ),
+    ],
+)
+"""
+
+# A Keras 3 model.fit script as a user writes it for one process (no distlaunch import): its own
+# BackupAndRestore, which the layer saves on a notice at the step the workers agree on.
+KERAS3_SCRIPT = """
+import os
+import tensorflow as tf
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+import keras
+import numpy as np
+
+rng = np.random.default_rng(0)
+images = rng.random((6400, 784), dtype=np.float32)
+labels = rng.integers(0, 10, 6400)
+with strategy.scope():
+    model = keras.Sequential(
+        [keras.Input((784,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)]
+    )
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+dataset = (
+    tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(64).with_options(options)
+)
+backup = os.path.join(os.environ["DISTLAUNCH_CHECKPOINT_DIR"], "backup")
+
+
+class Steps(keras.callbacks.Callback):
+    started = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        start = int(self.model.optimizer.iterations.numpy())
+        if start and not self.started:
+            print(f"resumed from {backup} at step {start}", flush=True)
+        self.started = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        print(f"step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+
+
+model.fit(
+    dataset,
+    epochs=100000,
+    steps_per_epoch=10,
+    verbose=0,
+    callbacks=[
+        Steps(),
+        keras.callbacks.BackupAndRestore(backup, save_freq=1000000, delete_checkpoint=False),
     ],
 )
 """
@@ -197,6 +254,15 @@ CASES = {
             "worker-*.log",
             2,
             {"task.py": TF_KERAS_SCRIPT},
+        ),
+        Case(
+            "keras3",
+            "multi_worker_mirrored",
+            {"script": "task.py", "keras": "keras3"},
+            TWO_WORKERS,
+            "worker-*.log",
+            2,
+            {"task.py": KERAS3_SCRIPT},
         ),
         Case(
             "handler",

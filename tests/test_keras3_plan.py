@@ -69,6 +69,31 @@ def test_keras3_on_another_backend_is_refused_in_one_line(
 
 
 @pytest.mark.quick
+def test_validate_refuses_keras3_fit_under_pss_as_plan_does_without_tensorflow(tmp: Path) -> None:
+    _loaded(tmp, KERAS3, **PSS)
+    # -X importtime lists every module the command imported (on stderr): TensorFlow is not one.
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "distlaunch.launcher", "validate", "spec.json"],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [ln for ln in result.stderr.splitlines() if not ln.startswith("import time:")]
+    assert len(lines) == 1, lines
+    assert "job.py:4 calls Keras 3 model.fit" in lines[0] and "keras-team/keras#18624" in lines[0]
+    assert '"keras": "tf_keras"' in lines[0]
+    imported = [ln.rsplit("|", 1)[-1].strip() for ln in result.stderr.splitlines()]
+    assert "distlaunch.launcher.plan.program_scan" in imported
+    assert not any(name.split(".")[0] in ("tensorflow", "keras") for name in imported)
+    # The same program under MWMS is valid: the layer runs it.
+    _loaded(tmp, KERAS3)
+    ok = distlaunch("validate", str(tmp / "spec.json"), cwd=tmp)
+    assert ok.returncode == 0 and ": ok (multi_worker_mirrored" in ok.stdout, ok.stderr
+
+
+@pytest.mark.quick
 def test_keras3_fit_under_pss_is_refused_with_the_way_out(tmp: Path) -> None:
     _loaded(tmp, KERAS3, **PSS)
     result = distlaunch("plan", str(tmp / "spec.json"), cwd=tmp)

@@ -147,7 +147,8 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[Any]:
     ``<checkpoint dir>/backup`` every ``checkpoint_every`` steps (default: every epoch); only the
     chief keeps its copy and every worker restores (Keras 3: at the step the backup holds). Under
     MWMS tf_keras's also saves on a stop notice (``save_before_preemption``, see `preempt`) and
-    exits 42; Keras 3's has no such option. Always: a callback
+    exits 42; under Keras 3 the layer saves it on a notice (patches.patch_stop_notice) and exits
+    75. Always: a callback
     that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file, the chief's
     TensorBoard scalars and the "ready" heartbeat like `fit` does, prints ``distlaunch: resumed
     from ...`` after a restore, and writes the "training done" marker on the chief at the end.

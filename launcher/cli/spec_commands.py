@@ -16,10 +16,15 @@ from distlaunch.launcher.core.errors import UsageError
 @SPEC
 @SET
 def validate(spec: str, overrides: tuple[str, ...]) -> None:
-    """Check SPEC and print a one-line verdict; exit 2 when it is malformed."""
+    """Check SPEC and print a one-line verdict; exit 2 when it is malformed or names a program
+    distlaunch cannot run (Keras 3 on another backend, Keras 3 model.fit under PSS)."""
+    from distlaunch.launcher.plan import program_scan
     from distlaunch.launcher.spec.model import load_spec
 
     loaded = load_spec(spec, spec_options(overrides))
+    # The refusals `plan` and `up` make from the program's source (read, never imported: no
+    # TensorFlow start here).
+    program_scan.choose(loaded)
     counts = ", ".join(f"{len(v)} {k}" for k, v in loaded.spec.tasks.by_role().items())
     click.echo(f"{spec}: ok ({loaded.spec.strategy}; {counts})")
 

@@ -46,8 +46,13 @@ CATALOG: tuple[Hint, ...] = (
         ("ValueError",),
         r"unsupported type \(<class '[\w.]*PerReplica'>\) to a Tensor"
         r"|Invalid reduction dimension 0 for input with 0 dimensions",
-        "Keras 3 model.fit cannot run under MultiWorkerMirroredStrategy (keras-team/keras#20585). "
-        f"Fix: {_TF_KERAS_FIX}",
+        "Keras 3 model.fit cannot run under MultiWorkerMirroredStrategy without distlaunch's "
+        "Keras 3 layer (keras-team/keras#20585), and this task ran without it: the layer is on "
+        'by default for Keras 3 programs, off where the spec says "keras": "tf_keras" and the '
+        "program imports keras, or where KERAS3_LAYER_OFF leaves its patches out (a guard that "
+        'fails stops the task at start in a line of its own). Fix: "keras": "keras3" (or '
+        '"auto", the default) and no KERAS3_LAYER_OFF; or run tf.keras code on Keras 2 '
+        '("keras": "tf_keras") or train with dw.fit',
     ),
     Hint(
         "keras3-fit-pss",
@@ -85,9 +90,10 @@ CATALOG: tuple[Hint, ...] = (
         (),
         r"unable to lock file|Unable to (synchronously )?create file|Failed to rename",
         "two tasks wrote the same file: under MultiWorkerMirroredStrategy every worker runs the "
-        "callbacks, so ModelCheckpoint/TensorBoard/BackupAndRestore paths must be chief-only "
-        "(tf_keras's callbacks do it; with Keras 3 write only where dw.context().is_chief, or "
-        "use dw.keras_callbacks())",
+        "callbacks: tf_keras's ModelCheckpoint/TensorBoard/BackupAndRestore/CSVLogger write "
+        "the user's paths on the chief only, and so do Keras 3's under distlaunch's Keras 3 "
+        "layer (on by default); a file the program writes itself must be written where "
+        "dw.context().is_chief, other workers writing elsewhere",
     ),
     Hint(
         "keras3-savedmodel-path",

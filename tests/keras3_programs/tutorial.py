@@ -9,6 +9,8 @@ usage: tutorial.py OUT [--workers-batch 64] [--samples 552] [--epochs 3] [--file
 import argparse
 import json
 import os
+import sys
+import time
 
 import tensorflow as tf
 
@@ -25,8 +27,13 @@ parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--files", default=None)  # where the callbacks write; none: no callbacks
 # Worker 1 of the first attempt SIGKILLs itself before this global step (1-based): a fault.
 parser.add_argument("--die-at", type=int, default=0)
+# Every worker of the first attempt waits before this global step (1-based) for the launcher's
+# stop notice (printing "waiting for a notice"): the notice then comes mid-step, mid-epoch.
+parser.add_argument("--notice-at", type=int, default=0)
 # Also distlaunch's own callbacks (the only import of distlaunch, and only with this flag).
 parser.add_argument("--dw-callbacks", action="store_true")
+# What runs after fit (a test runs only what its assertions read): evaluate, predict.
+parser.add_argument("--parts", default="fit,evaluate,predict")
 args = parser.parse_args()
 
 rng = np.random.default_rng(7)
@@ -79,12 +86,27 @@ batch_loss = []
 batch_metric = []
 
 
+def _noticed():
+    # The layer's notice flag, read without importing distlaunch (a test hook only).
+    preempt = sys.modules.get("distlaunch.worker.preempt")
+    return preempt is not None and preempt.noticed()
+
+
 class Record(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        print(f"fit starts at step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+
     def on_train_batch_begin(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy()) + 1
         first_attempt = os.environ.get("DISTLAUNCH_ATTEMPT", "0") == "0"
         if step == args.die_at and first_attempt and strategy.cluster_resolver.task_id == 1:
             os.kill(os.getpid(), 9)
+        if step == args.notice_at and first_attempt:
+            print("waiting for a notice", flush=True)
+            for _ in range(1200):
+                if _noticed():
+                    break
+                time.sleep(0.1)
 
     def on_train_batch_end(self, batch, logs=None):
         batch_loss.append(float(logs["loss"]))
@@ -100,6 +122,9 @@ class Record(keras.callbacks.Callback):
 
 callbacks = []
 if args.files:
+    # CSVLogger opens its file in a folder that must exist (as in one process); before this, the
+    # chief's open raced worker 1's temporary folder inside it, which made it.
+    os.makedirs(args.files, exist_ok=True)
     callbacks = [
         keras.callbacks.BackupAndRestore(os.path.join(args.files, "backup"), save_freq=3),
         keras.callbacks.ModelCheckpoint(
@@ -126,18 +151,21 @@ history = model.fit(
     callbacks=[*callbacks, Record()],
     verbose=2,
 )
-evaluated = model.evaluate(dataset(x[:200], y[:200]), verbose=0)
-predicted = model.predict(dataset(x[:150]), verbose=0)
-# A dataset read from files (3 of them, 40 rows each), left to TensorFlow's auto-shard policy.
-folder = os.path.join(args.out, f"rows-{strategy.cluster_resolver.task_id}")
-os.makedirs(folder, exist_ok=True)
-names = []
-for i in range(3):
-    names.append(os.path.join(folder, f"rows-{i}.txt"))
-    with open(names[-1], "w") as f:
-        f.writelines(" ".join(str(v) for v in row) + "\n" for row in x[40 * i : 40 * i + 40])
-lines = tf.data.TextLineDataset(names).map(lambda t: tf.strings.to_number(tf.strings.split(t)))
-from_files = model.predict(lines.batch(args.global_batch), verbose=0)
+parts = args.parts.split(",")
+evaluated = model.evaluate(dataset(x[:200], y[:200]), verbose=0) if "evaluate" in parts else []
+predicted = from_files = np.zeros(0)
+if "predict" in parts:
+    predicted = model.predict(dataset(x[:150]), verbose=0)
+    # A dataset read from files (3 of them, 40 rows each), left to TensorFlow's auto-shard policy.
+    folder = os.path.join(args.out, f"rows-{strategy.cluster_resolver.task_id}")
+    os.makedirs(folder, exist_ok=True)
+    names = []
+    for i in range(3):
+        names.append(os.path.join(folder, f"rows-{i}.txt"))
+        with open(names[-1], "w") as f:
+            f.writelines(" ".join(str(v) for v in row) + "\n" for row in x[40 * i : 40 * i + 40])
+    lines = tf.data.TextLineDataset(names).map(lambda t: tf.strings.to_number(tf.strings.split(t)))
+    from_files = model.predict(lines.batch(args.global_batch), verbose=0)
 resolver = strategy.cluster_resolver
 task = f"{resolver.task_type}-{resolver.task_id}" if resolver.task_type else "single"
 os.makedirs(args.out, exist_ok=True)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import keras
 import tensorflow as tf
 
+from .. import preempt
 from . import callbacks, guards
 from .guards import LayerError
 from .where import multi_worker
@@ -23,6 +25,7 @@ from .where import multi_worker
 _TRAINER = "keras.src.backend.tensorflow.trainer"
 _LOSS = "keras.src.losses.loss"
 _METRIC = "keras.src.metrics.metric"
+_CALLBACKS = "keras.src.callbacks"
 
 # The per-replica sample counts of the step being traced (see patch_loss_weighted_by_samples):
 # thread-local, as MirroredStrategy traces each local replica's step in a thread of its own.
@@ -32,6 +35,11 @@ _step = threading.local()
 _merged = threading.local()
 # Set while a merged result is computed: results inside it (sub-metrics) are not merged again.
 _merging = threading.local()
+# The log key a training step's outputs carry the count of workers with a stop notice under
+# (patch_loss_weighted_by_samples puts it in, the training function takes it out again), and
+# whether every worker has learnt of one after the last step (patch_stop_notice acts on it).
+NOTICE_KEY = "_distlaunch_notices"
+notice = {"agreed": False}
 
 
 def _current_multi_worker() -> bool:
@@ -108,9 +116,12 @@ def patch_loss_weighted_by_samples() -> None:
     (``keras.src.losses.loss.scale_loss_for_distribution``; keras-team/keras#20585 for the
     multi-worker case): where the global batch does not split evenly over the workers (64 over
     3: 22/21/21), or a last batch is short, a short share's samples weigh more than one process
-    would weigh them. Scale by ``samples here / samples in the step`` instead (one scalar
+    would weigh them. Scale by ``samples here / samples in the step`` instead (one small
     all-reduce per step), so the summed gradients are the one-process mean's; ``unscale`` gives
-    back this replica's own mean for the loss metrics."""
+    back this replica's own mean for the loss metrics. The same all-reduce carries this task's
+    stop-notice flag (a local variable set between steps), so every worker learns after the same
+    training step that some worker had a notice (`patch_stop_notice` saves and stops there): no
+    collective of its own, no thread, as `dw.fit` does (worker/preempt.py)."""
     from keras.src import tree
     from keras.src.backend.tensorflow import trainer
     from keras.src.losses import loss as loss_module
@@ -126,6 +137,10 @@ def patch_loss_weighted_by_samples() -> None:
     def _make_function(self, step_function):
         if not multi_worker(self.distribute_strategy):
             return make_function(self, step_function)
+        training = step_function == self.train_step
+        # Every worker makes it at the same point of fit (under the program's scope, if fit is
+        # called in one, a MirroredVariable: its local copies are still this task's own to set).
+        flag = tf.Variable(0.0, trainable=False, name="distlaunch_notice") if training else None
 
         @functools.wraps(step_function)
         def counted_step(data):
@@ -135,15 +150,35 @@ def patch_loss_weighted_by_samples() -> None:
                 return step_function(data)
             here = tf.cast(tf.shape(first)[0], tf.float32)
             context = tf.distribute.get_replica_context()
-            total = context.all_reduce(tf.distribute.ReduceOp.SUM, here)
+            mine = tf.stack([here, flag.read_value() if flag is not None else tf.constant(0.0)])
+            total, notices = tf.unstack(context.all_reduce(tf.distribute.ReduceOp.SUM, mine))
             _step.counts = (here, total)
             _merged.refs = set()
             try:
-                return step_function(data)
+                outputs = step_function(data)
             finally:
                 _step.counts = None
+            if flag is None or not isinstance(outputs, dict):
+                return outputs
+            _merged.refs.add(notices.ref())  # the same on every replica: no reduce of its own
+            return {**outputs, NOTICE_KEY: notices}
 
-        return make_function(self, counted_step)
+        function = make_function(self, counted_step)
+        if flag is None:
+            return function
+
+        @functools.wraps(function)
+        def train_function(iterator):
+            if preempt.noticed() and not flag.numpy():
+                flag.assign(1.0)
+            logs = function(iterator)
+            if isinstance(logs, dict) and NOTICE_KEY in logs:
+                logs = dict(logs)
+                if float(logs.pop(NOTICE_KEY)) > 0:
+                    notice["agreed"] = True
+            return logs
+
+        return train_function
 
     @functools.wraps(scale)
     def scale_loss_for_distribution(value):
@@ -267,6 +302,46 @@ def patch_predict_shards_by_data() -> None:
     trainer.TensorFlowTrainer.predict = predict
 
 
+def patch_stop_notice() -> None:
+    """A stop notice (SIGTERM from the launcher) under Keras 3 ``fit`` is lost: TensorFlow's
+    notifier only records it (worker/preempt.py), Keras 3's ``BackupAndRestore`` has no
+    ``save_before_preemption`` (tf_keras's had), and the run resumes from the last periodic
+    backup (keras-team/keras#20585). From ``fit``'s start the task takes SIGTERM as a notice
+    (`preempt.watch`, after the program built its strategy); once every worker has learnt of
+    one after the same step (`patch_loss_weighted_by_samples`), each saves the program's
+    ``BackupAndRestore`` callbacks at the end of that step, all together, and exits as a
+    preempted task does (`preempt.stop`, EXIT_PREEMPTED); a resume restarts at that step."""
+    from keras.src.callbacks import backup_and_restore, callback_list
+
+    cls = callback_list.CallbackList
+    begin, batch_end = cls.on_train_begin, cls._on_train_batch_end
+
+    def _multi_worker(callbacks) -> bool:
+        model = getattr(callbacks, "model", None)
+        return multi_worker(getattr(model, "distribute_strategy", None))
+
+    @functools.wraps(begin)
+    def on_train_begin(self, logs=None):
+        notice["agreed"] = False
+        if _multi_worker(self):
+            preempt.watch()
+        return begin(self, logs)
+
+    @functools.wraps(batch_end)
+    def _on_train_batch_end(self, batch, logs=None):
+        batch_end(self, batch, logs)
+        if not notice["agreed"]:
+            return
+        started = time.monotonic()
+        backups = [c for c in self.callbacks if isinstance(c, backup_and_restore.BackupAndRestore)]
+        for backup in backups:
+            backup._save_model()
+        step = int(self.model.optimizer.iterations.numpy()) if backups else None
+        preempt.stop(step, time.monotonic() - started)
+
+    cls.on_train_begin, cls._on_train_batch_end = on_train_begin, _on_train_batch_end
+
+
 def _in_multi_worker_replica_context() -> bool:
     return not tf.distribute.in_cross_replica_context() and _current_multi_worker()
 
@@ -338,6 +413,18 @@ PATCHES = (
         patch_predict_shards_by_data,
     ),
     *callbacks.PATCHES,
+    guards.Patch(
+        "stop-notice",
+        "keras-team/keras#20585 (Keras 3 BackupAndRestore cannot save on a stop notice)",
+        "3.0",
+        "4",
+        (
+            "keras.src.callbacks.callback_list:CallbackList.on_train_begin",
+            "keras.src.callbacks.callback_list:CallbackList._on_train_batch_end",
+            f"{_CALLBACKS}.backup_and_restore:BackupAndRestore._save_model",
+        ),
+        patch_stop_notice,
+    ),
 )
 
 
