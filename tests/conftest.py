@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -168,6 +169,27 @@ def argv(proc: psutil.Process) -> list[str]:
 def cmdline(proc: psutil.Process) -> str:
     """``proc``'s command line as one string; empty for one that is going (see `argv`)."""
     return " ".join(argv(proc))
+
+
+def host_cmdlines(lab, host) -> str:
+    """Every command line in an SSH test host's namespace (sshhosts.HostLab), one string."""
+    return "\n".join(cmdline(proc) for proc in lab.processes(host))
+
+
+def run_tables(host) -> list[str]:
+    """The run tables (nftables) in an SSH test host's namespace; none where nft is missing (the
+    run then had no firewall: the guard says why)."""
+    from distlaunch.host import guard
+
+    if shutil.which("nft") is None:
+        return []
+    listed = subprocess.run(
+        ["ip", "netns", "exec", host.netns, "nft", "list", "tables"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return [line for line in listed.stdout.splitlines() if guard.TABLE_PREFIX in line]
 
 
 def with_cmdline(

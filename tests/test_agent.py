@@ -19,8 +19,16 @@ import pytest
 import standins
 
 import sshhosts
-from conftest import cmdline, events, wait_for, wait_for_run_dir, with_cmdline
-from distlaunch.host import agent, guard, remote
+from conftest import (
+    cmdline,
+    events,
+    host_cmdlines,
+    run_tables,
+    wait_for,
+    wait_for_run_dir,
+    with_cmdline,
+)
+from distlaunch.host import agent, remote
 from distlaunch.host import channel as wire
 
 AGENT = [sys.executable, "-m", "distlaunch.host.agent"]
@@ -331,9 +339,9 @@ def test_a_cut_link_is_named_and_leaves_nothing_on_its_host(four_hosts, tmp: Pat
         _wait_up(run_dir, 4, launcher)
         # One distlaunch process per host: the agent, which holds the host's firewall rules too.
         assert [len(_agents(lab, h)) for h in lab.hosts] == [1] * 4
-        assert not any("distlaunch.host.guard" in _cmdlines(lab, h) for h in lab.hosts)
+        assert not any("distlaunch.host.guard" in host_cmdlines(lab, h) for h in lab.hosts)
         if shutil.which("nft") is not None:
-            assert all(_run_tables(h) for h in lab.hosts)
+            assert all(run_tables(h) for h in lab.hosts)
         subprocess.run(["ip", "-n", cut.netns, "link", "set", leg, "down"], check=True)
         cut_at = time.time()
         try:
@@ -356,23 +364,4 @@ def test_a_cut_link_is_named_and_leaves_nothing_on_its_host(four_hosts, tmp: Pat
     wait_for(lambda: not any(lab.processes(h) for h in lab.hosts), "every host to be empty", 60)
     # Nor are the run's firewall rules: each agent held its host's and removed them as it ended,
     # the cut host's on the launcher's silence.
-    assert {h.name: _run_tables(h) for h in lab.hosts} == {h.name: [] for h in lab.hosts}
-
-
-def _cmdlines(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> str:
-    """Every command line in the host's namespace, one string."""
-    return "\n".join(cmdline(proc) for proc in lab.processes(host))
-
-
-def _run_tables(host: sshhosts.TestHost) -> list[str]:
-    """The run tables (nftables) in the host's namespace; none where nft is missing (the run
-    then had no firewall: the guard says why)."""
-    if shutil.which("nft") is None:
-        return []
-    listed = subprocess.run(
-        ["ip", "netns", "exec", host.netns, "nft", "list", "tables"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return [line for line in listed.stdout.splitlines() if guard.TABLE_PREFIX in line]
+    assert {h.name: run_tables(h) for h in lab.hosts} == {h.name: [] for h in lab.hosts}

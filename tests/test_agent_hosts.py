@@ -18,8 +18,7 @@ import pytest
 import standins
 
 import sshhosts
-from conftest import cmdline, events, wait_for, wait_for_run_dir
-from distlaunch.host import guard
+from conftest import events, host_cmdlines, run_tables, wait_for, wait_for_run_dir
 
 QUOTA = "Disk quota: 95% of 100 GB used"
 # The login user's ~/.bashrc on each lab host: node1 talks first, node3 never stops talking.
@@ -171,7 +170,7 @@ def test_a_link_that_stalls_without_a_reset_is_named_and_leaves_nothing_once_it_
             # The agent heard nothing for its heartbeat timeout: it ended its task and exited,
             # while the link still drops everything.
             wait_for(
-                lambda: "distlaunch" not in _cmdlines(lab, node2),
+                lambda: "distlaunch" not in host_cmdlines(lab, node2),
                 "the stalled host's agent and task to end",
                 60,
             )
@@ -195,20 +194,4 @@ def test_a_link_that_stalls_without_a_reset_is_named_and_leaves_nothing_once_it_
         f"{named_after:.1f} s); the agent ended on its own after {agent_gone_after:.1f} s"
     )
     wait_for(lambda: not any(lab.processes(h) for h in lab.hosts), "every host to be empty", 60)
-    assert _run_tables(node2) == []
-
-
-def _cmdlines(lab: sshhosts.HostLab, host: sshhosts.TestHost) -> str:
-    return "\n".join(cmdline(proc) for proc in lab.processes(host))
-
-
-def _run_tables(host: sshhosts.TestHost) -> list[str]:
-    if shutil.which("nft") is None:
-        return []
-    listed = subprocess.run(
-        ["ip", "netns", "exec", host.netns, "nft", "list", "tables"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return [line for line in listed.stdout.splitlines() if guard.TABLE_PREFIX in line]
+    assert run_tables(node2) == []
