@@ -171,6 +171,28 @@ def cmdline(proc: psutil.Process) -> str:
     return " ".join(argv(proc))
 
 
+def up_piped(folder: Path) -> subprocess.Popen:
+    """`distlaunch up spec.json` in ``folder``, its stdout and stderr piped (text) for the test."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "distlaunch.launcher", "up", "spec.json"],
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_tasks_up(run_dir: Path, count: int, launcher: subprocess.Popen) -> None:
+    """Wait until workers 0..count-1 of attempt 0 have logged their stand-in's ``up`` line."""
+    logs = run_dir / "logs" / "attempt-0"
+    files = [logs / f"worker-{i}.log" for i in range(count)]
+    wait_for(
+        lambda: all(f.exists() and "up " in f.read_text() for f in files),
+        "every task up",
+        launcher=launcher,
+    )
+
+
 def host_cmdlines(lab, host) -> str:
     """Every command line in an SSH test host's namespace (sshhosts.HostLab), one string."""
     return "\n".join(cmdline(proc) for proc in lab.processes(host))

@@ -24,8 +24,10 @@ from conftest import (
     events,
     host_cmdlines,
     run_tables,
+    up_piped,
     wait_for,
     wait_for_run_dir,
+    wait_tasks_up,
     with_cmdline,
 )
 from distlaunch.host import agent, remote
@@ -238,26 +240,6 @@ def _hosts_spec(folder: Path, lab: sshhosts.HostLab, hosts: dict, tasks: list, *
     return path
 
 
-def _up(folder: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", "spec.json"],
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _wait_up(run_dir: Path, count: int, launcher: subprocess.Popen) -> None:
-    logs = run_dir / "logs" / "attempt-0"
-    files = [logs / f"worker-{i}.log" for i in range(count)]
-    wait_for(
-        lambda: all(f.exists() and "up " in f.read_text() for f in files),
-        "every task up",
-        launcher=launcher,
-    )
-
-
 @pytest.mark.integration
 def test_a_host_with_an_older_distlaunch_is_one_line_and_nothing_starts(ssh_lab, tmp: Path) -> None:
     lab: sshhosts.HostLab = ssh_lab
@@ -277,7 +259,7 @@ def test_a_host_with_an_older_distlaunch_is_one_line_and_nothing_starts(ssh_lab,
         node2.name: lab.host_entry(node2),
     }
     _hosts_spec(tmp, lab, hosts, [{"host": node1.name}, {"host": node2.name}])
-    launcher = _up(tmp)
+    launcher = up_piped(tmp)
     out, err = launcher.communicate(timeout=240)
     assert launcher.returncode == 2, err
     problems = [line for line in err.splitlines() if "protocol" in line]
@@ -297,10 +279,10 @@ def test_an_agent_killed_on_its_host_ends_its_tasks_and_the_run_names_the_host(
     hosts = {h.name: lab.host_entry(h) for h in lab.hosts}
     tasks = [{"host": node1.name}, {"host": node1.name}, {"host": node2.name}]
     _hosts_spec(tmp, lab, hosts, tasks)
-    launcher = _up(tmp)
+    launcher = up_piped(tmp)
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        _wait_up(run_dir, 3, launcher)
+        wait_tasks_up(run_dir, 3, launcher)
         (killed,) = _agents(lab, node1)
         killed.kill()
         out, err = launcher.communicate(timeout=120)
@@ -333,10 +315,10 @@ def test_a_cut_link_is_named_and_leaves_nothing_on_its_host(four_hosts, tmp: Pat
     _hosts_spec(tmp, lab, hosts, [{"host": h.name} for h in lab.hosts])
     cut = lab.hosts[2]
     leg = f"{cut.netns}v"  # the host's end of its cable to the switch (tests/netlab.py)
-    launcher = _up(tmp)
+    launcher = up_piped(tmp)
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        _wait_up(run_dir, 4, launcher)
+        wait_tasks_up(run_dir, 4, launcher)
         # One distlaunch process per host: the agent, which holds the host's firewall rules too.
         assert [len(_agents(lab, h)) for h in lab.hosts] == [1] * 4
         assert not any("distlaunch.host.guard" in host_cmdlines(lab, h) for h in lab.hosts)

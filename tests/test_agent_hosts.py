@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,15 @@ import pytest
 import standins
 
 import sshhosts
-from conftest import events, host_cmdlines, run_tables, wait_for, wait_for_run_dir
+from conftest import (
+    events,
+    host_cmdlines,
+    run_tables,
+    up_piped,
+    wait_for,
+    wait_for_run_dir,
+    wait_tasks_up,
+)
 
 QUOTA = "Disk quota: 95% of 100 GB used"
 # The login user's ~/.bashrc on each lab host: node1 talks first, node3 never stops talking.
@@ -64,21 +71,6 @@ def _spec(
     (folder / "spec.json").write_text(json.dumps(spec))
 
 
-def _up(folder: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "distlaunch.launcher", "up", "spec.json"],
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _logs_up(run_dir: Path, count: int) -> bool:
-    logs = [run_dir / "logs" / "attempt-0" / f"worker-{i}.log" for i in range(count)]
-    return all(f.exists() and "up " in f.read_text() for f in logs)
-
-
 @pytest.mark.integration
 def test_a_login_shell_that_talks_first_runs_and_its_words_are_in_the_hosts_log(
     talking_lab, tmp: Path
@@ -86,10 +78,10 @@ def test_a_login_shell_that_talks_first_runs_and_its_words_are_in_the_hosts_log(
     lab: sshhosts.HostLab = talking_lab
     node1, node2, _ = lab.hosts
     _spec(tmp, lab, [node1, node2], startup_s=120)
-    launcher = _up(tmp)
+    launcher = up_piped(tmp)
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(lambda: _logs_up(run_dir, 2), "every task up", launcher=launcher)
+        wait_tasks_up(run_dir, 2, launcher)
         (run_dir / "go").write_text("go")
         out, err = launcher.communicate(timeout=120)
     finally:
@@ -113,7 +105,7 @@ def test_a_login_shell_that_prints_for_ever_ends_the_run_in_one_line_naming_the_
     node1, _, node3 = lab.hosts
     startup_s = 240
     _spec(tmp, lab, [node1, node3], startup_s=startup_s)
-    launcher = _up(tmp)
+    launcher = up_piped(tmp)
     try:
         out, err = launcher.communicate(timeout=startup_s)
     finally:
@@ -141,7 +133,7 @@ def test_a_link_that_stalls_without_a_reset_is_named_and_leaves_nothing_once_it_
     if shutil.which("nft") is None:
         pytest.skip("nft is not installed (apt-get install nftables)")
     _spec(tmp, lab, [node1, node2], startup_s=120)
-    launcher = _up(tmp)
+    launcher = up_piped(tmp)
     # Every packet in or out of the host's cable dropped, by a table of the test's own in the
     # host's namespace (the agent's own table is another: it removes that one as it ends).
     leg = f"{node2.netns}v"
@@ -161,7 +153,7 @@ def test_a_link_that_stalls_without_a_reset_is_named_and_leaves_nothing_once_it_
 
     try:
         run_dir = wait_for_run_dir(tmp / "runs", launcher)
-        wait_for(lambda: _logs_up(run_dir, 2), "every task up", launcher=launcher)
+        wait_tasks_up(run_dir, 2, launcher)
         stalled("add")
         stalled_at = time.time()
         try:
