@@ -12,6 +12,7 @@ from distlaunch.launcher.diagnosis import stacks
 from distlaunch.launcher.plan.plan import TaskPlan
 from distlaunch.launcher.transports.agent import AgentCommand, AgentHandle, AgentTransport
 from distlaunch.launcher.transports.slurm.allocation import Allocation
+from distlaunch.launcher.transports.slurm.nodes import NodeWatch
 from distlaunch.launcher.transports.slurm.steps import (
     agent_argv,
     agent_step_name,
@@ -30,7 +31,10 @@ class StepTransport(AgentTransport):
     the node's firewall guard (`guard`); it ends once the node has no task left (a gang restart,
     the end), so that the next attempt's step gets those resources back, and Slurm sees the
     run's steps end with its tasks. The next attempt's agent holds the rules again before its
-    first task starts (`link_of`)."""
+    first task starts (`link_of`).
+
+    For an elastic run it says which nodes Slurm took from the run (`lost_hosts`: DOWN, DRAIN,
+    out of the job) and whether one can take steps again (`probe`): nodes.py."""
 
     def __init__(
         self,
@@ -48,6 +52,7 @@ class StepTransport(AgentTransport):
         self.python = python
         self.helpers = dict(helpers or {})  # node -> the helper's path there (preflight's finding)
         self.tasks = list(tasks)
+        self.nodes = NodeWatch(alloc)
 
     def agent_command(self, machine: str) -> AgentCommand:
         """The node's agent: one step holding what the node's tasks are given."""
@@ -83,6 +88,22 @@ class StepTransport(AgentTransport):
             node = [t.gpus for t in self.tasks if t.host_name == task.host_name]
             request[gpu_share.SHARE] = gpu_share.positions(task.gpus, node)
         return request
+
+    def lost_hosts(self) -> Mapping[str, str]:
+        """The allocation's nodes Slurm has taken from the run, each with why (node -> line), as
+        last seen by a thread that asks Slurm every second: never waits."""
+        return self.nodes.lost()
+
+    def probe(self, host_name: str) -> bool:
+        """Whether node ``host_name`` can take the run's steps again (blocks up to
+        nodes.PROBE_STEP_S: call it from a thread). A node Slurm took out of the job never can:
+        only a drained node RESUMEd while the job lives comes back."""
+        return self.nodes.probe(host_name)
+
+    def close(self) -> None:
+        """Stop watching the nodes, then end every agent."""
+        self.nodes.close()
+        super().close()
 
     def stacks(self, handle: AgentHandle, native: bool) -> stacks.Source:
         """The task's program, read on its node (see `task_stacks`)."""

@@ -1,0 +1,191 @@
+"""Elastic runs under Slurm, on a real 3-node Slurm cluster (tests/slurmcluster.py): what Slurm
+does to a job when one of its nodes goes DOWN or is drained, as the launcher reads it
+(launcher/transports/slurm/nodes.py), and the refusal of an elastic run in a job that a node's
+failure would end.
+
+Runs under `flock /tmp/dl-slurm.lock`; skips, with the reason, where slurmd cannot run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from distlaunch.launcher.transports.slurm.allocation import Allocation
+from distlaunch.launcher.transports.slurm.nodes import (
+    NO_KILL_ENV,
+    NodeWatch,
+    has_no_kill,
+    lost_nodes,
+    parse_job,
+    parse_nodes,
+)
+from slurmcluster import SlurmLab
+
+
+@pytest.fixture(scope="module")
+def lab3() -> Iterator[SlurmLab]:
+    """A 3-node Slurm cluster for this module (conftest's slurm_lab has 2)."""
+    from slurmcluster import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with SlurmLab(3) as cluster:
+        yield cluster
+
+
+@contextmanager
+def holding(lab: SlurmLab, tmp: Path, no_kill: bool) -> Iterator[dict[str, str]]:
+    """A 3-node allocation held by `salloc` (with --no-kill given as SALLOC_NO_KILL=set, the
+    way the launcher can see it, or without), and the environment a shell inside it has."""
+    env_file = tmp / "alloc.env"
+    env = {**lab.env, **({"SALLOC_NO_KILL": "set"} if no_kill else {})}
+    holder = subprocess.Popen(
+        lab.command(
+            [
+                "salloc",
+                "--quiet",
+                "--nodes=3",
+                "sh",
+                "-c",
+                f"env -0 > {env_file}.tmp && mv {env_file}.tmp {env_file} && exec sleep 600",
+            ]
+        ),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(env_file.exists, "the allocation", limit_s=60)
+        inside = dict(
+            item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item
+        )
+        yield {**lab.env, **inside}
+    finally:
+        if env_file.exists():
+            lab.run(["scancel", inside["SLURM_JOB_ID"]])
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
+def _node(lab: SlurmLab, name: str, state: str) -> None:
+    """Set a node's state by scontrol, as an admin does (RESUME: back in service)."""
+    argv = ["scontrol", "update", f"nodename={name}", f"state={state}"]
+    done = lab.run(argv + (["reason=elastic test"] if state != "RESUME" else []))
+    assert done.returncode == 0 or state == "RESUME", done.stderr
+
+
+def _in_service(lab: SlurmLab, name: str) -> bool:
+    """Whether the node is back (IDLE or in use, no DOWN or DRAIN flag)."""
+    shown = parse_nodes(lab.run(["scontrol", "--oneliner", "show", "node", name]).stdout)
+    return name in shown and not shown[name].lost()
+
+
+@pytest.mark.quick
+def test_no_kill_is_read_from_what_set_it() -> None:
+    job = {"SLURM_JOB_ID": "12"}
+    assert not has_no_kill(job)
+    assert has_no_kill({**job, "SALLOC_NO_KILL": "set"})
+    assert has_no_kill({**job, "SBATCH_NO_KILL": ""})
+    assert not has_no_kill({**job, "SBATCH_NO_KILL": "off"})
+    assert has_no_kill({**job, NO_KILL_ENV: "12"})
+    # The batch script's word holds for its own job only.
+    assert not has_no_kill({**job, NO_KILL_ENV: "11"})
+
+
+@pytest.mark.quick
+def test_lost_nodes_name_the_down_the_drained_and_the_removed() -> None:
+    shown = parse_nodes(
+        "NodeName=a Arch=x86_64 State=MIXED ThreadsPerCore=1\n"
+        "NodeName=b State=IDLE+DRAIN Weight=1 Reason=disk full [root@2026-11-29T07:59:58]\n"
+        "NodeName=c State=IDLE Weight=1\n"
+    )
+    assert parse_job("JobId=7 JobState=RUNNING Reason=None NodeList=a,b NumNodes=2") == (
+        "RUNNING",
+        "a,b",
+    )
+    lost = lost_nodes(("a", "b", "c"), frozenset({"a", "b"}), shown, "7")
+    assert lost == {
+        "b": "Slurm node b is IDLE+DRAIN (disk full)",
+        "c": "Slurm node c left job 7 (State=IDLE): it does not come back to it",
+    }
+
+
+@pytest.mark.integration
+def test_a_down_node_leaves_the_job_for_good_and_a_drained_one_comes_back(
+    lab3: SlurmLab, tmp_path: Path
+) -> None:
+    """What `lost_hosts` and `probe` see, from a real job: a drained node is lost until it is
+    RESUMEd, then takes a step again; a DOWN node leaves the job and never returns to it,
+    even once back in service; SLURM_JOB_NODELIST goes stale meanwhile."""
+    n1, n2, n3 = (n.name for n in lab3.nodes)
+    with holding(lab3, tmp_path, no_kill=True) as env:
+        alloc = Allocation(env["SLURM_JOB_ID"], (n1, n2, n3), {n1: 1, n2: 1, n3: 1}, False)
+        watch = NodeWatch(alloc, poll_s=0.2, run=lambda argv: lab3.run(argv, timeout=60))
+        try:
+            assert watch.look() == {}
+            assert watch.lost() == {}
+            _node(lab3, n3, "DRAIN")
+            drained = wait_for(watch.lost, "the drained node seen lost", limit_s=30)
+            assert list(drained) == [n3]
+            assert "DRAIN" in drained[n3] and "elastic test" in drained[n3]
+            assert not watch.probe(n3)
+            _node(lab3, n3, "RESUME")
+            wait_for(lambda: watch.lost() == {}, "the resumed node back", limit_s=30)
+            assert watch.probe(n3)
+
+            _node(lab3, n2, "DOWN")
+            down = wait_for(watch.lost, "the DOWN node seen lost", limit_s=30)
+            assert list(down) == [n2]
+            assert f"left job {alloc.job_id}" in down[n2]
+            assert not watch.probe(n2)
+            # The job runs on without it; the environment's node list still names it.
+            job = parse_job(
+                lab3.run(["scontrol", "--oneliner", "show", "job", alloc.job_id]).stdout
+            )
+            assert job is not None and job[0] == "RUNNING"
+            assert env["SLURM_JOB_NODELIST"].endswith("[1-3]")
+            _node(lab3, n2, "RESUME")
+            wait_for(lambda: _in_service(lab3, n2), "the node back in service", limit_s=30)
+            # Back in service, but never in this job again.
+            assert not watch.probe(n2)
+            assert list(watch.look() or {}) == [n2]
+            assert watch.probe(n1)
+        finally:
+            watch.close()
+            _node(lab3, n2, "RESUME")
+            _node(lab3, n3, "RESUME")
+
+
+@pytest.mark.integration
+def test_without_no_kill_a_down_node_ends_the_whole_job(lab3: SlurmLab, tmp_path: Path) -> None:
+    """The reason an elastic run needs --no-kill: Slurm's default takes the whole job down."""
+    n1, n2, n3 = (n.name for n in lab3.nodes)
+    with holding(lab3, tmp_path, no_kill=False) as env:
+        job = env["SLURM_JOB_ID"]
+        _node(lab3, n3, "DOWN")
+        try:
+            ended = wait_for(
+                lambda: (
+                    (
+                        parse_job(lab3.run(["scontrol", "--oneliner", "show", "job", job]).stdout)
+                        or ("GONE", "")
+                    )[0]
+                    != "RUNNING"
+                ),
+                "the job ended by its node's failure",
+                limit_s=30,
+            )
+            assert ended
+        finally:
+            _node(lab3, n3, "RESUME")
+            wait_for(lambda: _in_service(lab3, n3), "the node back in service", limit_s=30)
