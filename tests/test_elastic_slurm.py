@@ -8,9 +8,11 @@ Runs under `flock /tmp/dl-slurm.lock`; skips, with the reason, where slurmd cann
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +30,7 @@ from distlaunch.launcher.transports.slurm.nodes import (
     parse_nodes,
 )
 from slurmcluster import SlurmLab
+from test_firewall import _rules_left
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +192,71 @@ def test_without_no_kill_a_down_node_ends_the_whole_job(lab3: SlurmLab, tmp_path
         finally:
             _node(lab3, n3, "RESUME")
             wait_for(lambda: _in_service(lab3, n3), "the node back in service", limit_s=30)
+
+
+SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(300)\n"
+
+
+def _spec(folder: Path, tasks: dict, **fields) -> Path:
+    spec = {
+        "name": "elastic",
+        "strategy": "multi_worker_mirrored",
+        "backend": "slurm",
+        "program": {"script": "task.py", "python": sys.executable},
+        "tasks": tasks,
+        "shared_dir": "runs",
+        "timeouts": {"grace_s": 2, "startup_s": 120},
+        **fields,
+    }
+    (folder / "task.py").write_text(SLEEPER)
+    path = folder / "spec.json"
+    path.write_text(json.dumps(spec, indent=2))
+    return path
+
+
+@pytest.mark.integration
+def test_a_node_that_leaves_the_job_keeps_none_of_the_runs_rules(
+    lab3: SlurmLab, tmp_path: Path
+) -> None:
+    """Slurm SIGKILLs the run's agent on a node it takes from the job, so the agent cannot
+    remove its firewall rules there: the launcher does, at the end, by a one-node job."""
+    victim = lab3.nodes[2]
+    spec = _spec(tmp_path, {"worker": {"count": 3}})
+    with holding(lab3, tmp_path, no_kill=True) as env:
+        launcher = subprocess.Popen(
+            lab3.command([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)]),
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            wait_for(
+                lambda: _rules_left(victim.netns), "the run's rules on the node", 120, launcher
+            )
+            wait_for(
+                lambda: (
+                    len(list(tmp_path.glob("runs/*/logs/attempt-0/worker-2.log"))) == 1
+                    and "up"
+                    in next(tmp_path.glob("runs/*/logs/attempt-0/worker-2.log")).read_text()
+                ),
+                "the task on the node",
+                120,
+                launcher,
+            )
+            _node(lab3, victim.name, "DOWN")
+            out, _ = launcher.communicate(timeout=120)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+            _node(lab3, victim.name, "RESUME")
+        assert launcher.returncode == 1, out
+        assert f"lost the agent on node {victim.name}: srun: error: Node failure" in out
+        assert (
+            f"node {victim.name} left job {env['SLURM_JOB_ID']}: its firewall rules were removed "
+            "by a one-node job" in out
+        )
+        assert not _rules_left(victim.netns)
+        assert lab3.processes(victim) == []

@@ -149,7 +149,13 @@ Runner = Callable[[list[str]], subprocess.CompletedProcess]
 
 
 def _scontrol(argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=PROBE_STEP_S)
+    """Run a Slurm command; one that does not end within PROBE_STEP_S counts as failed."""
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, check=False, timeout=PROBE_STEP_S
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"no answer within {PROBE_STEP_S:g} s")
 
 
 class NodeWatch:
@@ -177,16 +183,21 @@ class NodeWatch:
     def look(self) -> dict[str, str] | None:
         """Ask Slurm now (blocks: scontrol): the lost nodes; None when Slurm did not answer or
         the job no longer runs (nothing to say about its nodes then)."""
-        job = self._run(["scontrol", "--oneliner", "show", "job", self.alloc.job_id])
-        seen = parse_job(job.stdout) if job.returncode == 0 else None
-        if seen is None or seen[0] != "RUNNING":
-            return None
-        in_job = self._nodes_of(seen[1])
+        in_job = self.in_job()
         if in_job is None:
             return None
         shown = self._run(["scontrol", "--oneliner", "show", "node", ",".join(self.alloc.nodes)])
         states = parse_nodes(shown.stdout)
         return lost_nodes(self.alloc.nodes, in_job, states, self.alloc.job_id)
+
+    def in_job(self) -> frozenset[str] | None:
+        """The nodes the job holds now, as ``scontrol show job`` says (SLURM_JOB_NODELIST goes
+        stale); None when Slurm did not answer or the job no longer runs."""
+        job = self._run(["scontrol", "--oneliner", "show", "job", self.alloc.job_id])
+        seen = parse_job(job.stdout) if job.returncode == 0 else None
+        if seen is None or seen[0] != "RUNNING":
+            return None
+        return self._nodes_of(seen[1])
 
     def probe(self, node: str) -> bool:
         """Whether ``node`` can take the run's steps again (blocks: run it in a thread): still
@@ -199,10 +210,7 @@ class NodeWatch:
             *srun_argv(self.alloc.job_id, node, f"{STEP_PREFIX}.probe", overlap=True),
             "true",
         ]
-        try:
-            return self._run(step).returncode == 0
-        except subprocess.TimeoutExpired:
-            return False
+        return self._run(step).returncode == 0
 
     def close(self) -> None:
         """Stop asking (the thread ends after its current look)."""
@@ -212,7 +220,7 @@ class NodeWatch:
         while not self._stop.is_set():
             try:
                 lost = self.look()
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:  # scontrol gone from PATH: nothing to say
                 lost = None
             if lost is not None:
                 with self._lock:

@@ -27,6 +27,9 @@ STEP_PREFIX = "distlaunch"
 AGENT_STEP = "agent"
 # The step `down` removes a SIGKILLed agent's rules with: distlaunch.<run id>.guard-sweep.<node>.
 SWEEP_STEP = "guard-sweep"
+# How long the one-node job that removes rules from a node that left the run's job may wait
+# for that node (srun --immediate); a node that does not take it at once is down for real.
+SWEEP_IMMEDIATE_S = 10
 # The signal `down` ends an agent step with: it stops its tasks and removes its rules.
 AGENT_STOP = signal.SIGHUP
 # The step that reads a task's stacks on its node is named distlaunch.<run id>.stacks.<task>.
@@ -195,11 +198,12 @@ def run_step_names(run_id: str, tasks: Collection[str], nodes: Collection[str]) 
 
 def _remove_rules(job: str, node: str, run_id: str, rules: str, python: str) -> None:
     """Remove what an agent of ``run_id`` left on ``node`` under the name ``rules`` (nothing,
-    mostly), as a job step."""
+    mostly), as a job step, or as a job of its own where the job takes no step there (the node
+    left it, or the job has ended: `remove_rules_outside`)."""
     name = step_name(run_id, f"{SWEEP_STEP}.{node}")
     argv = [*srun_argv(job, node, name, overlap=True), python, "-m", firewall.GUARD_MODULE]
     try:
-        subprocess.run(
+        done = subprocess.run(
             [*argv, "--remove", rules],
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -207,7 +211,53 @@ def _remove_rules(job: str, node: str, run_id: str, rules: str, python: str) -> 
             check=False,
         )
     except subprocess.TimeoutExpired:
-        pass  # the node does not take a step now: nothing more can be done from here
+        return  # the node does not take a step now: nothing more can be done from here
+    if done.returncode != 0:
+        remove_rules_outside(node, run_id, rules, python)
+
+
+def remove_rules_outside(node: str, run_id: str, rules: str, python: str) -> bool:
+    """Remove what an agent of ``run_id`` left on ``node`` under the name ``rules``, where the
+    node has left the run's job (a node failure under --no-kill: nodes.py): no step of that
+    job runs there any more, so this is a one-node job of its own, started only if the node
+    takes it at once (``--immediate``: a node that is really down keeps nothing of the run once
+    it reboots), in the job's partition and account. Slurm SIGKILLs a step on a node it takes
+    from a job, the agent too (measured: every process of the run gone there within a second,
+    its nftables table left). Whether the rules went (the job ran)."""
+    # Outside the allocation: srun makes a new job only without the job's variables.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "SRUN_", "SALLOC_", "SBATCH_")) or k == "SLURM_CONF"
+    }
+    argv = [
+        "srun",
+        f"--immediate={SWEEP_IMMEDIATE_S}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node}",
+        f"--job-name={step_name(run_id, f'{SWEEP_STEP}.{node}')}",
+        "--time=1",
+        "--quiet",
+    ]
+    for option, name in (
+        ("--partition", "SLURM_JOB_PARTITION"),
+        ("--account", "SLURM_JOB_ACCOUNT"),
+    ):
+        if os.environ.get(name):
+            argv.append(f"{option}={os.environ[name]}")
+    try:
+        done = subprocess.run(
+            [*argv, python, "-m", firewall.GUARD_MODULE, "--remove", rules],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
 
 
 def _steps_of(job: str, names: Collection[str]) -> dict[str, str]:

@@ -93,6 +93,7 @@ from distlaunch.launcher.transports.slurm.steps import (
     cancel_steps,
     helper_argv,
     python_of,
+    remove_rules_outside,
     task_stacks,
 )
 from distlaunch.launcher.transports.ssh.preflight import picked_ports
@@ -237,6 +238,33 @@ class SlurmLaunch:
                     )
                     requeue(self.alloc)
                 raise
+            finally:
+                self.sweep_left(steps, protection, plan.run_id)
+
+    def sweep_left(
+        self, steps: StepTransport, protection: firewall.Protection, run_id: str
+    ) -> None:
+        """Remove the firewall rules of the nodes that left the job during the run (a node
+        failure under --no-kill: Slurm SIGKILLs the run's agent there, whose rules stay), by a
+        one-node job of their own (`remove_rules_outside`); say where that could not be done."""
+        in_job = steps.nodes.in_job()
+        if in_job is None:
+            return
+        python = python_of(self.loaded)
+        for host in protection.hosts:
+            if not host.protected or not host.name or host.host in in_job:
+                continue
+            if remove_rules_outside(host.host, run_id, host.name, python):
+                self.console.say(
+                    f"node {host.host} left job {self.alloc.job_id}: its firewall rules were "
+                    "removed by a one-node job"
+                )
+            else:
+                self.console.say(
+                    f"node {host.host} left job {self.alloc.job_id} and takes no job now: its "
+                    f"{host.rules} stays until it reboots or `{python} -m "
+                    f"{firewall.GUARD_MODULE} --remove {host.name}` runs there"
+                )
 
 
 class SlurmBackend:
