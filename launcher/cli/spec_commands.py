@@ -26,6 +26,9 @@ def validate(spec: str, overrides: tuple[str, ...]) -> None:
     # TensorFlow start here).
     program_scan.choose(loaded)
     counts = ", ".join(f"{len(v)} {k}" for k, v in loaded.spec.tasks.by_role().items())
+    elastic = loaded.spec.elastic
+    if elastic is not None:
+        counts += f"; elastic {elastic.range_text}"
     click.echo(f"{spec}: ok ({loaded.spec.strategy}; {counts})")
 
 
