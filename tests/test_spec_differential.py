@@ -116,7 +116,8 @@ BASES: list[dict[str, Any]] = [
         "strategy": "multi_worker_mirrored",
         "program": {"module": "m"},
         "hosts": {"a": {"address": "10.0.0.5"}, "b": {"address": "10.0.0.6"}, "c": {}},
-        "tasks": {"worker": {"per_host": 1}},
+        # A list: per_host 1025 over three hosts would pick 3075 ports (the perhost base's).
+        "tasks": {"worker": [{"host": "a"}, {"host": "b"}, {"host": "c"}]},
         "shared_dir": "runs",
         "elastic": {
             "workers": "2:3",
