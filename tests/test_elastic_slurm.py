@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+from distlaunch.launcher.spec.model import load_spec
+from distlaunch.launcher.transports.slurm import sbatch as batch
 from distlaunch.launcher.transports.slurm.allocation import Allocation
 from distlaunch.launcher.transports.slurm.nodes import (
     NO_KILL_ENV,
@@ -260,3 +262,41 @@ def test_a_node_that_leaves_the_job_keeps_none_of_the_runs_rules(
         )
         assert not _rules_left(victim.netns)
         assert lab3.processes(victim) == []
+
+
+ELASTIC = {"workers": "2:3"}
+
+
+@pytest.mark.quick
+def test_sbatch_submits_an_elastic_run_with_no_kill_and_says_so_to_the_launcher(
+    tmp_path: Path,
+) -> None:
+    elastic = load_spec(_spec(tmp_path, {"worker": {"count": 3}}, elastic=ELASTIC))
+    script = batch.script(elastic, "r", tmp_path / "r", batch.BatchRequest())
+    assert "#SBATCH --no-kill\n" in script
+    assert f'export {NO_KILL_ENV}="$SLURM_JOB_ID"\n' in script
+    plain = load_spec(_spec(tmp_path, {"worker": {"count": 3}}))
+    script = batch.script(plain, "r", tmp_path / "r", batch.BatchRequest())
+    assert "--no-kill" not in script and NO_KILL_ENV not in script
+
+
+@pytest.mark.integration
+def test_an_elastic_run_in_a_job_a_node_failure_would_end_is_refused_in_one_line(
+    lab3: SlurmLab, tmp_path: Path
+) -> None:
+    spec = _spec(tmp_path, {"worker": {"count": 3}}, elastic=ELASTIC)
+    with holding(lab3, tmp_path, no_kill=False) as env:
+        result = lab3.run(
+            [sys.executable, "-m", "distlaunch.launcher", "up", str(spec)], cwd=tmp_path, env=env
+        )
+        assert result.returncode == 2, result.stderr + result.stdout
+        assert result.stderr.strip().splitlines() == [
+            f"distlaunch: error: elastic: Slurm job {env['SLURM_JOB_ID']} may end whole when one "
+            "of its nodes fails (no --no-kill seen), so the run could not shrink; submit it with "
+            "`distlaunch sbatch`, which adds --no-kill, or by hand with SBATCH_NO_KILL=set sbatch "
+            "... / SALLOC_NO_KILL=set salloc ... (the same as -k, and the job can see it: Slurm "
+            "shows -k nowhere a job can read)"
+        ]
+        # Nothing started: no step, no run.
+        assert lab3.steps() == []
+        assert not list(tmp_path.glob("runs/*/run.json"))

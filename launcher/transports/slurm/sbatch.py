@@ -14,6 +14,10 @@ Slurm requeues itself (``scontrol requeue``, a preemption that SIGTERMs the task
 same way, within Slurm's KillWait. N is by default the spec's timeouts.save_s plus grace_s plus
 SIGNAL_MARGIN_S; the batch script tells the launcher N (SIGNAL_BEFORE_ENV), which keeps its
 save deadline within it.
+
+An elastic run's job is submitted with --no-kill (a node's failure must not end the job: the run
+shrinks off that node), and its script tells the launcher so (NO_KILL_ENV): Slurm shows it
+nowhere a job can read it (transports/slurm/nodes.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from distlaunch.launcher.core.errors import UsageError
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.spec.model import LoadedSpec
 from distlaunch.launcher.transports.slurm.allocation import SIGNAL_BEFORE_ENV, SUBMITTED_ENV
+from distlaunch.launcher.transports.slurm.nodes import NO_KILL_ENV
 
 SCRIPT = rundir.BATCH_SCRIPT
 # The launcher's own output (task logs are in logs/); %j is the job id.
@@ -96,6 +101,10 @@ def script(
     lead_s = request.signal_before_s or signal_lead_s(loaded)
     if request.requeue:
         options += ["--requeue", f"--signal=B:USR2@{lead_s}"]
+    elastic = loaded.spec.elastic is not None
+    if elastic:
+        # A node's failure must not end the job: the run shrinks off that node (nodes.py).
+        options.append("--no-kill")
     up = [
         python or sys.executable,
         "-m",
@@ -118,6 +127,8 @@ def script(
         "set -eu",
         f"cd {q(str(Path.cwd()))}",
         f'export {SUBMITTED_ENV}="$SLURM_JOB_ID"',
+        # Slurm shows --no-kill nowhere a job can read it: the launcher's check reads this.
+        *([f'export {NO_KILL_ENV}="$SLURM_JOB_ID"'] if elastic else []),
         *([f"export {SIGNAL_BEFORE_ENV}={lead_s}"] if request.requeue else []),
         "# The launcher replaces this shell, so that Slurm's signals (--signal=B:...) reach it.",
         # Started again (a requeue), the same run id resumes the run.

@@ -57,6 +57,7 @@ agent_step.py (the agent's step and the keeper's request); this module plans and
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -88,6 +89,7 @@ from distlaunch.launcher.transports.slurm.allocation import (
     requeue,
     save_limits,
 )
+from distlaunch.launcher.transports.slurm.nodes import check_no_kill
 from distlaunch.launcher.transports.slurm.preflight import preflight
 from distlaunch.launcher.transports.slurm.steps import (
     cancel_steps,
@@ -148,6 +150,9 @@ class SlurmLaunch:
         self.console = console
         self.requeue = requeue
         self.alloc = allocation()
+        if loaded.spec.elastic is not None:
+            # Before anything starts: a job that a node's failure ends cannot shrink.
+            check_no_kill(self.alloc, os.environ)
         self.placement = place(loaded, self.alloc)
         private = loaded.spec.permissions == "private"
         self.umask = rundir.PRIVATE_UMASK if private else None
