@@ -22,6 +22,7 @@ import pytest
 from conftest import wait_for
 from distlaunch.launcher.spec.model import load_spec
 from distlaunch.launcher.transports.slurm import sbatch as batch
+from distlaunch.launcher.transports.slurm.agent_step import StepTransport
 from distlaunch.launcher.transports.slurm.allocation import Allocation
 from distlaunch.launcher.transports.slurm.nodes import (
     NO_KILL_ENV,
@@ -149,9 +150,13 @@ def test_a_down_node_leaves_the_job_for_good_and_a_drained_one_comes_back(
             assert watch.probe(n3)
 
             _node(lab3, n2, "DOWN")
-            down = wait_for(watch.lost, "the DOWN node seen lost", limit_s=30)
-            assert list(down) == [n2]
-            assert f"left job {alloc.job_id}" in down[n2]
+            # Seen DOWN first, maybe, then out of the job (Slurm's resize follows at once).
+            wait_for(
+                lambda: f"left job {alloc.job_id}" in watch.lost().get(n2, ""),
+                "the DOWN node seen out of the job",
+                limit_s=30,
+            )
+            assert list(watch.lost()) == [n2]
             assert not watch.probe(n2)
             # The job runs on without it; the environment's node list still names it.
             job = parse_job(
@@ -300,3 +305,38 @@ def test_an_elastic_run_in_a_job_a_node_failure_would_end_is_refused_in_one_line
         # Nothing started: no step, no run.
         assert lab3.steps() == []
         assert not list(tmp_path.glob("runs/*/run.json"))
+
+
+@pytest.mark.integration
+def test_once_the_job_lost_a_node_the_agent_steps_share_cpus(
+    lab3: SlurmLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step running on a node while Slurm takes another node out of the job keeps its CPUs
+    in Slurm's books after it ends (an --exact step there then waits forever): after the loss
+    the agents' steps overlap, and start."""
+    n1, n2, n3 = (n.name for n in lab3.nodes)
+    monkeypatch.setenv("SLURM_CONF", lab3.env["SLURM_CONF"])
+    with holding(lab3, tmp_path, no_kill=True) as env:
+        alloc = Allocation(env["SLURM_JOB_ID"], (n1, n2, n3), {n1: 1, n2: 1, n3: 1}, False)
+        steps = StepTransport(alloc, "r", sys.executable, 1.0, None)
+        try:
+            before = steps.agent_command(n1).argv
+            across = subprocess.Popen(
+                lab3.command([*before[: before.index(sys.executable)], "sleep", "5"]),
+                env=env,
+                stderr=subprocess.DEVNULL,
+            )
+            wait_for(lambda: any(".agent-" in s for s in lab3.step_names().values()), "the step")
+            _node(lab3, n3, "DOWN")
+            wait_for(lambda: steps.nodes.in_job() == {n1, n2}, "the job without the node", 30)
+            across.wait(timeout=60)
+            after = steps.agent_command(n1).argv
+            srun = list(after[: after.index(sys.executable)])
+            assert "--exact" in before and "--overlap" not in before
+            assert "--overlap" in srun and "--exact" not in srun
+            done = lab3.run([*srun, "hostname"], env=env, timeout=60)
+            assert done.returncode == 0 and done.stdout.strip() == n1, done.stderr
+        finally:
+            steps.close()
+            _node(lab3, n3, "RESUME")
+            wait_for(lambda: _in_service(lab3, n3), "the node back in service", limit_s=30)

@@ -68,6 +68,9 @@ class StepTransport(AgentTransport):
                 # own step was not).
                 cpus=sum(max(count, 1) for count in counts),
                 bind=all(counts),
+                # Once the job lost a node, CPUs of steps that ran across that are never given
+                # back to the job: a step that asked for its own would wait forever (nodes.py).
+                overlap=self.nodes.resized,
             ),
             *agent_argv(self.python, self.helpers.get(machine)),
         ]
@@ -90,8 +93,8 @@ class StepTransport(AgentTransport):
         return request
 
     def lost_hosts(self) -> Mapping[str, str]:
-        """The allocation's nodes Slurm has taken from the run, each with why (node -> line), as
-        last seen by a thread that asks Slurm every second: never waits."""
+        """The nodes Slurm took from the run (DOWN, DRAIN, out of the job), each with why, as
+        last seen by a thread that asks Slurm every second. Never waits."""
         return self.nodes.lost()
 
     def probe(self, host_name: str) -> bool:

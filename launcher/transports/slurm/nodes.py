@@ -18,6 +18,12 @@ node set DOWN by ``scontrol update nodename=N state=DOWN reason=...``:
   there is refused ("Unable to create step for job J: Requested node configuration is not
   available"). Slurm cannot grow an allocation; growing onto new nodes means a new job. So an
   elastic run under Slurm shrinks off a DOWN node and never grows back onto it.
+- The job's resize leaks CPUs: a step that ran on a remaining node while Slurm took the other
+  node out keeps its CPUs in slurmctld's books after it ends ("_step_dealloc_lps: ... unable to
+  update job's core use information due to job resizing"), so a new ``--exact`` step there
+  waits for them forever; a node with no step across the resize is not affected, and an
+  ``--overlap`` step starts at once. So once the job has lost a node (`NodeWatch.resized`), the
+  run's agent steps overlap (the helper still pins each task to its CPUs where Slurm does not).
 - A node set DRAIN stays in the job ("draining": its steps run on, new ones start there). The
   admin wants it empty, so it counts as lost here and the run shrinks off it; RESUMEd while the
   job lives, it takes steps again (`probe` says so): the one way an elastic run under Slurm
@@ -171,6 +177,8 @@ class NodeWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._expanded: dict[str, frozenset[str]] = {}  # NodeList -> its nodes
+        # Once Slurm took a node from the job, steps share CPUs (`resized`).
+        self.resized = False
 
     def lost(self) -> dict[str, str]:
         """The nodes lost at the last look (node -> why); {} before the first answer."""
@@ -197,7 +205,10 @@ class NodeWatch:
         seen = parse_job(job.stdout) if job.returncode == 0 else None
         if seen is None or seen[0] != "RUNNING":
             return None
-        return self._nodes_of(seen[1])
+        nodes = self._nodes_of(seen[1])
+        if nodes is not None and not set(self.alloc.nodes) <= nodes:
+            self.resized = True
+        return nodes
 
     def probe(self, node: str) -> bool:
         """Whether ``node`` can take the run's steps again (blocks: run it in a thread): still
