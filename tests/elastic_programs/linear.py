@@ -2,7 +2,8 @@
 small enough that the tests recompute every step in numpy: zero initial weights, plain SGD, MSE,
 a fixed dataset read in order (no shuffle) and batched at the global batch.
 
-usage: linear.py MODE EPOCHS   (MODE: dwfit | keras; the spec's "keras" picks tf_keras or Keras 3)
+usage: linear.py MODE EPOCHS [STEPS_PER_EPOCH]
+MODE: dwfit | keras (the spec's "keras" picks tf_keras or Keras 3); STEPS_PER_EPOCH: 3 unless given
 
 Every attempt reads the data from its first batch again (`dw.fit` and BackupAndRestore count
 steps, they do not replay data). The chief prints ``weights <json>``: the kernel then the bias.
@@ -28,6 +29,7 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 def main() -> None:
     mode, epochs = sys.argv[1], int(sys.argv[2])
+    steps_per_epoch = int(sys.argv[3]) if len(sys.argv) > 3 else STEPS_PER_EPOCH
     strategy = dw.strategy()
     import tensorflow as tf
 
@@ -49,13 +51,13 @@ def main() -> None:
         model.compile(optimizer=keras.optimizers.SGD(LEARNING_RATE), loss="mse")
     if mode == "dwfit":
         dw.fit(
-            model, dataset, global_batch_size=BATCH, epochs=epochs, steps_per_epoch=STEPS_PER_EPOCH
+            model, dataset, global_batch_size=BATCH, epochs=epochs, steps_per_epoch=steps_per_epoch
         )
     else:
         model.fit(
             dataset,
             epochs=epochs,
-            steps_per_epoch=STEPS_PER_EPOCH,
+            steps_per_epoch=steps_per_epoch,
             callbacks=dw.keras_callbacks(),
             verbose=0,
         )
