@@ -105,16 +105,11 @@ def test_a_batch_the_rule_cannot_keep_is_one_line_and_exit_2(tmp):
         contract.ERROR_FILE: str(tmp / "error.json"),
     }
     cases = {
-        (
-            "global",
-            64,
-        ): 'distlaunch: global batch 64 does not divide over 3 workers (elastic.batch "global"): '
-        'list the sizes that divide it in elastic.sizes (here [1, 2]), or set elastic.batch to "per_worker"',
-        (
-            "per_worker",
-            64,
-        ): "distlaunch: global batch 64 does not divide over the 3 workers it was written "
-        'for (elastic.batch "per_worker" keeps global / 3 per worker): make it a multiple of the range\'s maximum',
+        ("global", 64): "distlaunch: global batch 64 does not divide over 3 workers "
+        '(elastic.batch "global"): list the sizes that divide it in elastic.sizes ([1, 2] here), '
+        'or set elastic.batch to "per_worker"',
+        ("per_worker", 64): "distlaunch: global batch 64 does not divide over the 3 workers it "
+        'was written for (elastic.batch "per_worker"): make it a multiple of 3',
     }
     for (rule, batch), line in cases.items():
         done = subprocess.run(

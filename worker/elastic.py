@@ -82,8 +82,7 @@ def world_batch(global_batch_size: int, ctx: runtime.TaskContext | None = None) 
             if global_batch_size % base:
                 raise ElasticBatchError(
                     f"global batch {global_batch_size} does not divide over the {base} workers it "
-                    f'was written for (elastic.batch "per_worker" keeps global / {base} per '
-                    "worker): make it a multiple of the range's maximum"
+                    f'was written for (elastic.batch "per_worker"): make it a multiple of {base}'
                 )
             size = global_batch_size // base * world
         elif global_batch_size % world:
@@ -91,7 +90,7 @@ def world_batch(global_batch_size: int, ctx: runtime.TaskContext | None = None) 
             raise ElasticBatchError(
                 f"global batch {global_batch_size} does not divide over {world} workers "
                 f'(elastic.batch "global"): list the sizes that divide it in elastic.sizes '
-                f'(here {fits}), or set elastic.batch to "per_worker"'
+                f'({fits} here), or set elastic.batch to "per_worker"'
             )
     return WorldBatch(rule, world, base, name, size, size // world, scheduled)
 
