@@ -83,6 +83,26 @@ def test_global_keeps_the_global_batch_and_per_worker_keeps_each_workers(monkeyp
 
 
 @pytest.mark.quick
+def test_the_world_is_said_once_per_process(monkeypatch, capsys):
+    for name, value in _elastic_env("global", 2).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(elastic, "_said", set())
+    elastic.say_world(_ctx(2))  # keras_callbacks, when the program never asked for its batch
+    elastic.say_world(_ctx(2))
+    assert capsys.readouterr().out.splitlines() == [
+        "distlaunch: world 2 of 2:3 workers: the batch is the dataset's "
+        "(batch it at dw.global_batch_size(N) to follow elastic.batch 'global')"
+    ]
+    monkeypatch.setattr(elastic, "_said", set())
+    elastic.say(elastic.world_batch(64, _ctx(2)))  # dw.fit or dw.global_batch_size first
+    elastic.say(elastic.world_batch(64, _ctx(2)))
+    elastic.say_world(_ctx(2))
+    assert capsys.readouterr().out.splitlines() == [
+        "distlaunch: world 2 of 2:3 workers: global batch 64, 32 per worker"
+    ]
+
+
+@pytest.mark.quick
 def test_outside_an_elastic_run_nothing_changes_and_the_context_has_the_base(monkeypatch):
     for name in (contract.ELASTIC_BATCH, contract.WORLD_SIZE, contract.BASE_WORKERS):
         monkeypatch.delenv(name, raising=False)
