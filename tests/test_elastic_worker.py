@@ -159,6 +159,48 @@ def test_a_batch_the_rule_cannot_keep_is_one_line_and_exit_2(tmp):
     ]
 
 
+# What dw.fit makes of a dataset and of a dataset function under "per_worker", written for 3
+# workers at a global batch of 12 (4 each), in a world of 2: global 8, 4 a replica.
+REBATCH = """
+import json
+import tensorflow as tf
+from distlaunch.worker import runtime, train
+
+def fn(ctx):
+    batch = ctx.get_per_replica_batch_size(12)  # as written: 12 over this world's replicas
+    mine = tf.data.Dataset.range(100).shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+    return mine.batch(batch)
+
+size, dataset = train._batch_of_this_world(12, tf.data.Dataset.range(100).batch(12), runtime.context())
+_, made = train._batch_of_this_world(12, fn, runtime.context())
+replica = made(tf.distribute.InputContext(2, 1, 2))
+first = [[b.numpy().tolist() for b in d.take(2)] for d in (dataset, replica)]
+print(json.dumps([size, *first]))
+"""
+
+
+def test_per_worker_rebatches_a_dataset_and_a_dataset_functions_batches(tmp):
+    cluster = {"worker": ["a:1", "b:1"]}
+    done = subprocess.run(
+        [sys.executable, "-c", REBATCH],
+        env={
+            **os.environ,
+            contract.TF_CONFIG: json.dumps({"cluster": cluster, "task": {"type": "worker"}}),
+            **_elastic_env("per_worker", 2),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "distlaunch: world 2 of 2:3 workers: global batch 8, 4 per worker"
+    size, batches, replica = json.loads(lines[-1])
+    assert size == 8
+    assert batches == [list(range(8)), list(range(8, 16))]  # the same examples, in order
+    assert replica == [[1, 3, 5, 7], [9, 11, 13, 15]]  # input pipeline 1's shard, 4 a replica
+
+
 # -- real runs: 3 workers, then 2, then 3 on one run dir ---------------------------------------
 
 
