@@ -10,11 +10,11 @@ CHECKPOINT_EVERY steps). Each round, in alternating order:
 - elastic: `up` of the 3 workers with ``elastic.workers`` "2:3" (the knobs in ELASTIC); once it
   trains, host 3's cable drops every packet both ways (nothing answers, no reset: a machine
   gone dead). Shrink: the cut to the first step of the 2-worker world (worker-0's status
-  in a later attempt, at a step past the checkpoint it restored). Then the packets flow again;
-  grow: their return to the first step of the 3-worker world, and the pause itself (the
-  last step of the 2-worker world to the first of the 3-worker world), and the steps lost at
-  the grow (the last step of the 2-worker world minus the step the 3-worker world resumed
-  from: 0 is the promise of a save at an agreed step).
+  in the resized attempt, at a step past the checkpoint it restored). Then the packets flow
+  again; grow: their return to the first step of the 3-worker world, the pause in training
+  (the save's notice to that first step), and the steps lost at the grow (each worker's saved
+  step minus the step the 3-worker world resumed from: 0 is the promise of a save at a step
+  the workers agree on).
 
 Ratios: the shrink over a cold start of 2; the grow's pause over a cold start of 3. The shrink
 includes ELASTIC's lost_after_s and settle_s, which the spec sets (a user's choice, printed).
@@ -60,6 +60,9 @@ PROGRAM = {
         "100",
         "--checkpoint-every",
         str(CHECKPOINT_EVERY),
+        # Split evenly over 2 and 3 workers (elastic.batch "global" keeps the global batch).
+        "--global-batch-size",
+        "48",
     ],
 }
 
@@ -102,25 +105,27 @@ def main() -> None:
 def report(cold: dict[int, list[float]], runs: list[dict]) -> None:
     """Print the medians and ratios of the rounds."""
     shrink = median([r["shrink"] for r in runs])
+    seen = median([r["seen"] for r in runs])
     pause = median([r["pause"] for r in runs])
     back = median([r["grow"] for r in runs])
     print(f"elastic knobs: {json.dumps(ELASTIC)}; {len(runs)} rounds, medians")
     print(
         f"shrink (host 3 gone dead to the first step on 2 workers) over a cold start of 2: "
-        f"{shrink / median(cold[2]):.2f} ({shrink:.2f} s vs {median(cold[2]):.2f} s)"
+        f"{shrink / median(cold[2]):.2f} ({shrink:.2f} s vs {median(cold[2]):.2f} s; the "
+        f"resize decided {seen:.2f} s after the loss)"
     )
     print(
-        f"grow pause (last step on 2 to the first on 3) over a cold start of 3: "
+        f"grow pause (the save's notice to the first step on 3) over a cold start of 3: "
         f"{pause / median(cold[3]):.2f} ({pause:.2f} s vs {median(cold[3]):.2f} s); host 3's "
-        f"return to the first step on 3: {back:.2f} s; steps lost at the grow: "
-        f"{sorted({r['lost'] for r in runs})}"
+        f"return to the first step on 3: {back:.2f} s; steps lost at the grow (each worker's "
+        f"saved step minus the step the world of 3 resumed from): {[r['lost'] for r in runs]}"
     )
 
 
 def _said(run: dict) -> str:
     return (
-        f"shrink {run['shrink']:.2f} s, grow {run['grow']:.2f} s (pause {run['pause']:.2f} s), "
-        f"{run['lost']} steps lost at the grow"
+        f"shrink {run['shrink']:.2f} s (decided after {run['seen']:.2f} s), grow "
+        f"{run['grow']:.2f} s (pause {run['pause']:.2f} s), steps lost {run['lost']}"
     )
 
 
@@ -151,27 +156,31 @@ def elastic(lab, work: Path) -> dict:
         )
         _stall(host, False)
         returned = time.time()
-        # worker-0's last step on 2 workers, followed until the first on 3.
-        last2 = (0, 0.0)
-
-        def first_on_3() -> tuple[int, float] | None:
-            nonlocal last2
-            status = _status(run_dir)
-            if status.get("attempt") == shrunk["attempt"] and "step" in status:
-                last2 = (int(status["step"]), status["time"])
-            grown = _resized(run_dir, 3)
-            return grown and _step_after(run_dir, grown["attempt"], grown["step"])
-
-        _, first3 = _wait(first_on_3, "the first step on 3 workers after the grow", launcher)
-        resumed = _resized(run_dir, 3)["step"]
+        grown = _wait(lambda: _resized(run_dir, 3), "the grow back to 3 workers", launcher)
+        _, first3 = _wait(
+            lambda: _step_after(run_dir, grown["attempt"], grown["step"]),
+            "the first step on 3 workers",
+            launcher,
+        )
     finally:
         _stall(host, False)
         _stop(launcher)
+    # The grow's save: its notice (training stops at the next step the workers agree on), and
+    # the step each worker of the world of 2 saved at.
+    happened = _events(run_dir)
+    notice = [e for e in happened if e.get("event") == "notice" and e["time"] > shrunk["time"]]
+    saved = {
+        e["saved_step"]
+        for e in happened
+        if e.get("event") == "exited" and e.get("attempt") == shrunk["attempt"]
+        if e.get("saved_step") is not None
+    }
     return {
         "shrink": first2 - cut,
+        "seen": shrunk["time"] - cut,
         "grow": first3 - returned,
-        "pause": first3 - last2[1],
-        "lost": last2[0] - (resumed or 0),
+        "pause": first3 - notice[0]["time"] if notice else float("nan"),
+        "lost": sorted(step - grown["step"] for step in saved) or None,
     }
 
 
