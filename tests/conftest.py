@@ -317,3 +317,65 @@ def slurm_lab():
 def tmp(tmp_path: Path) -> Path:
     """A temp dir to hold a spec, its script and its runs."""
     return tmp_path
+
+
+# ---- one xdist worker per lab ----------------------------------------------------------------
+#
+# pyproject runs the suite on several xdist workers (`--dist loadgroup`). A lab (the SSH hosts,
+# the Slurm cluster, the Docker engine and its image tag) is a machine-wide thing: two workers each
+# making one would share names (the image tag, Slurm's state) and each other's stray processes
+# would show up in "nothing left" checks. So every test that uses a lab is put in that lab's
+# xdist_group, and a group runs on one worker. The lab is found from what the test and the
+# fixtures it uses (all of them, however deep) name, so a new test file needs no marker.
+
+# What in the source of a test or a fixture it uses means "this uses that lab".
+_LAB_SIGNS = {
+    "ssh-lab": ("HostLab(",),
+    "slurm-lab": ("SlurmLab(",),
+    "docker": ("docker_lock", "dockerd", "ensure_image("),
+}
+
+
+def _labs_of(item: pytest.Item) -> set[str]:
+    """The labs ``item`` uses: those whose signs are in its function's source or in that of any
+    fixture it requests (directly or through other fixtures)."""
+    import inspect
+
+    functions = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None:
+        for name in item.fixturenames:
+            for fixturedef in info.name2fixturedefs.get(name, ()):
+                functions.append(fixturedef.func)
+    labs = set()
+    for function in functions:
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):
+            continue
+        labs |= {lab for lab, signs in _LAB_SIGNS.items() if any(s in source for s in signs)}
+    return labs
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each test that uses a lab in that lab's xdist_group (see above). A test that uses two
+    labs joins their groups into one, so that each lab still has one worker."""
+    found = {item: _labs_of(item) for item in items}
+    # Join labs that a test uses together (union-find over the lab names).
+    parent: dict[str, str] = {}
+
+    def root(lab: str) -> str:
+        while parent.setdefault(lab, lab) != lab:
+            lab = parent[lab]
+        return lab
+
+    for labs in found.values():
+        first, *rest = sorted(labs) or [""]
+        for lab in rest:
+            parent[root(lab)] = root(first)
+        root(first)
+    parent.pop("", None)
+    for item, labs in found.items():
+        if labs:
+            group = "+".join(sorted(lab for lab in parent if root(lab) == root(min(labs))))
+            item.add_marker(pytest.mark.xdist_group(group))
