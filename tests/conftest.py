@@ -21,6 +21,18 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Give SIGINT back to Python's default handler where this pytest was started with it
+    ignored: a command put in the background by a shell without job control (`cmd &` in a
+    script, CI's `nohup pytest &`) starts with SIGINT ignored, Python then keeps it ignored, and
+    so does every process the tests start. The Ctrl-C tests (a KeyboardInterrupt in this
+    process, a caller program that gets SIGINT) failed so ("DID NOT RAISE KeyboardInterrupt",
+    a caller not gone in 120 s); a user's terminal gives Ctrl-C to Python's handler, as this does.
+    A handled signal is reset to its default in a child at exec, so children get it too."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def write_spec(folder: Path, name: str = "spec.json", **fields) -> Path:
     """Write a spec (fields merged over a 2-worker MWMS default) and return its path."""
     spec = {
