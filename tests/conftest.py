@@ -31,6 +31,19 @@ def pytest_configure(config: pytest.Config) -> None:
     A handled signal is reset to its default in a child at exec, so children get it too."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if config.getoption("dist", "no") == "loadgroup" and config.getoption("numprocesses", 0):
+        import xdist
+
+        if pytest.version_tuple[:2] >= (9, 2) and xdist.__version__ in ("3.8.0",):
+            raise pytest.UsageError(_GROUPS_LOST.format(pytest.__version__, xdist.__version__))
+
+
+# Where xdist cannot carry the groups of conftest's labs (see pytest_collection_finish).
+_GROUPS_LOST = (
+    "pytest {} with pytest-xdist {} loses --dist loadgroup's groups (pytest-dev/pytest-xdist#1386),"
+    " and the tests of a lab would spread over the workers: `pip install -e '.[test]'` installs"
+    " the pytest pyproject allows (below 9.2), or run serially with -n 0"
+)
 
 
 def write_spec(folder: Path, name: str = "spec.json", **fields) -> Path:
@@ -369,6 +382,7 @@ def _labs_of(item: pytest.Item) -> set[str]:
     return labs
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook has no order)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put each test that uses a lab in that lab's xdist_group (see above). A test that uses two
     labs joins their groups into one, so that each lab still has one worker."""
@@ -391,3 +405,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if labs:
             group = "+".join(sorted(lab for lab in parent if root(lab) == root(min(labs))))
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In an xdist worker: fail the run where xdist did not carry the groups (an "@group" suffix
+    on each grouped test's node id, which pytest 9.2's node ids no longer take with xdist 3.8:
+    pytest-dev/pytest-xdist#1386); the tests of a lab would silently spread over the workers.
+    pytest_configure says so in one line for the versions known to do it."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None and "@" not in item.nodeid:
+            import xdist
+
+            raise pytest.UsageError(_GROUPS_LOST.format(pytest.__version__, xdist.__version__))
