@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from conftest import write_spec
+from distlaunch.launcher.plan import elastic as slots
 from distlaunch.launcher.plan import world
 from distlaunch.launcher.plan.placement import on_hosts
 from distlaunch.launcher.plan.plan import make_plan
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.quick
 
 @dataclass(frozen=True)
 class Elastic:
-    """The spec's typed elastic section, as world.elastic_plan reads it."""
+    """The spec's typed elastic section, as slots.elastic_plan reads it."""
 
     min_workers: int = 2
     max_workers: int = 3
@@ -41,7 +42,7 @@ def full_plan(tmp, elastic=Elastic(), **fields):
     roles = loaded.spec.tasks.by_role()
     ports = {(r, i): 20000 + 10 * n + i for n, r in enumerate(roles) for i in range(len(roles[r]))}
     plan = make_plan(loaded, on_hosts(loaded).with_ports(ports), "r", tmp / "runs" / "r")
-    return replace(plan, elastic=world.elastic_plan(elastic, plan.tasks))
+    return replace(plan, elastic=slots.elastic_plan(elastic, plan.tasks))
 
 
 def config(task):
@@ -68,11 +69,11 @@ def test_the_world_env_names_its_size_the_base_and_the_batch(tmp):
     full = full_plan(tmp, Elastic(batch="per_worker"))
     plan = world.world_plan(full, ["worker-0", "worker-1"])
     for task in plan.tasks:
-        assert task.env[world.WORLD_SIZE] == "2"
-        assert task.env[world.BASE_WORKERS] == "3"
-        assert task.env[world.ELASTIC_BATCH] == "per_worker"
-        assert task.env[world.WORLD] == "2 of 2:3"
-    assert world.WORLD_SIZE not in full.tasks[0].env  # the full plan is no world
+        assert task.env[slots.WORLD_SIZE] == "2"
+        assert task.env[slots.BASE_WORKERS] == "3"
+        assert task.env[slots.ELASTIC_BATCH] == "per_worker"
+        assert task.env[slots.WORLD] == "2 of 2:3"
+    assert slots.WORLD_SIZE not in full.tasks[0].env  # the full plan is no world
 
 
 def test_chief_ps_and_evaluator_stay_and_see_the_new_cluster(tmp):

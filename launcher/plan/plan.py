@@ -22,10 +22,10 @@ from distlaunch.host import bootstrap
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.plan import cpu_fit, program_scan, tfconfig
 from distlaunch.launcher.plan.cpu_fit import UNPINNED, TaskCpus
+from distlaunch.launcher.plan.elastic import ElasticPlan, elastic_plan
 from distlaunch.launcher.plan.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.plan.placement import Placement, Placements
 from distlaunch.launcher.plan.program_scan import ProgramChoice
-from distlaunch.launcher.plan.world import ElasticPlan, elastic_plan
 from distlaunch.launcher.spec.model import RESERVED_ENV, LoadedSpec
 from distlaunch.worker import contract
 
