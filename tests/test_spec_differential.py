@@ -54,6 +54,13 @@ BEYOND_SCHEMA = re.compile(
             r"runs tasks on the allocation's nodes",  # Slurm and `hosts`
             r"under Slurm",
             r"has slots=",
+            # An elastic range against the worker role's tasks, and the backend that runs it.
+            r"expected MIN <= MAX",
+            r"more workers than the hosts can hold",
+            r"is more than tasks\.worker's",
+            r"expected at least one size within",
+            r"cannot resize a run",
+            r"an elastic run ranges over the worker role's tasks",
         ]
     )
 )
@@ -103,6 +110,27 @@ BASES: list[dict[str, Any]] = [
         "kubernetes": {"namespace": "ml", "ttl_s": 600, "cpu": "2", "memory": "8Gi"},
         "restart": {"policy": "on-failure", "non_retryable_exit_codes": [2, 3]},
         "timeouts": {"save_s": 10, "run_s": 3600.5},
+    },
+    {
+        "name": "elastic",
+        "strategy": "multi_worker_mirrored",
+        "program": {"module": "m"},
+        "hosts": {"a": {"address": "10.0.0.5"}, "b": {"address": "10.0.0.6"}, "c": {}},
+        # A list: per_host 1025 over three hosts would pick 3075 ports (the perhost base's).
+        "tasks": {"worker": [{"host": "a"}, {"host": "b"}, {"host": "c"}]},
+        "shared_dir": "runs",
+        "elastic": {
+            "workers": "2:3",
+            "sizes": [2, 3],
+            "batch": "per_worker",
+            "resizes": 4,
+            "lost_after_s": 5,
+            "settle_s": 0,
+            "interval_s": 10.5,
+            "cooldown_s": 1,
+            "cooldown_max_s": 60,
+            "probe_s": 2,
+        },
     },
 ]
 
@@ -188,6 +216,13 @@ OVERRIDES = [
     "backend=nope",
     "backend=slurm",
     "backend=compose",
+    "elastic.workers=3:2",
+    "elastic.workers=1:4",
+    "elastic.workers='4:'",
+    "elastic.workers='1:'",
+    "elastic.sizes=[5]",
+    "elastic=null",
+    "tasks.worker={count: 2}",
 ]
 
 

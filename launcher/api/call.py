@@ -47,7 +47,7 @@ _GPU_ROLES = (contract.CHIEF, contract.WORKER)
 def run(
     fn: Callable[..., Any],
     *args: Any,
-    workers: int = DEFAULTS.workers,
+    workers: int | tuple[int, int] = DEFAULTS.workers,
     chief: int = DEFAULTS.chief,
     ps: int = DEFAULTS.ps,
     evaluator: int = DEFAULTS.evaluator,
@@ -143,7 +143,7 @@ class Call:
 def start(
     fn: Callable[..., Any],
     *args: Any,
-    workers: int = DEFAULTS.workers,
+    workers: int | tuple[int, int] = DEFAULTS.workers,
     chief: int = DEFAULTS.chief,
     ps: int = DEFAULTS.ps,
     evaluator: int = DEFAULTS.evaluator,
@@ -185,7 +185,12 @@ def submit(
     console: api.ConsoleTarget = None if o.quiet else "stdout"
     # The warm pool's runs are of a call's own cluster with nothing else asked of the run.
     own = (o.spec, o.restart, o.timeout_s, o.backend, o.run_id, o.resume, o.overrides)
-    warm = own == (None, None, None, None, None, False, ()) and api_pool.enabled(o.pool)
+    elastic = isinstance(o.workers, tuple)  # a range: a run of its own, never the pool's
+    warm = (
+        own == (None, None, None, None, None, False, ())
+        and not elastic
+        and api_pool.enabled(o.pool)
+    )
     spec = o.spec
     if spec is None:
         spec = cluster_spec(
@@ -199,6 +204,8 @@ def submit(
             if lease is not None:
                 return Call(lease.run, fn, lease, o.keep)
         overrides = [*o.overrides, f"program={json.dumps(program)}"]
+        if elastic and o.spec is not None:  # the spec's worker role is the range's slots
+            overrides.append(f"elastic.workers={json.dumps(_range_text(o.workers))}")
         if o.timeout_s is not None:
             overrides.append(f"timeouts.run_s={o.timeout_s}")
         if o.restart is not None:
@@ -284,7 +291,7 @@ def _name(fn: Callable[..., Any]) -> str:
 
 def cluster_spec(
     name: str,
-    workers: int,
+    workers: int | tuple[int, int],
     chief: int,
     ps: int,
     evaluator: int,
@@ -293,7 +300,16 @@ def cluster_spec(
     gpus: int = 0,
 ) -> dict[str, Any]:
     """The spec of a local cluster of these counts (a role of count 0 is left out) for a call,
-    each chief and worker with ``gpus`` GPUs; its program is the call's runner."""
+    each chief and worker with ``gpus`` GPUs; its program is the call's runner.
+
+    ``workers`` as a range ``(MIN, MAX)`` makes MAX worker tasks and an ``elastic`` section of
+    that range with every other setting at its default. (With a spec of the call's own, `submit`
+    sets the spec's ``elastic.workers`` to the range instead: the spec's worker role is then the
+    slots, and validation checks MAX against it.)"""
+    elastic = None
+    if isinstance(workers, tuple):
+        elastic = {"workers": _range_text(workers)}
+        workers = workers[1]
     counts = {
         contract.CHIEF: chief,
         contract.WORKER: workers,
@@ -314,7 +330,22 @@ def cluster_spec(
         },
         "timeouts": {"startup_s": None},  # no deadline: see the module docstring
         "shared_dir": str(shared_dir),
+        **({"elastic": elastic} if elastic else {}),
     }
+
+
+def _range_text(workers: tuple[int, int]) -> str:
+    """``workers=(MIN, MAX)`` as the spec writes it ("2:3"); ValueError for another tuple (the
+    range's own rules, MIN <= MAX <= the slots, are the spec's: SpecError)."""
+    ok = len(workers) == 2 and all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in workers
+    )
+    if not ok:
+        raise ValueError(
+            f"distlaunch.run: workers= expected a count or a range (MIN, MAX) of integers >= 1, "
+            f"got {workers!r}"
+        )
+    return f"{workers[0]}:{workers[1]}"
 
 
 def _run_name(fn: Callable[..., Any]) -> str:

@@ -35,12 +35,13 @@ def compose_file(spec: str, output: Path | None, run_id: str | None, image: str)
     from distlaunch.launcher.core.console import Console
     from distlaunch.launcher.record import rundir
     from distlaunch.launcher.run.up import choose_run
-    from distlaunch.launcher.spec.model import load_spec
+    from distlaunch.launcher.spec.model import load_spec, refuse_elastic
     from distlaunch.launcher.transports.compose import file as compose
     from distlaunch.launcher.transports.compose.transport import write_compose_file
     from distlaunch.launcher.transports.local.cpus import this_machine
 
     loaded = load_spec(spec)
+    refuse_elastic(loaded.spec, loaded.shown, "compose")
     target = choose_run(loaded, run_id, False)
     plan = compose.compose_plan(
         loaded, target.run_id, target.run_dir, target.attempt, this_machine(None)

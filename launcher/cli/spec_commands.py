@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +11,10 @@ from distlaunch.launcher.cli.app import cli
 from distlaunch.launcher.cli.options import EXCLUDE, HOSTS, SET, SPEC, spec_options
 from distlaunch.launcher.core import backends, json_text
 from distlaunch.launcher.core.errors import UsageError
+from distlaunch.worker import contract
+
+if TYPE_CHECKING:
+    from distlaunch.launcher.spec.model import Elastic
 
 
 @cli.command()
@@ -26,6 +31,9 @@ def validate(spec: str, overrides: tuple[str, ...]) -> None:
     # TensorFlow start here).
     program_scan.choose(loaded)
     counts = ", ".join(f"{len(v)} {k}" for k, v in loaded.spec.tasks.by_role().items())
+    elastic = loaded.spec.elastic
+    if elastic is not None:
+        counts += f"; elastic {elastic.range_text}"
     click.echo(f"{spec}: ok ({loaded.spec.strategy}; {counts})")
 
 
@@ -52,6 +60,7 @@ def plan(
     data = the_plan.to_json()
     rules = firewall.run_rules(the_plan, jumped_hosts(loaded.hosts))
     data["network"] = firewall.plan_json(loaded.spec.network.protect, rules)
+    data["elastic"] = _elastic_json(loaded.spec.elastic, data["tasks"])
     if as_json:  # json.dumps(data, indent=2)'s text: with N tasks of N addresses each, faster
         click.echo(json_text.dumps(data, indent=2))
         return
@@ -65,6 +74,8 @@ def plan(
     click.echo(
         _standby_line(data, loaded.spec.restart.policy != "never" and loaded.spec.restart.standby)
     )
+    if data["elastic"] is not None:
+        click.echo(_elastic_line(data["elastic"]))
     if data["network"]["hosts"]:
         click.echo(
             "firewall of the SSH hosts and Slurm nodes (added before any task starts, removed at "
@@ -98,6 +109,43 @@ def plan(
         click.echo("  env:")
         for key, value in task["env"].items():
             click.echo(f"    {_shell_join([f'{key}={value}'])}")
+
+
+def _elastic_json(elastic: Elastic | None, tasks: list[dict]) -> dict | None:
+    """`plan --json`'s ``elastic``: the spec's section with MAX filled in, the worker slots a
+    world is chosen from (every worker task planned, in order) and the first world (the first
+    MAX of them); None when the worker count is fixed."""
+    if elastic is None:
+        return None
+    slots = [
+        {"task": t["name"], "host": t["host"], "host_name": t["host_name"]}
+        for t in tasks
+        if t["role"] == contract.WORKER
+    ]
+    return {
+        **elastic.to_json(),
+        "slots": slots,
+        "first_world": [slot["task"] for slot in slots[: elastic.max_workers]],
+    }
+
+
+def _elastic_line(elastic: dict) -> str:
+    """`plan`'s line on an elastic run: its range, the sizes it takes, where the first world
+    runs and the slots it leaves spare."""
+    low, high, accepted = elastic["min_workers"], elastic["max_workers"], elastic["accepted"]
+    sizes = (
+        ""
+        if accepted == list(range(low, high + 1))
+        else f" (sizes {', '.join(map(str, accepted))})"
+    )
+    first = set(elastic["first_world"])
+    placed = {s["task"]: f"{s['task']} on {s['host_name'] or s['host']}" for s in elastic["slots"]}
+    world = ", ".join(v for k, v in placed.items() if k in first)
+    spare = ", ".join(v for k, v in placed.items() if k not in first)
+    return (
+        f"elastic: workers {low}:{high}{sizes}, first world: {world}"
+        f"{f', spare: {spare}' if spare else ''}; batch {elastic['batch']}"
+    )
 
 
 def _cpus_text(task: dict) -> str:

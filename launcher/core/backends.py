@@ -31,12 +31,18 @@ class Entry:
     # Facts the spec's checks need (spec/model.py), so that loading a spec imports no backend:
     hosts_are_nodes: bool = False  # a task's `host` names a node it allocates, not $.hosts
     own_python: bool = False  # it brings the interpreter: program.python is not checked here
+    resizes: bool = False  # it can run an elastic spec (re-form a world at another size)
 
 
 BUILTIN: Mapping[str, Entry] = {
     e.name: e
     for e in (
-        Entry("local", "distlaunch.launcher.transports.local.routing:LocalBackend", section="ssh"),
+        Entry(
+            "local",
+            "distlaunch.launcher.transports.local.routing:LocalBackend",
+            section="ssh",
+            resizes=True,
+        ),
         Entry(
             "compose",
             "distlaunch.launcher.transports.compose.transport:ComposeBackend",
@@ -48,6 +54,7 @@ BUILTIN: Mapping[str, Entry] = {
             "distlaunch.launcher.transports.slurm.transport:SlurmBackend",
             section="slurm",
             hosts_are_nodes=True,
+            resizes=True,
         ),
     )
 }
@@ -107,6 +114,7 @@ def entry(name: str) -> Entry:
         section=getattr(cls, "section_key", None),
         hosts_are_nodes=bool(getattr(cls, "hosts_are_nodes", False)),
         own_python=bool(getattr(cls, "own_python", False)),
+        resizes=bool(getattr(cls, "resizes", False)),
     )
 
 

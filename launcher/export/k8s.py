@@ -48,7 +48,13 @@ from distlaunch.launcher.plan.cpu_fit import CpuHow
 from distlaunch.launcher.plan.placement import IMAGE_PYTHON, Placements
 from distlaunch.launcher.plan.plan import TaskPlan, make_plan
 from distlaunch.launcher.record import rundir
-from distlaunch.launcher.spec.model import IMAGE_REF, K8S_LABEL, LoadedSpec, task_json_path
+from distlaunch.launcher.spec.model import (
+    IMAGE_REF,
+    K8S_LABEL,
+    LoadedSpec,
+    refuse_elastic,
+    task_json_path,
+)
 from distlaunch.worker import chief_result, contract
 
 # Every task's TensorFlow server port: each pod has its own IP, so one port serves all.
@@ -140,7 +146,8 @@ def manifests(
     """The manifests that run ``loaded`` as run ``run_id`` (see the module docstring).
 
     Raises SpecError for what pods cannot do: tasks on SSH hosts, tasks of one role with
-    different GPU counts (one pod template per role), env names Kubernetes refuses.
+    different GPU counts (one pod template per role), env names Kubernetes refuses, an elastic
+    range (nothing in the manifests re-forms TF_CONFIG).
     """
     # Each pod is placed by Kubernetes: no machine is known to split; counts are what pods ask.
     where = placement.with_cpus(loaded, placement.on_hosts(loaded), {})
@@ -503,6 +510,7 @@ def _notes(loaded: LoadedSpec, jobset: bool) -> tuple[str, ...]:
 def _check_fits(loaded: LoadedSpec, where: Placements) -> None:
     """Refuse what pods cannot run (``where``: the spec's placement), naming the spec's JSON path."""
     file = loaded.shown
+    refuse_elastic(loaded.spec, file, "kubernetes")
     for role, rows in where.by_role().items():
         for row in rows:
             if row.transport == TaskTransport.SSH:

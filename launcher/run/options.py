@@ -36,8 +36,12 @@ class LaunchOptions:
     ``tf_cluster`` marker, and, for the last four, of `distlaunch.launch`, `distlaunch.up` and
     the `distlaunch up` command."""
 
-    workers: int = 2
-    """Worker tasks of a call's own cluster (a role of count 0 is left out)."""
+    workers: int | tuple[int, int] = 2
+    """Worker tasks of a call's own cluster (a role of count 0 is left out); a range ``(MIN,
+    MAX)`` makes an elastic run: MAX worker tasks and the spec's ``elastic`` section of that
+    range, its other settings at their defaults. With ``spec``, a range sets that spec's
+    ``elastic.workers`` (its worker role is the slots; its other elastic settings stay); a
+    count is then not used."""
     chief: int = 0
     """Chief tasks of a call's own cluster (0 or 1)."""
     ps: int = 0
@@ -55,7 +59,8 @@ class LaunchOptions:
     CPU."""
     spec: SpecInput | None = None
     """A spec (file, dict or typed Spec) whose tasks, strategy, hosts and settings a call runs
-    on, its program replaced by the call; the counts, strategy and GPUs above are then not used.
+    on, its program replaced by the call; the counts, strategy and GPUs above are then not used
+    (a ``workers`` range is: it sets the spec's ``elastic.workers``).
     None: the local cluster the counts describe, run dirs under ./runs."""
     restart: Mapping[str, Any] | str | None = None
     """The spec's restart setting: a policy name such as "on-failure", or the whole mapping;

@@ -2,13 +2,15 @@
 
 Run on the typed spec once the schema has passed (spec/model.py's `load_spec`): the number of tasks
 in all, the hosts tasks name, ports and GPUs two tasks on one machine would share, the files and
-folders the spec names. Each failure is a SpecError with the JSON path of the value at fault.
+folders the spec names, an elastic range the worker role and the backend can hold. Each failure
+is a SpecError with the JSON path of the value at fault.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +37,85 @@ def check_spec(spec: Spec, shown: str, raw: dict[str, Any]) -> None:
             raise SpecError(
                 shown, f"$.tasks.{role}", f"expected one {role} task, got {len(roles[role])}"
             )
+    _check_elastic(spec, shown)
+
+
+# What an elastic run needs of a backend that cannot resize one, by its name.
+CANNOT_RESIZE = {
+    "compose": "the compose backend cannot resize a run (each container's TF_CONFIG is fixed "
+    "in the compose file when it starts); run it on the local backend (SSH hosts) or slurm, or "
+    "remove elastic",
+    "kubernetes": "the Kubernetes manifests cannot resize a run (each pod's TF_CONFIG is fixed "
+    "in its manifest): that needs a controller that watches the pods, re-forms TF_CONFIG and "
+    "restarts every pod at the new size, which `distlaunch k8s` does not write; run it with "
+    "`distlaunch up` (SSH hosts or slurm), or remove elastic",
+}
+
+
+def refuse_elastic(spec: Spec, shown: str, target: str) -> None:
+    """SpecError when ``spec`` is elastic and is to run where nothing resizes it: ``target``
+    names the backend or export ("compose", "kubernetes")."""
+    if spec.elastic is not None:
+        what = CANNOT_RESIZE.get(
+            target, f"the {target} backend cannot resize a run; remove elastic"
+        )
+        raise SpecError(shown, "$.elastic", what)
+
+
+def _check_elastic(spec: Spec, shown: str) -> None:
+    """The range fits the worker role's tasks (the slots a world is chosen from), ``sizes``
+    leaves a size in it, and the backend can resize a run."""
+    elastic = spec.elastic
+    if elastic is None:
+        return
+    if not backends.entry(spec.backend).resizes:
+        refuse_elastic(spec, shown, spec.backend)
+    workers = spec.tasks.worker or ()
+    if not workers:
+        raise SpecError(
+            shown,
+            "$.elastic",
+            "an elastic run ranges over the worker role's tasks; expected tasks.worker",
+        )
+    low, high, slots = elastic.min_workers, elastic.max_workers, len(workers)
+    written = spec.data.get("elastic", {}).get("workers", elastic.range_text)
+    where = "$.elastic.workers"
+    # "MIN:" takes MAX from the slots: a MIN above them is then the hosts' shortfall.
+    if high < low and not written.endswith(":"):
+        raise SpecError(shown, where, f'expected MIN <= MAX, got "{written}"')
+    if slots < low:
+        raise SpecError(
+            shown,
+            where,
+            f"MIN {low} is more workers than the hosts can hold: tasks.worker has "
+            f"{_tasks(slots)} ({_slots_text(spec, workers)}); expected MIN <= {slots}",
+        )
+    if high > slots:
+        raise SpecError(
+            shown,
+            where,
+            f"MAX {high} is more than tasks.worker's {_tasks(slots)}, the slots a world is "
+            f"chosen from ({_slots_text(spec, workers)}); expected MAX <= {slots}, or more "
+            "worker tasks",
+        )
+    if elastic.sizes is not None and not elastic.accepted():
+        raise SpecError(
+            shown,
+            "$.elastic.sizes",
+            f"expected at least one size within {low}..{high} (elastic.workers), got "
+            f"{list(elastic.sizes)}",
+        )
+
+
+def _tasks(n: int) -> str:
+    return f"{n} task" if n == 1 else f"{n} tasks"
+
+
+def _slots_text(spec: Spec, workers: tuple[Any, ...]) -> str:
+    """Where the worker role's tasks are, in words: "2 on a, 1 on b"."""
+    if backends.entry(spec.backend).hosts_are_nodes:
+        return "placed on the allocation's nodes"
+    return ", ".join(f"{n} on {host}" for host, n in Counter(e.host for e in workers).items())
 
 
 def _exists(path: Path, test: Callable[[Path], bool]) -> bool:

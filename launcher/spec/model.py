@@ -20,7 +20,7 @@ from typing import Any
 from distlaunch.launcher.core import backends
 from distlaunch.launcher.core.errors import SpecError
 from distlaunch.launcher.spec import checks, files, schema, typed
-from distlaunch.launcher.spec.checks import task_json_path
+from distlaunch.launcher.spec.checks import refuse_elastic, task_json_path
 from distlaunch.launcher.spec.hosts import expand
 from distlaunch.launcher.spec.rules import (
     IMAGE_REF,
@@ -35,6 +35,7 @@ from distlaunch.launcher.spec.sources import Source, SpecOptions, apply_override
 from distlaunch.launcher.spec.typed import (
     RESERVED_ENV,
     Cpus,
+    Elastic,
     Gpus,
     Host,
     Kubernetes,
@@ -57,6 +58,7 @@ __all__ = [
     "OWNED_SSH_OPTIONS",
     "RESERVED_ENV",
     "Cpus",
+    "Elastic",
     "Gpus",
     "Host",
     "Kubernetes",
@@ -70,6 +72,7 @@ __all__ = [
     "json_schema",
     "load_spec",
     "load_spec_data",
+    "refuse_elastic",
     "task_json_path",
 ]
 

@@ -59,6 +59,11 @@ MODULE_RE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 # Text passed to a process (argv, environment, paths): a NUL would end it as a C string.
 NO_NUL = "^[^\\u0000]*$"
 ROLES = ("chief", "worker", "ps", "evaluator")
+# An elastic run's worker range, as torchrun's --nnodes: "MIN:MAX", or "MIN:" (MAX: the worker
+# role's tasks). (?!.*\n): "$" is Python's in jsonschema (it passes a newline before it).
+ELASTIC_WORKERS = r"^(?!.*\n)([1-9][0-9]{0,3}):([1-9][0-9]{0,3})?$"
+ELASTIC_WORKERS_EXPECTED = 'a range "MIN:MAX" or "MIN:" of worker counts (MIN >= 1), like "2:3"'
+
 TASK_KEYS = ("host", "port", "gpus", "cpus")
 ONE_ENTRY_POINT = 'expected exactly one of "script" or "module"'
 

@@ -5,7 +5,7 @@ its descriptions, and spec/checker.py is this document compiled by fastjsonschem
 and the published schema cannot disagree. What no schema can state (the sum of all tasks, ports
 and GPUs shared between tasks, files that must exist) is checked in spec/checks.py. The parts
 are spec/schema_tasks.py (roles, tasks, hosts) and spec/schema_run.py (program, timeouts,
-restarts, Kubernetes, strategies); the limits and patterns are spec/rules.py's.
+restarts, elastic runs, Kubernetes, strategies); the limits and patterns are spec/rules.py's.
 
 Keys beside the standard ones, for the one-line errors (spec/invalid.py): ``x-expected`` says
 what a value should be ("expected X, got Y"), ``x-error`` is the whole message of a rule, and
@@ -26,6 +26,7 @@ from distlaunch.launcher.spec.rules import (
     text,
 )
 from distlaunch.launcher.spec.schema_run import (
+    elastic,
     kubernetes,
     program,
     restart,
@@ -100,6 +101,7 @@ def document() -> dict[str, Any]:
             },
             "timeouts": {**timeouts(), "default": {}},
             "restart": {**restart(), "default": {}},
+            "elastic": {**elastic(), "type": ["object", "null"], "default": None},
             "host_template": {
                 "$ref": "#/$defs/host",
                 "description": "Settings every host of `hostfile` starts from (user, python, ...).",

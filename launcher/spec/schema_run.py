@@ -1,5 +1,5 @@
 """The schema of what a run does and how it ends: the program, its timeouts, the restart policy,
-Kubernetes output, and the roles each strategy needs.
+an elastic run's range, Kubernetes output, and the roles each strategy needs.
 
 Parts of spec/schema.py's document: that module assembles them; the limits and patterns come
 from spec/rules.py.
@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from distlaunch.launcher.spec.rules import (
+    ELASTIC_WORKERS,
+    ELASTIC_WORKERS_EXPECTED,
     IMAGE_REF,
     K8S_LABEL,
     K8S_QUANTITY,
     K8S_SUBDOMAIN,
     MAX_INT32,
+    MAX_TASKS,
     MODULE_RE,
     NO_NUL,
     ONE_ENTRY_POINT,
@@ -178,6 +181,75 @@ def restart() -> dict[str, Any]:
                 "costs its memory.",
             },
         },
+        "additionalProperties": False,
+    }
+
+
+def elastic() -> dict[str, Any]:
+    """An elastic run: the worker role's tasks are the slots a world is chosen from."""
+    return {
+        "type": "object",
+        "description": "An elastic run: how many workers it may have. The worker role's tasks "
+        "are the slots it may use; the run starts on the first MAX of them, shrinks from its "
+        "latest checkpoint when a host is lost (down to MIN) and grows back when one returns "
+        "(up to MAX). The local backend (SSH hosts) and Slurm resize; compose and the "
+        "Kubernetes manifests do not.",
+        "properties": {
+            "workers": {
+                # anyOf: a number (`workers: 3`) is answered with the range's words too.
+                "anyOf": [{"type": "string", "pattern": ELASTIC_WORKERS}],
+                "x-expected": ELASTIC_WORKERS_EXPECTED,
+                "description": 'The range of workers, as torchrun\'s --nnodes: "MIN:MAX", or '
+                '"MIN:" for MAX = the worker role\'s task count. MIN >= 1; MAX at most the '
+                "worker role's tasks.",
+            },
+            "sizes": {
+                "type": ["array", "null"],
+                "items": {"type": "integer", "minimum": 1, "maximum": MAX_TASKS},
+                "minItems": 1,
+                "maxItems": MAX_TASKS,
+                "uniqueItems": True,
+                "default": None,
+                "description": "The world sizes the program accepts (a batch that must divide "
+                "evenly); others in the range are skipped, with a line. null: every size in "
+                "the range.",
+            },
+            "batch": {
+                "enum": ["global", "per_worker"],
+                "default": "global",
+                "description": "global: the global batch stays at every world size (per-worker "
+                "batch = global / workers). per_worker: the per-worker batch stays (global = "
+                "per-worker * workers).",
+            },
+            "resizes": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_INT32,
+                "default": 10,
+                "description": "Resizes allowed (membership changes); restart.max_restarts "
+                "stays the budget of failures.",
+            },
+            "lost_after_s": seconds(
+                "A host whose agent is gone and that answers no probe for this long is lost.",
+                10.0,
+            ),
+            "settle_s": seconds(
+                "After a loss, wait this long for more news before resizing (skipped when "
+                "nothing more can change).",
+                10.0,
+                zero=True,
+            ),
+            "interval_s": seconds("At most one resize per this many seconds.", 30.0, zero=True),
+            "cooldown_s": seconds(
+                "A host that failed is held out this long before it may rejoin, doubled at each "
+                "failure.",
+                30.0,
+                zero=True,
+            ),
+            "cooldown_max_s": seconds("The longest a host is held out.", 600.0, zero=True),
+            "probe_s": seconds("How often lost and held-out hosts are probed to come back.", 5.0),
+        },
+        "required": ["workers"],
         "additionalProperties": False,
     }
 

@@ -230,6 +230,70 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class Elastic:
+    """An elastic run: a world of ``min_workers``..``max_workers`` workers chosen from the worker
+    role's tasks (its slots), and the budgets and timings of resizing it."""
+
+    min_workers: int
+    max_workers: int
+    sizes: tuple[int, ...] | None = None  # None: every size in the range
+    batch: Literal["global", "per_worker"] = "global"
+    resizes: int = 10
+    lost_after_s: float = 10.0
+    settle_s: float = 10.0
+    interval_s: float = 30.0
+    cooldown_s: float = 30.0
+    cooldown_max_s: float = 600.0
+    probe_s: float = 5.0
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any], slots: int) -> Elastic:
+        """The section from valid data; ``slots``, the worker role's task count, is MAX where
+        ``workers`` is written "MIN:" (spec/checks.py checks the range against it)."""
+        low, _, high = data["workers"].partition(":")
+        values = {k: v for k, v in data.items() if k != "workers"}
+        for key in ELASTIC_SECONDS:
+            if key in values:
+                values[key] = float(values[key])
+        if "resizes" in values:
+            values["resizes"] = _int(values["resizes"])
+        if values.get("sizes") is not None:
+            values["sizes"] = tuple(int(n) for n in values["sizes"])
+        return cls(min_workers=int(low), max_workers=int(high) if high else slots, **values)
+
+    @property
+    def range_text(self) -> str:
+        """The range as the spec writes it, MAX filled in: "2:3"."""
+        return f"{self.min_workers}:{self.max_workers}"
+
+    def accepted(self) -> tuple[int, ...]:
+        """The world sizes a run may take, smallest first: the range, less what ``sizes``
+        leaves out."""
+        span = range(self.min_workers, self.max_workers + 1)
+        return tuple(n for n in span if self.sizes is None or n in self.sizes)
+
+    def to_json(self) -> dict[str, Any]:
+        """The section as `plan --json` shows it: MIN and MAX apart, every value filled in."""
+        return {
+            "min_workers": self.min_workers,
+            "max_workers": self.max_workers,
+            **{f.name: _plain(getattr(self, f.name)) for f in fields(self)[2:]},
+            "accepted": list(self.accepted()),
+        }
+
+
+# Elastic's durations (seconds): floats however they were written.
+ELASTIC_SECONDS = (
+    "lost_after_s",
+    "settle_s",
+    "interval_s",
+    "cooldown_s",
+    "cooldown_max_s",
+    "probe_s",
+)
+
+
+@dataclass(frozen=True)
 class Kubernetes:
     """What `distlaunch k8s` writes into the manifests beyond the tasks themselves."""
 
@@ -275,6 +339,7 @@ class Spec:
     shared_dir: str = "./runs"
     timeouts: Timeouts = field(default_factory=Timeouts)
     restart: Restart = field(default_factory=Restart)
+    elastic: Elastic | None = None  # None: the worker count is fixed
     host_template: Host | None = None
     hostfile: str | None = None
     hosts: Mapping[str, Host] = field(default_factory=dict)
@@ -308,6 +373,9 @@ class Spec:
             "forward_env": tuple,
         }
         values = {key: parts.get(key, _same)(value) for key, value in data.items()}
+        if data.get("elastic") is not None:  # "MIN:" reads the worker role's (spread) tasks
+            slots = len(values["tasks"].worker or ())
+            values["elastic"] = Elastic.of(data["elastic"], slots)
         return cls(**values, data=written)
 
     @classmethod

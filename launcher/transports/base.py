@@ -185,7 +185,7 @@ class TaskStacks(Protocol):
 class Backend(Protocol):
     """A kind of backend, named in launcher/core/backends.py (see the module docstring). One
     installed through an entry point states the registry's facts (`backends.Entry`) as class
-    attributes: ``section_key``, ``hosts_are_nodes``, ``own_python``."""
+    attributes: ``section_key``, ``hosts_are_nodes``, ``own_python``, ``resizes``."""
 
     name: ClassVar[str]
     title: ClassVar[str]  # how messages name it: "cancelled Slurm 12.3"
