@@ -254,7 +254,7 @@ def make_plan(
         and restart.standby
         and (program.warm_restarts or program.serve_ps_workers)
         and any(t.transport in STANDBY_TRANSPORTS for t in tasks),
-        elastic=elastic_plan(getattr(spec, "elastic", None), tasks),
+        elastic=elastic_plan(spec.elastic, tasks),
     )
 
 

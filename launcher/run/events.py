@@ -355,7 +355,9 @@ class Events:
             return self._apply(task, event, decision, how)
         world.pending = answer
         if answer.verdict is not Verdict.RESTART_SAME:
-            return self._apply(task, event, Decision(Action.RESIZE, answer.reason, answer.slots))
+            return self._apply(
+                task, event, Decision(Action.RESIZE, answer.reason, answer.slots), ""
+            )
         decision = self.resizing.held_out(task, self._decide(event))  # the restart budget
         if decision.action is Action.RESTART:
             world.pending, world.down = None, False

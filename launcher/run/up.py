@@ -177,11 +177,13 @@ def _supervise(supervisor: Supervisor, console: Console, spec_file: Path) -> Non
     try:
         result = supervisor.run()
     except Interrupted as exc:
+        _say_worlds(console, book.record.world)
         book.set_state(RunState.INTERRUPTED, exit_code=exc.exit_code, ended_at=time.time())
         raise
     except BaseException:
         book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time())
         raise
+    _say_worlds(console, book.record.world)
     # The lines that tell how a run ended are loaded when it has: imported with the module, they
     # would delay its first task (bench/startup.py).
     from distlaunch.launcher.diagnosis.summary import details, headline, preempted_line
@@ -213,6 +215,14 @@ def _supervise(supervisor: Supervisor, console: Console, spec_file: Path) -> Non
     book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time(), failure=failure)
     console.say(line + "\n" + details(result.failure))
     raise RunFailed(line)
+
+
+def _say_worlds(console: Console, world: dict | None) -> None:
+    """An elastic run's summary line: the worlds it had (``worlds: 3 -> 2 -> 3``)."""
+    if world and world.get("worlds"):
+        worlds = " -> ".join(str(n) for n in world["worlds"])
+        resizes = world.get("resizes", 0)
+        console.say(f"worlds: {worlds} (elastic.workers {world.get('workers')}, {resizes} resizes)")
 
 
 def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> RunRecord:
