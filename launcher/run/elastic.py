@@ -115,15 +115,25 @@ class World:
             return None
         return self._lost_hosts().get(task.host_name)
 
+    def remote(self, task: TaskPlan) -> bool:
+        """Whether ``task`` is a worker of this world on a machine of its own (a place that is
+        a host, which can be lost, not a slot of this machine)."""
+        place = self.place_of(task)
+        return place is not None and not self._is_slot(place)
+
     def suspect(self, task: TaskPlan, why: str, now: float) -> str:
-        """The agent of ``task``'s place was lost: the gang is down, the place is probed."""
+        """``task``'s place seems gone (``why``: its agent was lost, its peers lost it): the
+        gang is down, the place is probed; the line that says so."""
         place = self.place_of(task)
         assert place is not None
-        self.places.suspect(place, f"agent lost: {why}", now)
+        self.places.suspect(place, why, now)
         self._stopped(task)
         self._next_probe[place] = now
         lost_after = self.elastic.lost_after_s
-        return f"{place}: its agent was lost ({why}); probing it for up to {lost_after:g} s (elastic.lost_after_s)"
+        return (
+            f"{place} ({task.name}): {why}; stopping the gang and probing {place} for up to "
+            f"{lost_after:g} s (elastic.lost_after_s)"
+        )
 
     def hold_out(self, task: TaskPlan, why: str, now: float) -> str | None:
         """``task``'s restarts are exhausted: its place is held out, the gang is down; the line

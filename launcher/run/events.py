@@ -202,7 +202,7 @@ class Events:
                 self.restarts.peer_lost.add(task.name)
         decision = self._decide(event)
         if self.resizing is not None and phase is not Phase.DRAINING:
-            lost = self.resizing.lost(task, code)
+            lost = self.resizing.lost(task, event)
             decision = lost or self.resizing.held_out(task, decision)
         if decision.action is Action.RESTART:
             self.restarts.last_fingerprint = event.fingerprint

@@ -24,7 +24,7 @@ from distlaunch.launcher.run.elastic import World
 from distlaunch.launcher.run.journal import Journal
 from distlaunch.launcher.run.membership import Resize, Verdict
 from distlaunch.launcher.run.notice import StopNotices
-from distlaunch.launcher.run.policy import Action, Cluster, Decision, RestartPolicy
+from distlaunch.launcher.run.policy import Action, Cluster, Decision, RestartPolicy, TaskEvent
 from distlaunch.launcher.run.restarts import Restarts
 from distlaunch.launcher.run.task import Task
 from distlaunch.launcher.run.warm import WarmStandbys
@@ -60,15 +60,23 @@ class Resizing:
 
     # ---- what an end means for the world ---------------------------------------------------------
 
-    def lost(self, task: Task, code: int) -> Decision | None:
-        """A training task of this world that ended because its place's agent was lost: the
-        gang stops, the place is probed (None: not such an end)."""
-        if code == 0 or not task.training:
+    def lost(self, task: Task, event: TaskEvent) -> Decision | None:
+        """A training task of this world that ended because its place's agent was lost, or
+        with a follow-on error naming a peer on another machine that still runs as far as we
+        know (its machine gone quiet: TensorFlow's coordination service noticed before the
+        agent's silence did): the gang stops, that place is probed (None: not such an end)."""
+        if event.returncode == 0 or not task.training:
             return None
+        now = time.monotonic()
         why = self.world.lost_why(task.plan)
-        if why is None:
-            return None
-        return Decision(Action.RESIZE, self.world.suspect(task.plan, why, time.monotonic()))
+        if why is not None:
+            return Decision(Action.RESIZE, self.world.suspect(task.plan, why, now))
+        for name in event.lost_peers if event.peer_lost else ():
+            peer = self.crew.tasks.get(name)
+            if peer is not None and peer.alive and self.world.remote(peer.plan):
+                why = f"{task.name}'s TensorFlow lost {name} (a follow-on error)"
+                return Decision(Action.RESIZE, self.world.suspect(peer.plan, why, now))
+        return None
 
     def held_out(self, task: Task, decision: Decision) -> Decision:
         """A FAIL with the restart budget spent (``decision``): the place of its cause is held
