@@ -55,3 +55,13 @@ def test_restarts_exhausted_on_one_slot_shrink_the_world_and_the_run_finishes(tm
     status = json.loads((run_dir / "status" / "worker-1.json").read_text())
     assert status["attempt"] == last
     assert "worlds: 3 -> 2 (elastic.workers 2:3, 1 resizes)" in err
+    # `status` shows the world; the report's timeline marks the resize.
+    shown = distlaunch("status", str(run_dir), cwd=tmp)
+    assert "world 2 of 2:3 on localhost (worlds 3 -> 2; out: worker-2@localhost held out)" in (
+        shown.stdout
+    )
+    assert "worker-2 " not in shown.stdout  # a worker of the world of 3 only
+    report = distlaunch("report", str(run_dir), cwd=tmp)
+    html = (run_dir / "report.html").read_text()
+    assert report.returncode == 0 and 'class="marker resize"' in html
+    assert "world 3 -&gt; 2 on localhost" in html

@@ -219,10 +219,11 @@ class World:
                 continue
             suspect = self.places[name].state is PlaceState.SUSPECT
             self._next_probe[name] = now + (SUSPECT_PROBE_S if suspect else self.elastic.probe_s)
-            if self._probe is None or self._is_slot(name):
-                # This machine's slot, or a transport that cannot probe: it answers.
-                self.places.answered(name, True)
+            if self._is_slot(name):
+                self.places.answered(name, True)  # a slot of this machine: it is there
                 continue
+            if self._probe is None:
+                continue  # a transport that cannot probe: a lost host never comes back
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="probe")
             host = next(s.host for s in self.elastic.slots if s.place == name)
