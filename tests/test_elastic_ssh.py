@@ -165,6 +165,7 @@ def test_a_host_lost_for_good_shrinks_the_world_and_the_run_finishes(lab, tmp: P
             launcher.wait()
         stall.remove()
     err = (tmp / "stderr.txt").read_text()
+    print("\n".join(line[:300] for line in err.splitlines() if line.startswith("distlaunch:")))
     assert launcher.returncode == 0, err[-4000:]
     node3 = lab.hosts[2].name
     assert (shrink["old"], shrink["new"]) == (3, 2)
@@ -197,6 +198,7 @@ def test_a_host_that_returns_grows_the_world_back_with_no_step_lost(lab, tmp: Pa
             launcher.wait()
         stall.remove()
     err = (tmp / "stderr.txt").read_text()
+    print("\n".join(line[:300] for line in err.splitlines() if line.startswith("distlaunch:")))
     assert launcher.returncode == 0, err[-4000:]
     grow = grown[0]
     assert (grow["old"], grow["new"]) == (2, 3)

@@ -146,6 +146,10 @@ class Resizing:
         self._adopt(plan)
         names = tuple(t.name for t in plan.tasks if t.role != contract.EVALUATOR)
         self.restarts.resize(plan, names)
+        # Every training task has ended: a save the stop cut short is nobody's, and never resumed.
+        removed = checkpoints.remove_cut_saves(contract.checkpoint_dir(Path(plan.run_dir)))
+        if removed:
+            self.console.say(f"removed what saves cut short left: {', '.join(removed)}")
         index = checkpoints.latest(contract.checkpoint_dir(Path(plan.run_dir)))
         step = index.step if index is not None else None
         if answer.verdict is not Verdict.RESTART_SAME:
