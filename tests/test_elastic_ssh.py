@@ -1,5 +1,5 @@
 """Elastic runs on three SSH test hosts (tests/sshhosts.py), one real TensorFlow worker each
-(dw.fit), range 2:3: the third host's network goes away mid-epoch (every packet of its cable
+(dw.fit, and tf_keras model.fit), range 2:3: the third host's network goes away mid-epoch (every packet of its cable
 dropped, both ways: no reset, no FIN), the run goes on in a world of 2 from the latest
 checkpoint and finishes; when the network returns before the end, the world grows back to 3 at
 a step the workers agree on, and no step is lost. Nothing of the run is left on any host.
@@ -53,11 +53,16 @@ def lab():
         yield made
 
 
-def _spec(folder: Path, lab: sshhosts.HostLab) -> Path:
+# The same program two ways: dw.fit (Keras 3), and tf_keras model.fit with dw.keras_callbacks.
+KERAS = ["keras3", "tf_keras"]
+
+
+def _spec(folder: Path, lab: sshhosts.HostLab, keras: str) -> Path:
+    program = {"module": "distlaunch.worker.examples.mnist_mlp", "args": ARGS, "keras": keras}
     spec = {
         "name": "elastic",
         "strategy": "multi_worker_mirrored",
-        "program": {"module": "distlaunch.worker.examples.mnist_mlp", "args": ARGS},
+        "program": program,
         "hosts": {h.name: lab.host_entry(h) for h in lab.hosts},
         "tasks": {"worker": [{"host": h.name} for h in lab.hosts]},
         "shared_dir": "runs",
@@ -153,9 +158,12 @@ def _shrunk(lab: sshhosts.HostLab, tmp: Path, launcher: subprocess.Popen, stall:
     return run_dir, shrink, resumed, trained
 
 
-def test_a_host_lost_for_good_shrinks_the_world_and_the_run_finishes(lab, tmp: Path) -> None:
+@pytest.mark.parametrize("keras", KERAS)
+def test_a_host_lost_for_good_shrinks_the_world_and_the_run_finishes(
+    lab, tmp: Path, keras: str
+) -> None:
     stall = Stall(lab.hosts[2])
-    launcher = _start(tmp, _spec(tmp, lab))
+    launcher = _start(tmp, _spec(tmp, lab, keras))
     try:
         run_dir, shrink, resumed, trained = _shrunk(lab, tmp, launcher, stall)
         launcher.wait(timeout=600)
@@ -184,9 +192,12 @@ def test_a_host_lost_for_good_shrinks_the_world_and_the_run_finishes(lab, tmp: P
     _nothing_left(lab)
 
 
-def test_a_host_that_returns_grows_the_world_back_with_no_step_lost(lab, tmp: Path) -> None:
+@pytest.mark.parametrize("keras", KERAS)
+def test_a_host_that_returns_grows_the_world_back_with_no_step_lost(
+    lab, tmp: Path, keras: str
+) -> None:
     stall = Stall(lab.hosts[2])
-    launcher = _start(tmp, _spec(tmp, lab))
+    launcher = _start(tmp, _spec(tmp, lab, keras))
     try:
         run_dir, shrink, _, _ = _shrunk(lab, tmp, launcher, stall)
         stall.remove()
