@@ -54,7 +54,19 @@ def lab():
 
 
 # The same program two ways: dw.fit (Keras 3), and tf_keras model.fit with dw.keras_callbacks.
-KERAS = ["keras3", "tf_keras"]
+# tf_keras's BackupAndRestore, saved by 3 workers, does not restore in a world of 2 yet: the two
+# workers' first collective disagrees ("Collective instance 129 expected type 1 and data_type 9
+# but got type 0 and data_type 1"); restoring at another world size is the worker side of
+# issue 49. Strict: once it restores, this mark must go.
+KERAS = [
+    "keras3",
+    pytest.param(
+        "tf_keras",
+        marks=pytest.mark.xfail(
+            strict=True, reason="tf_keras BackupAndRestore does not restore at another world size"
+        ),
+    ),
+]
 
 
 def _spec(folder: Path, lab: sshhosts.HostLab, keras: str) -> Path:
