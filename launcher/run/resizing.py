@@ -116,6 +116,7 @@ class Resizing:
         self.console.say(decision.reason)
         if running:
             self.console.say(f"cannot save first ({unkeepable}): from the latest checkpoint")
+            self.stop_gang()
         self.start(answer)
 
     def after_save(self, saved: bool) -> None:

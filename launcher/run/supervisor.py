@@ -9,8 +9,8 @@ The loop says when; what an event means is not decided here: every ending of a t
 run (an exit, a hang, a restart request, a deadline, a cluster that never formed, the evaluator's
 drain, a stop notice and its save) becomes a `TaskEvent` that the RestartPolicy answers with a
 `Decision`, which `events.Events` records and carries out. The run is in one `events.Phase` at a
-time (training, saving on a stop notice, draining the evaluator), which says what an exit means
-and which deadlines the loop checks. Each concern is a collaborator of its own:
+time (training, saving on a stop notice, draining the evaluator, deciding an elastic run's world),
+which says what an exit means and which deadlines the loop checks. Each concern is a collaborator of its own:
 
 - `crew.Crew`: the tasks, their incarnations and processes (through `transports.base` only);
 - `journal.Journal`: every write of run.json and events.jsonl (a task's ledger, the run's record);
@@ -23,6 +23,14 @@ and which deadlines the loop checks. Each concern is a collaborator of its own:
 - `warm.WarmStandbys`: the warm standbys of the next attempt;
 - `elastic.World` and `resizing.Resizing`: an elastic run's world (the plan's `elastic`): which
   worker slots train, the places probed, lost or held out, and the resizes carried out.
+
+An elastic run's course (docs/elastic.md): a worker whose host's agent is lost (or whom its
+peers' TensorFlow names lost while it still seems to run) stops the gang at once, and the run is
+RESIZING while the host is probed; a host that answers restarts the same world (a restart), one
+that does not is lost and, after the settle window, the gang restarts in a smaller world from the
+latest checkpoint. Restarts exhausted hold the failing place out and do the same. A host back
+while the world trains grows it: a save at an agreed step through the notice path (SAVING, the
+notice's ``resize`` set: the run does not end), then the restart in the bigger world.
 
 A notice's course: the first is sent to every training task's program and the policy hears each
 exit as a PREEMPTED event; when all have saved (or finished), the run ends PREEMPTED, else, at
