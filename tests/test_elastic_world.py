@@ -4,6 +4,7 @@ plan and the chosen worker slots."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, replace
 
 import pytest
@@ -122,3 +123,85 @@ def test_world_plan_is_pure(tmp):
     first = world.world_plan(full, ["worker-0", "worker-2"])
     again = world.world_plan(full, ["worker-0", "worker-2"])
     assert first == again and full.to_json() == before
+
+
+# ---- the world as the loop holds it (launcher/run/elastic.py), its inputs scripted -----------
+
+
+class Scripted:
+    """A transport's elastic answers, scripted: which hosts it says are lost, which answer."""
+
+    def __init__(self) -> None:
+        self.lost: dict[str, str] = {}
+        self.answers: set[str] = set()
+
+    def lost_hosts(self) -> dict[str, str]:
+        return dict(self.lost)
+
+    def probe(self, host: str) -> bool:
+        return host in self.answers
+
+
+def on_hosts_world(tmp, transport, **fields):
+    from distlaunch.launcher.run.elastic import World
+
+    full = full_plan(tmp, Elastic(**fields))
+    hosts = tuple(slots.Slot(f"worker-{i}", f"h{i + 1}", f"h{i + 1}") for i in range(3))
+    full = replace(full, elastic=replace(full.elastic, slots=hosts))
+    said: list[str] = []
+    return World(full, transport, said.append), said
+
+
+def settle(world, now):
+    """Tick until the probes under way have answered (threads: at most a few ms)."""
+    for _ in range(500):
+        if all(probe.done() for probe in world._probing.values()):
+            break
+        time.sleep(0.01)
+    return world.tick(now)
+
+
+def test_the_world_shrinks_when_a_lost_host_stays_silent_and_grows_when_it_answers(tmp):
+    from distlaunch.launcher.run.membership import Verdict
+
+    transport = Scripted()
+    world, said = on_hosts_world(
+        tmp, transport, lost_after_s=5, settle_s=1, cooldown_s=2, interval_s=10
+    )
+    w2 = world.plan().task("worker-2")
+    assert world.text() == "world 3 of 2:3" and w2.env[slots.WORLD_SIZE] == "3"
+    transport.lost["h3"] = "agent lost: the link is down"
+    assert world.lost_why(w2) == "agent lost: the link is down"
+    assert "probing h3 for up to 5 s" in world.suspect(w2, "agent lost", now=100)
+    assert world.down and world.cause == "worker-2"
+    assert world.tick(100) is None  # probing
+    assert settle(world, 104) is None
+    assert settle(world, 105) is None and said == [
+        "h3 lost: agent lost; no answer for 5 s; it may rejoin after 2 s"
+    ]
+    shrink = settle(world, 106)
+    assert shrink.verdict is Verdict.SHRINK and shrink.slots == ("worker-0", "worker-1")
+    change = world.started(shrink, now=106)
+    assert (change.old, change.new, change.hosts) == (3, 2, ("h1", "h2"))
+    assert world.plan().task("worker-1").env[slots.WORLD_SIZE] == "2"
+    assert world.record()["worlds"] == [3, 2] and world.record()["out"] == {"h3": "lost"}
+    assert settle(world, 110) is None  # h3 silent: the world stays
+    transport.answers.add("h3")
+    world.tick(112)  # a probe starts
+    assert settle(world, 113) is None  # h3 answers; at most one resize per 10 s
+    grow = settle(world, 116)
+    assert grow.verdict is Verdict.GROW and grow.slots == ("worker-0", "worker-1", "worker-2")
+    world.started(grow, now=116)
+    assert world.record()["worlds"] == [3, 2, 3] and world.resizes == 2
+    world.close()
+
+
+def test_a_transport_loss_is_acted_on_once(tmp):
+    transport = Scripted()
+    world, _ = on_hosts_world(tmp, transport)
+    assert world.transport_lost(0) == []
+    transport.lost["h2"] = "node DOWN"
+    assert world.transport_lost(1) == ["worker-1"] and world.down
+    world.resumed()
+    assert world.transport_lost(2) == []  # still listed: the same loss, not a new one
+    world.close()

@@ -110,10 +110,9 @@ class World:
     def lost_why(self, task: TaskPlan) -> str | None:
         """Why the place of ``task`` (a worker of this world) is lost, as its transport says
         (`transports.base.ResizeTransport.lost_hosts`); None when it is not."""
-        place = self.place_of(task)
-        if place is None or self._lost_hosts is None:
+        if self.place_of(task) is None or self._lost_hosts is None:
             return None
-        return self._lost_hosts().get(task.host_name)
+        return self._lost_hosts().get(self.elastic.slot(self.slots[task.index]).host)
 
     def remote(self, task: TaskPlan) -> bool:
         """Whether ``task`` is a worker of this world on a machine of its own (a place that is
