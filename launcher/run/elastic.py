@@ -13,9 +13,8 @@ keeps the facts and makes the plan of the world it names (`plan.world.world_plan
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distlaunch.launcher.plan.plan import Plan, TaskPlan
 from distlaunch.launcher.plan.world import world_plan
@@ -28,6 +27,11 @@ from distlaunch.launcher.run.membership import (
     Verdict,
 )
 from distlaunch.worker import contract
+
+if TYPE_CHECKING:
+    # Imported where the first probe starts: `up` must not load it before its first task
+    # (tests/test_cli.py, bench/startup.py), and most runs never probe.
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 # How often a suspect place (its agent just lost) is probed while lost_after_s runs.
 SUSPECT_PROBE_S = 1.0
@@ -224,6 +228,8 @@ class World:
             if self._probe is None:
                 continue  # a transport that cannot probe: a lost host never comes back
             if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
                 self._pool = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="probe")
             host = next(s.host for s in self.elastic.slots if s.place == name)
             self._probing[name] = self._pool.submit(_probe, self._probe, host)
