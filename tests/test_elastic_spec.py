@@ -102,6 +102,12 @@ BAD = [
     ("bad batch", _elastic(batch="local"), "$.elastic.batch", '"global" or "per_worker"'),
     ("zero probe", _elastic(probe_s=0), "$.elastic.probe_s", "0"),
     (
+        "cooldown cap below its start",
+        _elastic(cooldown_s=60, cooldown_max_s=30),
+        "$.elastic.cooldown_max_s",
+        "expected at least elastic.cooldown_s (60), got 30",
+    ),
+    (
         "no worker role",
         {**_elastic(workers="1:"), "hosts": None, "tasks": {"chief": {}}},
         "$.elastic",

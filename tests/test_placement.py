@@ -178,3 +178,25 @@ def test_the_launcher_never_reads_the_attempt_back_out_of_a_task_env() -> None:
         if _reads_attempt_from_env(node)
     ]
     assert found == []
+
+
+def test_no_free_port_left_is_one_line_naming_the_task(tmp: Path, monkeypatch) -> None:
+    # Thousands of `auto` ports can exhaust what portpicker finds free; the plan then names the
+    # task that got none instead of a traceback. Only portpicker's answer is scripted here.
+    import portpicker
+
+    from distlaunch.launcher.core.errors import SpecError
+
+    (tmp / "task.py").write_text("")
+    loaded = load_spec(write_spec(tmp))
+    picks = iter([20001])
+
+    def pick_unused_port() -> int:
+        try:
+            return next(picks)
+        except StopIteration:
+            raise portpicker.NoFreePortFoundError() from None
+
+    monkeypatch.setattr(portpicker, "pick_unused_port", pick_unused_port)
+    with pytest.raises(SpecError, match=r"tasks\.worker.*no free port left.*1 already taken"):
+        ports.allocate(loaded, placement.on_hosts(loaded))

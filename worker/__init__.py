@@ -27,8 +27,8 @@ from typing import Any
 
 from . import runtime
 
-# Public name -> submodule that defines it; `train` and `evaluator` import TensorFlow, `runtime`
-# and `strategies` do not (a strategy's builder does, when called).
+# Public name -> submodule that defines it; `train` and `evaluator` import TensorFlow, `runtime`,
+# `elastic` and `strategies` do not (a strategy's builder does, when called).
 _EXPORTS = {
     "TaskContext": "runtime",
     "context": "runtime",
@@ -38,6 +38,7 @@ _EXPORTS = {
     "fit": "train",
     "keras_callbacks": "train",
     "evaluate_checkpoints": "evaluator",
+    "global_batch_size": "elastic",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -24,6 +24,17 @@ STATUS_FILE = "DISTLAUNCH_STATUS_FILE"
 CHECKPOINT_DIR = "DISTLAUNCH_CHECKPOINT_DIR"
 METRICS_FILE = "DISTLAUNCH_METRICS_FILE"
 
+# An elastic run (the spec's "elastic" section), in every training task of a world: how the
+# program's batch follows the world size (ELASTIC_BATCH: "global" or "per_worker", worker/elastic.py;
+# unset: the run is not elastic), the workers of this world (WORLD_SIZE), the workers the program's
+# batch numbers were written for (BASE_WORKERS: the range's MAX) and the world as `status` names it
+# (WORLD, e.g. "2 of 2:3"). The checkpoint does not depend on the world: any size resumes it.
+ELASTIC_BATCH = "DISTLAUNCH_ELASTIC_BATCH"
+WORLD_SIZE = "DISTLAUNCH_WORLD_SIZE"
+BASE_WORKERS = "DISTLAUNCH_BASE_WORKERS"
+WORLD = "DISTLAUNCH_WORLD"
+ELASTIC_BATCH_RULES = ("global", "per_worker")
+
 # Kubernetes: the training cluster of a task's role (TF_CONFIG's "cluster", JSON), from which
 # distlaunch.host.k8s_entry builds TF_CONFIG with the index Kubernetes gives the pod.
 CLUSTER = "DISTLAUNCH_CLUSTER"

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from . import contract, runtime
 
@@ -113,6 +113,47 @@ def _allow_under_mwms(worker_training_state: ModuleType) -> None:
         return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
     worker_training_state.support_on_demand_checkpoint_callback = mwms
+    _restore_from_the_chief(worker_training_state)
+
+
+def _restore_from_the_chief(worker_training_state: ModuleType) -> None:
+    """Make every worker restore tf_keras's backup from the chief's copy when the handler is on.
+
+    With ``save_before_preemption`` on, tf_keras's ``WorkerTrainingState.restore`` does nothing:
+    the PreemptionCheckpointHandler restored while it was built, but through the manager it was
+    given, the WRITE manager, which on a non-chief worker points at that worker's temporary copy
+    (``workertemp_<task>``). A regular backup deletes that copy, so after one a non-chief worker
+    restores nothing and starts at step 0 while the chief resumes: their collectives no longer
+    match ("Collective instance ... expected type 1 ... but got type 0") and the run fails; a
+    worker of a new world (an elastic resize) never had a copy at all. Here every worker restores
+    the chief's backup, as tf_keras does without the handler, and the handler's step counter
+    (which the notice agreement compares across workers) is set from what was restored.
+    """
+    cls = getattr(worker_training_state, "WorkerTrainingState", None)
+    original = getattr(cls, "restore", None)
+    if cls is None or original is None:
+        raise ImportError(
+            f"distlaunch: {_TF_KERAS_STATE}.WorkerTrainingState.restore is gone in this "
+            "tf_keras: BackupAndRestore cannot be made to resume every worker from the chief"
+        )
+    if getattr(original, "_distlaunch", False):
+        return  # patched already
+
+    def restore(self: Any) -> None:
+        if not getattr(self, "_enable_save_before_preemption", False):
+            original(self)
+            return
+        handler = self.preemption_handler
+        if not (hasattr(handler, "_run_counter") and hasattr(handler, "_checkpointed_runs")):
+            raise RuntimeError(
+                "distlaunch: tf_keras's PreemptionCheckpointHandler has no _run_counter or "
+                "_checkpointed_runs in this TensorFlow: cannot resume every worker from the chief"
+            )
+        self.read_checkpoint_manager.restore_or_initialize()
+        handler._run_counter = int(handler._checkpointed_runs.numpy())
+
+    restore._distlaunch = True  # type: ignore[attr-defined]
+    cls.restore = restore
 
 
 class _OnTfKerasImport(importlib.abc.MetaPathFinder):

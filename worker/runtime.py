@@ -48,6 +48,9 @@ class TaskContext:
     is_chief: bool
     num_workers: int
     checkpoint_dir: Path | None
+    # The workers the program's numbers were written for: an elastic run's MAX (its world,
+    # num_workers, may be smaller), else num_workers. For scaling a learning rate with the world.
+    base_workers: int = 1
 
     @property
     def name(self) -> str:
@@ -63,6 +66,8 @@ def context() -> TaskContext:
     role = os.environ.get(contract.ROLE) or task.get("type") or "worker"
     index = int(os.environ.get(contract.INDEX) or task.get("index") or 0)
     strategy_name = os.environ.get(contract.STRATEGY) or _strategy_of(cluster)
+    num_workers = _num_workers(cluster, strategy_name)
+    base = os.environ.get(contract.BASE_WORKERS, "")
     return TaskContext(
         role=role,
         index=index,
@@ -73,8 +78,9 @@ def context() -> TaskContext:
         keras=_keras_flavour(),
         # The TF rule: the `chief` task, or worker 0 when the cluster has no chief.
         is_chief=role == "chief" or (role == "worker" and index == 0 and "chief" not in cluster),
-        num_workers=_num_workers(cluster, strategy_name),
+        num_workers=num_workers,
         checkpoint_dir=contract.env_path(contract.CHECKPOINT_DIR),
+        base_workers=int(base) if base.isdigit() and int(base) > 0 else num_workers,
     )
 
 

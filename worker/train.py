@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
-from . import contract, preempt, progress, ps, resume, runtime
+from . import contract, elastic, preempt, progress, ps, resume, runtime
 
 if TYPE_CHECKING:
     import keras
@@ -64,6 +64,14 @@ def fit(
     heartbeat. At the end the chief writes the run's "training done" marker. Returns the
     metrics list, earlier attempts included.
 
+    In an elastic run (contract.ELASTIC_BATCH set) the batch follows the world size
+    (worker/elastic.py): ``global_batch_size`` and the dataset are the program's, written for
+    the range's maximum; under "global" they stay (a global batch that does not divide over this
+    world stops every worker in one line, exit code 2, before training); under "per_worker" the
+    global batch becomes ``global_batch_size / MAX * world`` and a dataset is rebatched to it (a
+    function's per-replica batches likewise). One line says the world and its batch. The
+    checkpoint does not depend on the world size: a run resumes at any size.
+
     On a stop notice (SIGTERM, see `preempt`) every MWMS worker saves the same step (under PSS
     the chief stops scheduling, lets the steps in flight finish and saves) and the process
     exits EXIT_PREEMPTED: `fit` does not return.
@@ -77,6 +85,7 @@ def fit(
     strategy = strategy or model.distribute_strategy
     ps.refuse_sharded(model.trainable_variables)
     ctx = runtime.context()
+    global_batch_size, dataset = _batch_of_this_world(global_batch_size, dataset, ctx)
     per_example_loss = _per_example_loss(model.loss if loss is None else loss)
     with strategy.scope():
         # An exact step counter: Keras 3's optimizer.iterations is not one under every strategy
@@ -152,11 +161,14 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[Any]:
     that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file, the chief's
     TensorBoard scalars and the "ready" heartbeat like `fit` does, prints ``distlaunch: resumed
     from ...`` after a restore, and writes the "training done" marker on the chief at the end.
+    In an elastic run it says the world in one line, unless ``dw.global_batch_size`` (with
+    which the dataset follows the elastic batch rule) said it already.
 
     Under ParameterServerStrategy tf_keras allows no batch-level callbacks: backups happen at
     epoch ends only (``checkpoint_every`` is ignored), and the heartbeat comes from a thread.
     """
     ctx = runtime.context()
+    elastic.say_world(ctx)
     coordinated = ctx.strategy == contract.PSS
     if ctx.keras == contract.TF_KERAS:
         import tf_keras as keras_module  # imported here so that Keras 3 scripts never load Keras 2
@@ -243,6 +255,38 @@ def _save_and_stop(saver: _Saver, current: int, heartbeat: progress.Heartbeat) -
     heartbeat.update(checkpoint_step=saver.last_step)
     heartbeat.beat(current, force=True)
     preempt.stop(saver.last_step, time.monotonic() - started)
+
+
+def _batch_of_this_world(
+    global_batch_size: int,
+    dataset: tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset],
+    ctx: runtime.TaskContext,
+) -> tuple[int, tf.data.Dataset | Callable[[tf.distribute.InputContext], tf.data.Dataset]]:
+    """The global batch of a step in this world and the input batched for it (`elastic`): the
+    program's own outside an elastic run, or when the rule keeps the global batch."""
+    try:
+        batch = elastic.world_batch(global_batch_size, ctx)
+    except elastic.ElasticBatchError as exc:
+        elastic.refuse(exc)
+    elastic.say(batch)
+    size = batch.global_size
+    if size == global_batch_size:
+        return size, dataset
+    if isinstance(dataset, tf.data.Dataset):
+        # Batches of the program's size, cut and joined into batches of this world's: the same
+        # examples in the same order (drop_remainder: a repeating dataset keeps a static shape).
+        return size, dataset.rebatch(size, drop_remainder=True)
+    if callable(dataset):
+        make = dataset
+
+        def per_replica(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+            # The function batched for the program's global batch; each replica's part of this
+            # world's global batch is what the step takes.
+            part = input_context.get_per_replica_batch_size(size)
+            return make(input_context).rebatch(part, drop_remainder=True)
+
+        return size, per_replica
+    return size, dataset  # _distribute names what is wrong with it
 
 
 def _per_example_loss(loss: Any) -> PerExampleLoss:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.core.errors import SpecError
-from distlaunch.launcher.plan.placement import Placements, TaskKey
+from distlaunch.launcher.plan.placement import Placement, Placements, TaskKey
 from distlaunch.launcher.spec.model import LoadedSpec, task_json_path
 
 # In a run's private network namespace nothing else listens, so `auto` ports are simply numbered
@@ -84,12 +84,28 @@ def allocate(
                 next_private += 1
             port = next_private
         else:
-            port = _portpicker().pick_unused_port()
-            while port in taken:
-                port = _portpicker().pick_unused_port()
+            port = _free_port(loaded, row, taken)
         taken.add(port)
         ports[row.key] = port
     return ports
+
+
+def _free_port(loaded: LoadedSpec, row: Placement, taken: set[int]) -> int:
+    """An unused port of this machine not in ``taken``; SpecError when none is left (thousands
+    of `auto` ports: portpicker gives up rather than loop, and so does the plan)."""
+    portpicker = _portpicker()
+    try:
+        port = portpicker.pick_unused_port()
+        while port in taken:
+            port = portpicker.pick_unused_port()
+    except portpicker.NoFreePortFoundError:
+        raise SpecError(
+            loaded.shown,
+            task_json_path(loaded.raw, row.role, row.index, "port"),
+            f"no free port left on this machine for its task ({len(taken)} already taken); "
+            "expected fewer tasks or fixed ports",
+        ) from None
+    return port
 
 
 def _portpicker():

@@ -105,6 +105,15 @@ def _check_elastic(spec: Spec, shown: str) -> None:
             f"expected at least one size within {low}..{high} (elastic.workers), got "
             f"{list(elastic.sizes)}",
         )
+    if elastic.cooldown_max_s < elastic.cooldown_s:
+        # The cooldown doubles from cooldown_s up to cooldown_max_s: a cap below the start
+        # would hold a flapping host out for less than a host that failed once.
+        raise SpecError(
+            shown,
+            "$.elastic.cooldown_max_s",
+            f"expected at least elastic.cooldown_s ({elastic.cooldown_s:g}), got "
+            f"{elastic.cooldown_max_s:g}",
+        )
 
 
 def _tasks(n: int) -> str:
