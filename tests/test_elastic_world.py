@@ -15,6 +15,7 @@ from distlaunch.launcher.plan import world
 from distlaunch.launcher.plan.placement import on_hosts
 from distlaunch.launcher.plan.plan import make_plan
 from distlaunch.launcher.spec.model import load_spec
+from distlaunch.worker import contract
 
 pytestmark = pytest.mark.quick
 
@@ -70,11 +71,11 @@ def test_the_world_env_names_its_size_the_base_and_the_batch(tmp):
     full = full_plan(tmp, Elastic(batch="per_worker"))
     plan = world.world_plan(full, ["worker-0", "worker-1"])
     for task in plan.tasks:
-        assert task.env[slots.WORLD_SIZE] == "2"
-        assert task.env[slots.BASE_WORKERS] == "3"
-        assert task.env[slots.ELASTIC_BATCH] == "per_worker"
-        assert task.env[slots.WORLD] == "2 of 2:3"
-    assert slots.WORLD_SIZE not in full.tasks[0].env  # the full plan is no world
+        assert task.env[contract.WORLD_SIZE] == "2"
+        assert task.env[contract.BASE_WORKERS] == "3"
+        assert task.env[contract.ELASTIC_BATCH] == "per_worker"
+        assert task.env[contract.WORLD] == "2 of 2:3"
+    assert contract.WORLD_SIZE not in full.tasks[0].env  # the full plan is no world
 
 
 def test_chief_ps_and_evaluator_stay_and_see_the_new_cluster(tmp):
@@ -169,7 +170,7 @@ def test_the_world_shrinks_when_a_lost_host_stays_silent_and_grows_when_it_answe
         tmp, transport, lost_after_s=5, settle_s=1, cooldown_s=2, interval_s=10
     )
     w2 = world.plan().task("worker-2")
-    assert world.text() == "world 3 of 2:3" and w2.env[slots.WORLD_SIZE] == "3"
+    assert world.text() == "world 3 of 2:3" and w2.env[contract.WORLD_SIZE] == "3"
     transport.lost["h3"] = "agent lost: the link is down"
     assert world.lost_why(w2) == "agent lost: the link is down"
     assert "probing h3 for up to 5 s" in world.suspect(w2, "agent lost", now=100)
@@ -183,7 +184,7 @@ def test_the_world_shrinks_when_a_lost_host_stays_silent_and_grows_when_it_answe
     assert shrink.verdict is Verdict.SHRINK and shrink.slots == ("worker-0", "worker-1")
     change = world.started(shrink, now=106)
     assert (change.old, change.new, change.hosts) == (3, 2, ("h1", "h2"))
-    assert world.plan().task("worker-1").env[slots.WORLD_SIZE] == "2"
+    assert world.plan().task("worker-1").env[contract.WORLD_SIZE] == "2"
     assert world.record()["worlds"] == [3, 2] and world.record()["out"] == {"h3": "lost"}
     assert settle(world, 110) is None  # h3 silent: the world stays
     transport.answers.add("h3")

@@ -15,13 +15,6 @@ from typing import Any
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.worker import contract
 
-# The env a worker reads of its world (worker/contract.py holds these names once E3's part of
-# issue 49 is in; they are the same literal names).
-ELASTIC_BATCH = "DISTLAUNCH_ELASTIC_BATCH"  # "global" | "per_worker"; absent: not elastic
-WORLD_SIZE = "DISTLAUNCH_WORLD_SIZE"  # the workers of this world
-BASE_WORKERS = "DISTLAUNCH_BASE_WORKERS"  # MAX: the world the user's batch numbers were written for
-WORLD = "DISTLAUNCH_WORLD"  # for people: "2 of 2:3"
-
 
 @dataclass(frozen=True)
 class Slot:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from distlaunch.launcher.plan import tfconfig
-from distlaunch.launcher.plan.elastic import BASE_WORKERS, ELASTIC_BATCH, WORLD, WORLD_SIZE
 from distlaunch.worker import contract
 
 if TYPE_CHECKING:
@@ -52,10 +51,10 @@ def world_plan(full: Plan, slots: Sequence[str]) -> Plan:
         addresses.setdefault(task.role, []).append(task.address)
     size = len(index)
     world_env = {
-        ELASTIC_BATCH: elastic.batch,
-        WORLD_SIZE: str(size),
-        BASE_WORKERS: str(elastic.max_workers),
-        WORLD: f"{size} of {elastic.range_text}",
+        contract.ELASTIC_BATCH: elastic.batch,
+        contract.WORLD_SIZE: str(size),
+        contract.BASE_WORKERS: str(elastic.max_workers),
+        contract.WORLD: f"{size} of {elastic.range_text}",
     }
     run_dir = Path(full.run_dir)
     tasks = [_renumbered(t, i, addresses, world_env, run_dir) for t, i in numbered]
