@@ -124,13 +124,14 @@ class Resizing:
         starts, from what was saved (else from the latest checkpoint)."""
         answer = self.world.pending
         assert answer is not None
+        step = self.notices.preemption().step if saved else None
         if not saved:
             self.console.say(
                 "the save before the resize did not complete: from the latest checkpoint"
             )
         self.stop_gang()
         self.notices.ended()
-        self.start(answer)
+        self.start(answer, step)
 
     def stop_gang(self) -> None:
         """Kill every training task still running (nothing of theirs is worth a grace)."""
@@ -138,8 +139,9 @@ class Resizing:
         if running:
             self.crew.kill(running)
 
-    def start(self, answer: Resize) -> None:
-        """Restart the gang in the world of ``answer`` (every training task has ended)."""
+    def start(self, answer: Resize, step: int | None = None) -> None:
+        """Restart the gang in the world of ``answer`` (every training task has ended), from
+        ``step`` (saved before the resize; None: the latest checkpoint's, where the index says)."""
         from distlaunch.launcher.record import checkpoints
 
         change = self.world.started(answer, time.monotonic())
@@ -148,17 +150,24 @@ class Resizing:
         names = tuple(t.name for t in plan.tasks if t.role != contract.EVALUATOR)
         self.restarts.resize(plan, names)
         # Every training task has ended: a save the stop cut short is nobody's, and never resumed.
-        removed = checkpoints.remove_cut_saves(contract.checkpoint_dir(Path(plan.run_dir)))
+        folder = contract.checkpoint_dir(Path(plan.run_dir))
+        removed = checkpoints.remove_cut_saves(folder)
         if removed:
             self.console.say(f"removed what saves cut short left: {', '.join(removed)}")
-        index = checkpoints.latest(contract.checkpoint_dir(Path(plan.run_dir)))
-        step = index.step if index is not None else None
+        index = checkpoints.latest(folder)
+        if step is None and index is not None:
+            step = index.step
         if answer.verdict is not Verdict.RESTART_SAME:
             self.journal.resized(
                 self.restarts.attempt, self.world.record(), old=change.old, new=change.new,
                 reason=change.reason, step=step, hosts=list(change.hosts),
             )  # fmt: skip
-        at = f" from step {step}" if step is not None else " from the start (no checkpoint)"
+        if step is not None:
+            at = f" from step {step}"
+        elif any(folder.rglob(checkpoints.INDEX)):
+            at = " from the latest checkpoint"  # a Keras backup: its index names no step
+        else:
+            at = " from the start (no checkpoint)"
         self.console.say(f"{self.world.text()} on {', '.join(change.hosts)}{at}")
 
     def _adopt(self, plan: Plan) -> None:
