@@ -34,6 +34,7 @@ def test_restarts_exhausted_on_one_slot_shrink_the_world_and_the_run_finishes(tm
     done = distlaunch("up", str(spec), cwd=tmp, timeout=600)
     err = done.stderr
     assert done.returncode == 0, err[-4000:]
+    assert "(attempt 0): 3 tasks (elastic.workers 2:3), multi_worker_mirrored" in err
     assert "worker-2@localhost held out: restart budget exhausted" in err
     assert "world 2 of 2:3 on localhost" in err
     run_dir = only_run_dir(tmp / "runs")

@@ -118,8 +118,12 @@ def up(
             verb = "resuming" if target.previous else "starting"
             contained = all(TaskTransport(t.transport).contained for t in plan.tasks)
             where = " in containers" if contained else ""
+            count, elastic = len(plan.tasks), plan.elastic
+            if elastic is not None:  # the first world's tasks, of every slot planned
+                count += len(elastic.first_world()) - len(elastic.slots)
+                where += f" (elastic.workers {elastic.range_text})"
             console.say(
-                f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks{where}, "
+                f"{verb} run {plan.run_id} (attempt {plan.attempt}): {count} tasks{where}, "
                 f"{plan.strategy}; run dir {plan.run_dir}"
             )
             _say_program(console, plan)
