@@ -66,3 +66,25 @@ def test_restarts_exhausted_on_one_slot_shrink_the_world_and_the_run_finishes(tm
     html = (run_dir / "report.html").read_text()
     assert report.returncode == 0 and 'class="marker resize"' in html
     assert "world 3 -&gt; 2 on localhost" in html
+
+
+def test_below_the_minimum_the_run_fails_in_one_line_naming_what_is_out(tmp):
+    (tmp / "task.py").write_text(PROGRAM)
+    spec = write_spec(
+        tmp,
+        program={"script": "task.py", "args": ARGS},
+        tasks={"worker": {"count": 3}},
+        restart={"policy": "on-failure", "max_restarts": 1, "backoff": {"initial_s": 0.1}},
+        elastic={"workers": "3:3", "settle_s": 0, "cooldown_s": 600},
+        timeouts={"grace_s": 2, "startup_s": 180},
+    )
+    done = distlaunch("up", str(spec), cwd=tmp, timeout=600)
+    assert done.returncode == 1, done.stderr[-4000:]
+    [headline] = [line for line in done.stderr.splitlines() if " failed: " in line]
+    assert "failed: worker-2 was left without the workers elastic.workers needs" in headline
+    assert (
+        "2 usable worker slots, too few for a world of elastic.workers 3:3: "
+        "worker-2@localhost held out (restart budget exhausted)"
+    ) in headline
+    assert run_record(only_run_dir(tmp / "runs"))["state"] == "failed"
+    assert "Traceback" not in done.stderr
