@@ -21,6 +21,31 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Give SIGINT back to Python's default handler where this pytest was started with it
+    ignored: a command put in the background by a shell without job control (`cmd &` in a
+    script, CI's `nohup pytest &`) starts with SIGINT ignored, Python then keeps it ignored, and
+    so does every process the tests start. The Ctrl-C tests (a KeyboardInterrupt in this
+    process, a caller program that gets SIGINT) failed so ("DID NOT RAISE KeyboardInterrupt",
+    a caller not gone in 120 s); a user's terminal gives Ctrl-C to Python's handler, as this does.
+    A handled signal is reset to its default in a child at exec, so children get it too."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if config.getoption("dist", "no") == "loadgroup" and config.getoption("numprocesses", 0):
+        import xdist
+
+        if pytest.version_tuple[:2] >= (9, 2) and xdist.__version__ in ("3.8.0",):
+            raise pytest.UsageError(_GROUPS_LOST.format(pytest.__version__, xdist.__version__))
+
+
+# Where xdist cannot carry the groups of conftest's labs (see pytest_collection_finish).
+_GROUPS_LOST = (
+    "pytest {} with pytest-xdist {} loses --dist loadgroup's groups (pytest-dev/pytest-xdist#1386),"
+    " and the tests of a lab would spread over the workers: `pip install -e '.[test]'` installs"
+    " the pytest pyproject allows (below 9.2), or run serially with -n 0"
+)
+
+
 def write_spec(folder: Path, name: str = "spec.json", **fields) -> Path:
     """Write a spec (fields merged over a 2-worker MWMS default) and return its path."""
     spec = {
@@ -317,3 +342,81 @@ def slurm_lab():
 def tmp(tmp_path: Path) -> Path:
     """A temp dir to hold a spec, its script and its runs."""
     return tmp_path
+
+
+# ---- one xdist worker per lab ----------------------------------------------------------------
+#
+# pyproject runs the suite on several xdist workers (`--dist loadgroup`). A lab (the SSH hosts,
+# the Slurm cluster, the Docker engine and its image tag) is a machine-wide thing: two workers each
+# making one would share names (the image tag, Slurm's state) and each other's stray processes
+# would show up in "nothing left" checks. So every test that uses a lab is put in that lab's
+# xdist_group, and a group runs on one worker. The lab is found from what the test and the
+# fixtures it uses (all of them, however deep) name, so a new test file needs no marker.
+
+# What in the source of a test or a fixture it uses means "this uses that lab".
+_LAB_SIGNS = {
+    "ssh-lab": ("HostLab(",),
+    "slurm-lab": ("SlurmLab(",),
+    "docker": ("docker_lock", "dockerd", "ensure_image("),
+}
+
+
+def _labs_of(item: pytest.Item) -> set[str]:
+    """The labs ``item`` uses: those whose signs are in its function's source or in that of any
+    fixture it requests (directly or through other fixtures)."""
+    import inspect
+
+    functions = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None:
+        for name in item.fixturenames:
+            for fixturedef in info.name2fixturedefs.get(name, ()):
+                functions.append(fixturedef.func)
+    labs = set()
+    for function in functions:
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):
+            continue
+        labs |= {lab for lab, signs in _LAB_SIGNS.items() if any(s in source for s in signs)}
+    return labs
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook has no order)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each test that uses a lab in that lab's xdist_group (see above). A test that uses two
+    labs joins their groups into one, so that each lab still has one worker."""
+    found = {item: _labs_of(item) for item in items}
+    # Join labs that a test uses together (union-find over the lab names).
+    parent: dict[str, str] = {}
+
+    def root(lab: str) -> str:
+        while parent.setdefault(lab, lab) != lab:
+            lab = parent[lab]
+        return lab
+
+    for labs in found.values():
+        first, *rest = sorted(labs) or [""]
+        for lab in rest:
+            parent[root(lab)] = root(first)
+        root(first)
+    parent.pop("", None)
+    for item, labs in found.items():
+        if labs:
+            group = "+".join(sorted(lab for lab in parent if root(lab) == root(min(labs))))
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In an xdist worker: fail the run where xdist did not carry the groups (an "@group" suffix
+    on each grouped test's node id, which pytest 9.2's node ids no longer take with xdist 3.8:
+    pytest-dev/pytest-xdist#1386); the tests of a lab would silently spread over the workers.
+    pytest_configure says so in one line for the versions known to do it."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None and "@" not in item.nodeid:
+            import xdist
+
+            raise pytest.UsageError(_GROUPS_LOST.format(pytest.__version__, xdist.__version__))

@@ -124,10 +124,12 @@ def test_a_login_shell_that_prints_for_ever_ends_the_run_in_one_line_naming_the_
 def test_a_link_that_stalls_without_a_reset_is_named_and_leaves_nothing_once_it_returns(
     talking_lab, tmp: Path
 ) -> None:
-    """Every packet of the host's cable dropped, both ways (an nft drop there), for 60 s: no
-    reset, no FIN; TCP and ssh say nothing for minutes. The launcher names the host from its
-    agent's silence; the agent, hearing no launcher, ends its task, removes its rules and exits
-    on its own; once the link returns nothing of the run is left there."""
+    """Every packet of the host's cable dropped, both ways (an nft drop there): no reset, no
+    FIN; TCP and ssh say nothing for minutes. The launcher names the host from its agent's
+    silence; the agent, hearing no launcher, ends its task, removes its rules and exits on its
+    own; once the link returns nothing of the run is left there. The stall lasts until both
+    ends have shown that (up to 60 s each), not a fixed window: what happens after it is the
+    same whenever it ends."""
     lab: sshhosts.HostLab = talking_lab
     node1, node2, _ = lab.hosts
     if shutil.which("nft") is None:
@@ -167,7 +169,6 @@ def test_a_link_that_stalls_without_a_reset_is_named_and_leaves_nothing_once_it_
                 60,
             )
             agent_gone_after = time.time() - stalled_at
-            time.sleep(max(0.0, 60 - (time.time() - stalled_at)))  # the stall lasts 60 s
         finally:
             stalled("del")
     finally:

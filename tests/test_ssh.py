@@ -479,7 +479,21 @@ def test_tasks_on_one_host_share_few_connections_which_are_closed_after(
         "collect", only_run_dir(tmp / "runs").name, "--shared-dir", str(tmp / "runs")
     )
     assert nothing.returncode == 2 and "share the run dir" in nothing.stderr
-    assert with_cmdline("distlaunch-ssh-", name="ssh") == []
+    assert _ssh_clients_of(lab) == []
+
+
+def _ssh_clients_of(lab: sshhosts.HostLab) -> list[psutil.Process]:
+    """distlaunch's ssh clients and masters (their control path is under a distlaunch-ssh- dir)
+    with a TCP connection to one of this lab's hosts: not another session's, on its own hosts."""
+    addresses = {h.address for h in lab.hosts}
+    found = []
+    for proc in with_cmdline("distlaunch-ssh-", name="ssh"):
+        try:
+            if any(c.raddr and c.raddr.ip in addresses for c in proc.net_connections("tcp")):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
 
 
 @pytest.mark.integration

@@ -12,7 +12,7 @@ WORLD_SIZE, the workers of this world; BASE_WORKERS, the world the numbers were 
   the sizes the program accepts, and the launcher skips the others.
 - ``per_worker``: each worker's batch stays (``global / BASE_WORKERS``), so the global batch is
   ``per-worker * world``: what a program tuned for its per-device memory wants. The learning rate
-  is then the program's concern (docs/elastic-training.md: scale it with ``dw.context()``).
+  is then the program's concern (docs/training-scripts.md, its section on elastic runs: scale it with ``dw.context()``).
 
 Under ParameterServerStrategy a step is one worker's batch whatever the number of workers: the
 rule changes nothing there. Outside an elastic run nothing here changes any batch or prints

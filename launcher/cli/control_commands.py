@@ -28,7 +28,14 @@ from distlaunch.launcher.cli.options import SHARED_DIR, Settings
 def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> None:
     """Show the state of RUN (a run id or directory; default: the latest run)."""
     from distlaunch.launcher.control.liveness import launcher_alive
-    from distlaunch.launcher.control.status import LOST, cpu_text, cpu_use, run_state, status_rows
+    from distlaunch.launcher.control.status import (
+        LOST,
+        cpu_text,
+        cpu_use,
+        run_state,
+        status_rows,
+        world_line,
+    )
     from distlaunch.launcher.diagnosis.summary import preempted_line
     from distlaunch.launcher.network import firewall
     from distlaunch.launcher.record import rundir
@@ -52,6 +59,7 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
             "failure": record.failure.to_json() if record.failure else None,
             "network": record.network,
             "preempted": record.preempted,
+            "world": record.world,
         }
         click.echo(json.dumps({**head, "run_dir": str(path), "tasks": rows}, indent=2))
         return
@@ -60,6 +68,9 @@ def status(settings: Settings, run: str | None, as_json: bool, watch: bool) -> N
         click.echo(
             f"  its launcher (pid {record.launcher_pid}) is gone; `distlaunch down {record.run_id}` stops what is left"
         )
+    world = world_line(record)
+    if world is not None:
+        click.echo(f"  {world}")
     if record.failure:
         click.echo(f"  {record.failure.summary}")
     if isinstance(record.preempted, dict):

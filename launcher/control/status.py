@@ -30,6 +30,27 @@ def run_state(record: RunRecord) -> str:
     return record.state.value
 
 
+def world_line(record: RunRecord) -> str | None:
+    """An elastic run's world as `status` shows it (None: not elastic), e.g. ``world 2 of 2:3
+    on h1, h2 (worlds 3 -> 2; out: h3 lost)``. Task names follow the world: ``worker-1`` is its
+    second worker, on the host named here in slot order."""
+    world = record.world
+    if not isinstance(world, dict) or "size" not in world:
+        return None
+    line = f"world {world['size']} of {world.get('workers')}"
+    hosts = world.get("hosts") or []
+    if hosts:
+        line += f" on {', '.join(map(str, hosts))}"
+    more = []
+    worlds = world.get("worlds") or []
+    if len(worlds) > 1:
+        more.append("worlds " + " -> ".join(map(str, worlds)))
+    out = world.get("out") or {}
+    if out:
+        more.append("out: " + ", ".join(f"{name} {state}" for name, state in out.items()))
+    return line + (f" ({'; '.join(more)})" if more else "")
+
+
 def status_rows(
     record: RunRecord, now: float | None = None, use: Mapping[str, float] | None = None
 ) -> list[dict]:
@@ -39,8 +60,11 @@ def status_rows(
     now = time.time() if now is None else now
     planned = {t.get("name"): t.get("cpus") for t in record.plan.get("tasks", [])}
     live = run_state(record) != LOST and record.state.live
+    world = record.world.get("slots") if isinstance(record.world, dict) else None
     rows = []
     for name, task in record.tasks.items():
+        if world is not None and task.role == "worker" and name not in world:
+            continue  # a worker of an earlier, bigger world (world_line says which world runs)
         running = live and task.state is not None and task.state.live
         started = task.started_at
         rows.append(

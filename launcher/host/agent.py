@@ -273,6 +273,12 @@ class Agent:
         """End every task (at once, or by each keeper's stop) and wait for the keepers."""
         for keeper in self.keepers.values():
             if kill:
+                # From here on this loop forwards no output: the read end goes first, so that a
+                # keeper's last words ("killing the task") on a channel the launcher stopped
+                # reading fail at once instead of blocking it, its task's group unkilled, until
+                # END_WAIT_S and a SIGKILL that skips its sweep of what the task forked.
+                if keeper.out_open:
+                    keeper.close_out(self.sel)
                 keeper.close_stdin()
             else:
                 keeper.send(b"stop")

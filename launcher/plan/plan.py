@@ -22,6 +22,7 @@ from distlaunch.host import bootstrap
 from distlaunch.launcher.core.backends import TaskTransport
 from distlaunch.launcher.plan import cpu_fit, program_scan, tfconfig
 from distlaunch.launcher.plan.cpu_fit import UNPINNED, TaskCpus
+from distlaunch.launcher.plan.elastic import ElasticPlan, elastic_plan
 from distlaunch.launcher.plan.isolation import HOST_NETWORK, Isolation
 from distlaunch.launcher.plan.placement import Placement, Placements
 from distlaunch.launcher.plan.program_scan import ProgramChoice
@@ -90,6 +91,9 @@ class Plan:
     # agent_standby.py for the agents' hosts): a restart policy, not switched off, and a program
     # that imports TensorFlow after env writes a standby can repeat (or PSS servers).
     standby: bool = False
+    # An elastic run (the spec's `elastic`): its range and every worker slot. The plan holds
+    # every slot (MAX workers); the world that runs is `world.world_plan`'s choice of them.
+    elastic: ElasticPlan | None = None
 
     def task(self, name: str) -> TaskPlan:
         """Return the task called ``name`` (``worker-1`` or ``worker:1``); KeyError if none."""
@@ -250,6 +254,7 @@ def make_plan(
         and restart.standby
         and (program.warm_restarts or program.serve_ps_workers)
         and any(t.transport in STANDBY_TRANSPORTS for t in tasks),
+        elastic=elastic_plan(spec.elastic, tasks),
     )
 
 

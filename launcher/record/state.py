@@ -181,7 +181,9 @@ class RunFailure:
 
 
 # Optional fields that only some backends or commands set; left out of run.json while None.
-_OPTIONAL = ("netns_holder_pid", "network", "stopped_by", "standbys", "preempted", "notice")
+_OPTIONAL = (
+    "netns_holder_pid", "network", "stopped_by", "standbys", "preempted", "notice", "world",
+)  # fmt: skip
 
 
 @dataclass
@@ -218,6 +220,9 @@ class RunRecord:
     # The attempt's stop notice (supervisor.py): its signal, wall time and save_s; once it ended
     # other than preempted, ``stopped`` (why nothing was saved) or ``done`` (training was done).
     notice: dict | None = None
+    # An elastic run's world (launcher/run/elastic.py `World.record`): its range, size, which
+    # slot each worker holds, the places out and the sizes it had (`worlds`).
+    world: dict | None = None
     version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)  # keys this version does not know, kept as they are
 

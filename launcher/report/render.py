@@ -54,6 +54,7 @@ MARKER_MEANINGS = {
     MarkerKind.SAVE: "save",
     MarkerKind.HANG: "hang",
     MarkerKind.ROOT_CAUSE: "root cause",
+    MarkerKind.RESIZE: "world resized",
 }
 # The task lines of the charts.
 PALETTE = (
@@ -254,6 +255,13 @@ def _marker(marker: Marker, scale: _Scale, rows: dict[str, int], row_h: int, hei
                 f'<text x="{x:.1f}" y="{height - 1}" text-anchor="middle" fill="#1f77b4">'
                 "notice</text>"
             )
+        elif marker.kind is MarkerKind.RESIZE:
+            line = 'stroke="#2ca02c" stroke-width="2"'
+            world = escape(marker.text.split(" on ")[0].split(" from ")[0].split(":")[0])
+            label = (
+                f'<text x="{x:.1f}" y="{height - 1}" text-anchor="middle" fill="#2ca02c">'
+                f"{world}</text>"
+            )
         else:
             line, label = 'stroke="#333" stroke-width="1.2" stroke-dasharray="2 2"', ""
         return (
@@ -292,6 +300,11 @@ def _marker_shape(kind: MarkerKind, x: float, y: float, size: float) -> str:
         return (
             f'<rect x="{x - h * 0.8:.1f}" y="{y - h * 0.8:.1f}" width="{h * 1.6:.1f}" '
             f'height="{h * 1.6:.1f}" fill="#9467bd" stroke="#fff"/>'
+        )
+    if kind is MarkerKind.RESIZE:  # a green bar: the world changed
+        return (
+            f'<rect x="{x - h * 0.4:.1f}" y="{y - h:.1f}" width="{h * 0.8:.1f}" '
+            f'height="{h * 2:.1f}" fill="#2ca02c" stroke="#fff"/>'
         )
     if kind is MarkerKind.NOTICE:  # a dashed line
         return (

@@ -54,6 +54,7 @@ class MarkerKind(enum.StrEnum):
     SAVE = "save"
     HANG = "hang"
     ROOT_CAUSE = "root-cause"
+    RESIZE = "resize"  # an elastic run's world changed (a ``resized`` event)
 
 
 @dataclass(frozen=True)
@@ -274,8 +275,11 @@ def _bars_and_markers(
                 noticed.add(attempt)
                 within = e.get("save_s")
                 save = f", save within {within:g} s" if _is_number(within) else ""
-                text = f"stop notice ({e.get('signal', 'signal')}){save}"
+                what = f"save before the resize ({e['resize']})" if e.get("resize") else ""
+                text = what or f"stop notice ({e.get('signal', 'signal')}){save}"
                 markers.append(Marker(MarkerKind.NOTICE, at, None, text))
+            elif kind == "resized":
+                markers.append(Marker(MarkerKind.RESIZE, at, None, _resized_text(e)))
             continue
         if kind in ("started", "restarted"):
             open_[(task, attempt)] = at
@@ -302,6 +306,19 @@ def _bars_and_markers(
         detail = "still running" if live else "no end recorded"
         bars.append(Bar(task, attempt, start, max(start, end), ending, detail))
     return bars, markers
+
+
+def _resized_text(event: Mapping[str, Any]) -> str:
+    """A ``resized`` event in words: ``world 3 -> 2 on h1, h2 from step 50: h3 lost (...)``."""
+    hosts = event.get("hosts")
+    on = f" on {', '.join(map(str, hosts))}" if isinstance(hosts, list) and hosts else ""
+    step = event.get("step")
+    at = f" from step {step}" if _is_step(step) else ""
+    why = event.get("reason")
+    world = f"world {event.get('old')} -> {event.get('new')}"
+    if isinstance(why, str) and ": " in why:
+        why = why.split(": ", 1)[1]  # the reason repeats the sizes
+    return f"{world}{on}{at}" + (f": {why}" if why else "")
 
 
 # Restarts of one attempt this close in time are one restart of a gang.

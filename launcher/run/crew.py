@@ -36,6 +36,7 @@ class Crew:
         self, plan: Plan, book: RunBook, console: Console, transport: Transport, journal: Journal
     ) -> None:
         self.run_dir = Path(plan.run_dir)
+        self.book = book
         self.console = console
         self.transport = transport
         self.journal = journal
@@ -43,6 +44,7 @@ class Crew:
             t.name: Task(t, i, book.ledger(t.name, t.role, t.index, t.port))
             for i, t in enumerate(plan.tasks)
         }
+        self.retired: dict[str, Task] = {}  # tasks of an elastic run's earlier, bigger world
         self._width = max(len(t.name) for t in plan.tasks)
         self._programs: dict[str, int] = {}  # task -> its program's pid (see `program`)
         self._sel = selectors.DefaultSelector()
@@ -62,6 +64,24 @@ class Crew:
     def exited(self) -> dict[str, int]:
         """Each task that has ended in the current attempt, and how."""
         return {n: t.exit_code for n, t in self.tasks.items() if t.exit_code is not None}
+
+    def adopt(self, plan: Plan) -> None:
+        """An elastic run's new world (its tasks all ended): its tasks are the crew, each name
+        keeping its ledger (``worker-1`` is the new world's second worker, wherever its slot is);
+        the names it no longer has are retired (their entries stay in run.json)."""
+        tasks = {}
+        for plan_task in plan.tasks:
+            name = plan_task.name
+            task = self.tasks.pop(name, None) or self.retired.pop(name, None)
+            if task is None:
+                ledger = self.book.ledger(name, plan_task.role, plan_task.index, plan_task.port)
+                task = Task(plan_task, len(self.tasks) + len(self.retired) + len(tasks), ledger)
+            task.plan = plan_task
+            task.ledger.entry.port = plan_task.port
+            tasks[name] = task
+        self.retired.update(self.tasks)
+        self.tasks = tasks
+        self._width = max(len(t.name) for t in plan.tasks)
 
     # ---- the loop's waiting -----------------------------------------------------------------
 
@@ -155,7 +175,7 @@ class Crew:
 
     def close(self) -> None:
         """Release every task's log, handle and the selector (the tasks have ended)."""
-        for task in self.tasks.values():
+        for task in [*self.tasks.values(), *self.retired.values()]:
             if task.follower is not None:
                 task.follower.close()
             if task.handle is not None:

@@ -4,8 +4,10 @@ The supervisor's loop says when something happened (a task's exit, a passed dead
 notice, a restart request, a save's deadline); `Events` turns it into a `TaskEvent`, asks the
 policy (`policy.RestartPolicy.decide`, with the run's history from its collaborators), records
 the answer and carries it out through the collaborators: `Restarts` for a RESTART, the `Crew`
-to stop tasks, `StopNotices` to send or join a notice. The run's `Phase` (training, saving on a
-stop notice, draining the evaluator) says what an exit means. Nothing here waits or loops.
+to stop tasks, `StopNotices` to send or join a notice, `Resizing` for an elastic run's world
+(a place lost or held out, the world the membership policy decides). The run's `Phase`
+(training, saving on a stop notice, draining the evaluator, deciding the world) says what an exit
+means. Nothing here waits or loops.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from distlaunch.launcher.run.crew import Crew
 from distlaunch.launcher.run.deadlines import Deadlines, Lapse
 from distlaunch.launcher.run.exits import Exits
 from distlaunch.launcher.run.journal import Journal
+from distlaunch.launcher.run.membership import Verdict
 from distlaunch.launcher.run.notice import Preemption, StopNotices, mark_stop_now, training_done
 from distlaunch.launcher.run.policy import Action, Decision, RestartPolicy, TaskEvent
+from distlaunch.launcher.run.resizing import Resizing
 from distlaunch.launcher.run.restarts import Restarts
 from distlaunch.launcher.run.task import Task
 from distlaunch.launcher.run.warm import WarmStandbys
@@ -46,6 +50,8 @@ class Phase(enum.Enum):
     TRAINING = "training"  # tasks start, join, train and restart: every deadline of `Deadlines`
     SAVING = "saving"  # a stop notice is under way: exits are saves (or not); the save's deadline
     DRAINING = "draining"  # training is done: the evaluator finishes within its drain time
+    # An elastic run's gang is stopped (a place lost or held out) while its world is decided
+    RESIZING = "resizing"
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,10 @@ class Events:
         deadlines: Deadlines,
         notices: StopNotices,
         standbys: WarmStandbys,
+        resizing: Resizing | None = None,
     ) -> None:
         self.plan = plan
+        self.resizing = resizing
         self.run_dir = Path(plan.run_dir)
         self.console = console
         self.timeouts = timeouts
@@ -103,11 +111,18 @@ class Events:
         saving: training that is done makes a notice DONE, and a notice ends every attempt)."""
         if self.deadlines.drain_until is not None:
             return Phase.DRAINING
-        return Phase.SAVING if self.notices.current is not None else Phase.TRAINING
+        if self.notices.current is not None:
+            return Phase.SAVING
+        down = self.resizing is not None and self.resizing.world.down
+        return Phase.RESIZING if down else Phase.TRAINING
 
     def on_notice(self, signum: int) -> RunResult | None:
         """A stop notice: the policy sends it, joins the one under way, or ends the run."""
         name = signal.Signals(signum).name
+        if self.notices.current is not None and self.notices.current.resize:
+            self.notices.as_stop()  # the resize's save is the stop's now: nothing restarts
+            assert self.resizing is not None
+            self.resizing.world.pending = None
         event = TaskEvent("run", "", None, kind=EventKind.NOTICE, detail=name)
         decision = self._decide(event)
         notices = self.notices
@@ -164,6 +179,8 @@ class Events:
             return "the transport cannot deliver a stop notice"
         if self.restarts.pending:
             return "a task is down, waiting to restart"
+        if self.phase is Phase.RESIZING:
+            return "the gang is stopped while the elastic run's world is decided"
         return ""
 
     def on_exit(self, task: Task) -> RunResult | None:
@@ -184,6 +201,9 @@ class Events:
             if event.peer_lost:
                 self.restarts.peer_lost.add(task.name)
         decision = self._decide(event)
+        if self.resizing is not None and phase is not Phase.DRAINING:
+            lost = self.resizing.lost(task, event)
+            decision = lost or self.resizing.held_out(task, decision)
         if decision.action is Action.RESTART:
             self.restarts.last_fingerprint = event.fingerprint
         self.journal.exited(task, state, how, decision)
@@ -233,6 +253,11 @@ class Events:
         event = TaskEvent(
             first.name, first.plan.role, None, kind=EventKind.SAVE_TIMEOUT, detail=how
         )
+        if self.notices.current is not None and self.notices.current.resize:
+            assert self.resizing is not None
+            self.console.say(how)
+            self.resizing.after_save(saved=False)
+            return None
         decision = self._decide(event)
         if decision.action is Action.STOP:
             return self._late_save(unsaved, decision)
@@ -280,6 +305,15 @@ class Events:
         out here too, by `Restarts` with the plan of the new size.
         """
         action = decision.action
+        resize = self.notices.current is not None and self.notices.current.resize
+        if resize and action in (Action.PREEMPTED, Action.STOP):
+            assert self.resizing is not None
+            self.resizing.after_save(saved=action is Action.PREEMPTED)
+            return None
+        if action is Action.RESIZE:
+            assert self.resizing is not None
+            self.resizing.apply(decision, self._unkeepable())
+            return None
         if action is Action.DONE:
             return self._done(cut=decision.reason if self.notices.current is not None else "")
         if action is Action.PREEMPTED:
@@ -305,6 +339,29 @@ class Events:
             self.console.say(decision.reason + delay)
             self.restarts.schedule(decision, event.manual)
         return None
+
+    def on_membership(self, now: float) -> RunResult | None:
+        """An elastic run's turn (`Resizing.tick`): the world's answer carried out, if any."""
+        assert self.resizing is not None
+        answer = self.resizing.tick(now)
+        if answer is None:
+            return None
+        world = self.resizing.world
+        task = self.crew.tasks.get(world.cause) or next(iter(self.crew))
+        event = TaskEvent(task.name, task.plan.role, task.exit_code)
+        if answer.verdict is Verdict.FAIL:
+            how = "was left without the workers elastic.workers needs"
+            decision = Decision(Action.FAIL, answer.reason, note=answer.reason, cause=task.name)
+            return self._apply(task, event, decision, how)
+        world.pending = answer
+        if answer.verdict is not Verdict.RESTART_SAME:
+            return self._apply(
+                task, event, Decision(Action.RESIZE, answer.reason, answer.slots), ""
+            )
+        decision = self.resizing.held_out(task, self._decide(event))  # the restart budget
+        if decision.action is Action.RESTART:
+            world.pending, world.down = None, False
+        return self._apply(task, event, decision, "")
 
     def _done(self, cut: str = "") -> RunResult | None:
         """Training succeeded: stop the servers; give a running evaluator time to finish. After

@@ -120,6 +120,19 @@ class Journal:
         self.record.notice = {**(self.record.notice or {}), **how}
         self.book.save()
 
+    def resized(self, attempt: int, world: dict, **fields: Any) -> None:
+        """An elastic run's world changed (``fields``: old, new, reason, step, hosts); ``world``
+        is run.json's new ``world``."""
+        self.record.world = world
+        self.book.save()
+        self.book.event("run", "resized", attempt, **fields)
+
+    def world(self, world: dict) -> None:
+        """run.json's ``world`` (an elastic run's), when it changed."""
+        if world != self.record.world:
+            self.record.world = world
+            self.book.save()
+
     def standbys(self, record: dict | None) -> None:
         """The warm standbys there are now (None: none), when that changed."""
         if record != self.record.standbys:

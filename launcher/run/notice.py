@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +53,9 @@ class Notice:
     send: Callable[[list[TaskHandle]], bool]  # the transport's notify
     at: float  # time.monotonic() of the notice
     step: int | None  # the latest checkpoint's step when it came (the checkpoint index's)
+    # An elastic run's resize (the launcher's own notice, not a stop): once saved, the gang
+    # restarts in the new world, whose words these are (e.g. "world 2 -> 3: h3 answers again").
+    resize: str = ""
 
 
 class StopNotices:
@@ -86,9 +89,16 @@ class StopNotices:
             "held": frozenset(n for n in self.held if self.crew[n].alive),
         }
 
-    def send(self, signum: int, attempt: int, notify: Callable[[list[TaskHandle]], bool]) -> None:
+    def send(
+        self,
+        signum: int,
+        attempt: int,
+        notify: Callable[[list[TaskHandle]], bool],
+        resize: str = "",
+    ) -> None:
         """Send every running training task a stop notice (``notify``: the transport's), or hold
-        it for those still starting."""
+        it for those still starting. ``resize``: the notice is an elastic run's save before its
+        world changes (its words), not a stop."""
         from distlaunch.launcher.record import checkpoints
 
         savers = [t for n in self.savers if (t := self.crew[n]).alive]
@@ -96,7 +106,7 @@ class StopNotices:
         now = time.monotonic()
         index = checkpoints.latest(contract.checkpoint_dir(self.crew.run_dir))
         step = index.step if index else None
-        self.current = Notice(signum, now + self.save_s, notify, now, step)
+        self.current = Notice(signum, now + self.save_s, notify, now, step, resize)
         ready = [t.handle for t in savers if t.name not in self.held]
         if ready and not notify(ready):
             self.console.say("the transport cannot deliver a stop notice: stopping the run")
@@ -108,10 +118,14 @@ class StopNotices:
                 f"; {', '.join(sorted(self.held))} still starting: "
                 "its notice waits until it can take it"
             )
+        what = f"{resize}: saving first" if resize else f"stop notice ({name})"
         self.console.say(
-            f"stop notice ({name}): asking {len(savers)} tasks to save and stop within "
+            f"{what}: asking {len(savers)} tasks to save and stop within "
             f"{self.save_s:g} s ({self.save_why}){held}"
         )
+        if resize:
+            self.journal.notice(attempt, None, resize=resize, save_s=self.save_s)
+            return
         record = {"signal": name, "at": time.time(), "save_s": self.save_s}
         self.journal.notice(
             attempt, record, signal=name, save_s=self.save_s, held=sorted(self.held)
@@ -129,6 +143,18 @@ class StopNotices:
             f"{left:.0f} s; joining it (Ctrl-C or `distlaunch down --now` stops without saving)"
         )
         self.journal.notice(attempt, None, signal=name, joined=True)
+
+    def as_stop(self) -> None:
+        """A real stop notice came while a resize's save was under way: that save is the
+        stop's now (the run ends preempted once it is done; nothing restarts)."""
+        assert self.current is not None
+        self.current = replace(self.current, resize="")
+        self.count = max(self.count, 1)
+
+    def ended(self) -> None:
+        """A resize's save is over: no notice is under way any more."""
+        self.current = None
+        self.held.clear()
 
     def release_held(self) -> None:
         """Send the held notices of the tasks that can take them now."""

@@ -42,6 +42,9 @@ class Action(enum.Enum):
     PREEMPTED = "preempted"
     STOP = "stop"  # after a stop notice, a task did not save: stop everything, as a signal does
     NOTIFY = "notify"  # a stop notice: ask every training task to save and stop
+    # An elastic run's world changes (launcher/run/elastic.py): without ``tasks``, the gang
+    # stops while the world is decided; with them, it restarts as those tasks of a new world.
+    RESIZE = "resize"
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,9 @@ class Decision:
     # lost a peer: then the first task that failed on its own, or None when none is known yet.
     cause: str | None = None
     crash_loop: bool = False  # FAIL: the same traceback as the failure before the last restart
+    spent: bool = (
+        False  # FAIL: the restart budget is exhausted (an elastic run holds out the place)
+    )
 
 
 # The launcher's own deadlines: no restart can help a run that hit them.
@@ -253,7 +259,7 @@ class RestartPolicy:
         if len(recent) >= self.rules.max_restarts:
             window = f" within {self.rules.window_s:g} s" if self.rules.window_s is not None else ""
             why = f"restart budget exhausted ({len(recent)} of {self.rules.max_restarts} restarts used{window})"
-            return Decision(Action.FAIL, f"{event.name} {what}; {why}", note=why)
+            return Decision(Action.FAIL, f"{event.name} {what}; {why}", note=why, spent=True)
         # The exponent is capped: 2 ** 1024 does not fit a float, and 2 ** 64 exceeds any max_s.
         exponent = min(len(recent), 64)
         delay = min(self.rules.initial_backoff_s * 2.0**exponent, self.rules.max_backoff_s)

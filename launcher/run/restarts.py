@@ -18,7 +18,7 @@ from distlaunch.launcher.plan.plan import Plan, TaskPlan, for_attempt
 from distlaunch.launcher.record import rundir
 from distlaunch.launcher.run.crew import Crew
 from distlaunch.launcher.run.journal import Journal
-from distlaunch.launcher.run.policy import Decision, History
+from distlaunch.launcher.run.policy import Action, Decision, History
 
 
 class Restarts:
@@ -60,6 +60,15 @@ class Restarts:
         self.pending = [(due, rest) for due, rest in self.pending if not set(rest) & set(names)]
         self.pending.append((time.monotonic() + decision.delay_s, names))
         self.journal.attempt(self.attempt)
+
+    def resize(self, plan: Plan, names: tuple[str, ...]) -> None:
+        """Restart the gang as ``names`` of ``plan``, a new world's (its tasks all ended): the
+        next attempt is planned from it. A new world starts with the whole restart budget: the
+        failures that exhausted it were the place's now left out (resizes have their own)."""
+        self.plan = plan
+        self._times.clear()
+        self.last_fingerprint = None
+        self.schedule(Decision(Action.RESTART, "resize", names), manual=True)
 
     def due(self, now: float) -> list[TaskPlan]:
         """The plans of the tasks whose restart is due, in the current attempt."""

@@ -9,8 +9,8 @@ The loop says when; what an event means is not decided here: every ending of a t
 run (an exit, a hang, a restart request, a deadline, a cluster that never formed, the evaluator's
 drain, a stop notice and its save) becomes a `TaskEvent` that the RestartPolicy answers with a
 `Decision`, which `events.Events` records and carries out. The run is in one `events.Phase` at a
-time (training, saving on a stop notice, draining the evaluator), which says what an exit means
-and which deadlines the loop checks. Each concern is a collaborator of its own:
+time (training, saving on a stop notice, draining the evaluator, deciding an elastic run's world),
+which says what an exit means and which deadlines the loop checks. Each concern is a collaborator of its own:
 
 - `crew.Crew`: the tasks, their incarnations and processes (through `transports.base` only);
 - `journal.Journal`: every write of run.json and events.jsonl (a task's ledger, the run's record);
@@ -20,7 +20,17 @@ and which deadlines the loop checks. Each concern is a collaborator of its own:
   down`, Slurm's `--signal`, a container stop), its held notices, its save's deadline;
 - `events.Events`: each event decided by the policy and carried out;
 - `exits.Exits`: what an exit means as data (OOM kills, follow-on errors) and the failure to report;
-- `warm.WarmStandbys`: the warm standbys of the next attempt.
+- `warm.WarmStandbys`: the warm standbys of the next attempt;
+- `elastic.World` and `resizing.Resizing`: an elastic run's world (the plan's `elastic`): which
+  worker slots train, the places probed, lost or held out, and the resizes carried out.
+
+An elastic run's course (docs/elastic.md): a worker whose host's agent is lost (or whom its
+peers' TensorFlow names lost while it still seems to run) stops the gang at once, and the run is
+RESIZING while the host is probed; a host that answers restarts the same world (a restart), one
+that does not is lost and, after the settle window, the gang restarts in a smaller world from the
+latest checkpoint. Restarts exhausted hold the failing place out and do the same. A host back
+while the world trains grows it: a save at an agreed step through the notice path (SAVING, the
+notice's ``resize`` set: the run does not end), then the restart in the bigger world.
 
 A notice's course: the first is sent to every training task's program and the policy hears each
 exit as a PREEMPTED event; when all have saved (or finished), the run ends PREEMPTED, else, at
@@ -46,10 +56,12 @@ from distlaunch.launcher.record import rundir
 from distlaunch.launcher.record.state import RunBook, RunRecord, RunState
 from distlaunch.launcher.run.crew import Crew
 from distlaunch.launcher.run.deadlines import Deadlines
+from distlaunch.launcher.run.elastic import World
 from distlaunch.launcher.run.events import Events, Phase, RunResult
 from distlaunch.launcher.run.journal import Journal
 from distlaunch.launcher.run.notice import NOTICE_SIGNALS, Preemption, StopNotices, mark_stop_now
 from distlaunch.launcher.run.policy import Cluster, RestartPolicy, RestartRules
+from distlaunch.launcher.run.resizing import Resizing
 from distlaunch.launcher.run.restarts import Restarts
 from distlaunch.launcher.run.warm import STANDBY_DELAY_S, WarmStandbys
 from distlaunch.launcher.spec.model import Restart, Timeouts
@@ -86,6 +98,10 @@ class Supervisor:
         standbys: StandbyPool | None = None,
         save_why: str | None = None,
     ) -> None:
+        # An elastic run's plan holds every slot: the world that runs is a choice of them.
+        self.world = World(plan, transport, console.say) if plan.elastic is not None else None
+        if self.world is not None:
+            plan = self.world.plan()
         self.plan = plan
         self.run_dir = Path(plan.run_dir)
         self.book = RunBook(self.run_dir, record, console.say)
@@ -108,9 +124,15 @@ class Supervisor:
             self.crew, self.journal, console, savers, timeouts.save_s, save_why
         )
         self.standbys = WarmStandbys(standbys, plan, self.journal)
+        resizing = None
+        if self.world is not None:
+            resizing = Resizing(
+                self.world, console, transport, self.policy, self.crew, self.journal,
+                self.restarts, self.notices, self.standbys,
+            )  # fmt: skip
         self.events = Events(
             plan, console, timeouts, transport, self.policy, self.crew, self.journal,
-            self.restarts, self.deadlines, self.notices, self.standbys,
+            self.restarts, self.deadlines, self.notices, self.standbys, resizing,
         )  # fmt: skip
         self._signals: list[int] = []
         self._next_check = self._next_live = 0.0  # when the loop checks deadlines, redraws
@@ -229,13 +251,17 @@ class Supervisor:
             if lapse is None:  # nothing runs any more: nothing to drain
                 return RunResult(RunState.SUCCEEDED, None)
             return self.events.on_lapse(lapse)
+        if phase is Phase.RESIZING:
+            return self.events.on_membership(now)
         if phase is Phase.SAVING:
             # Saving tasks make no progress, nor is a deadline other than the save's theirs now.
             self.notices.release_held()
             unsaved = self.notices.overdue(now)
             return self.events.on_save_due(unsaved) if unsaved else None
         lapse = self.deadlines.check(now, self.restarts.waiting())
-        return self.events.on_lapse(lapse) if lapse is not None else None
+        if lapse is not None:
+            return self.events.on_lapse(lapse)
+        return self.events.on_membership(now) if self.world is not None else None
 
     # ---- signals ----------------------------------------------------------------------------
 
@@ -274,6 +300,8 @@ class Supervisor:
         self.console.show_live(None)
         self.book.best_effort = True
         self.standbys.close()
+        if self.world is not None:
+            self.world.close()
         alive = self.crew.alive()
         if alive:
             self.journal.set_state(RunState.STOPPING)

@@ -118,8 +118,12 @@ def up(
             verb = "resuming" if target.previous else "starting"
             contained = all(TaskTransport(t.transport).contained for t in plan.tasks)
             where = " in containers" if contained else ""
+            count, elastic = len(plan.tasks), plan.elastic
+            if elastic is not None:  # the first world's tasks, of every slot planned
+                count += len(elastic.first_world()) - len(elastic.slots)
+                where += f" (elastic.workers {elastic.range_text})"
             console.say(
-                f"{verb} run {plan.run_id} (attempt {plan.attempt}): {len(plan.tasks)} tasks{where}, "
+                f"{verb} run {plan.run_id} (attempt {plan.attempt}): {count} tasks{where}, "
                 f"{plan.strategy}; run dir {plan.run_dir}"
             )
             _say_program(console, plan)
@@ -177,11 +181,13 @@ def _supervise(supervisor: Supervisor, console: Console, spec_file: Path) -> Non
     try:
         result = supervisor.run()
     except Interrupted as exc:
+        _say_worlds(console, book.record.world)
         book.set_state(RunState.INTERRUPTED, exit_code=exc.exit_code, ended_at=time.time())
         raise
     except BaseException:
         book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time())
         raise
+    _say_worlds(console, book.record.world)
     # The lines that tell how a run ended are loaded when it has: imported with the module, they
     # would delay its first task (bench/startup.py).
     from distlaunch.launcher.diagnosis.summary import details, headline, preempted_line
@@ -213,6 +219,14 @@ def _supervise(supervisor: Supervisor, console: Console, spec_file: Path) -> Non
     book.set_state(RunState.FAILED, exit_code=1, ended_at=time.time(), failure=failure)
     console.say(line + "\n" + details(result.failure))
     raise RunFailed(line)
+
+
+def _say_worlds(console: Console, world: dict | None) -> None:
+    """An elastic run's summary line: the worlds it had (``worlds: 3 -> 2 -> 3``)."""
+    if world and world.get("worlds"):
+        worlds = " -> ".join(str(n) for n in world["worlds"])
+        resizes = world.get("resizes", 0)
+        console.say(f"worlds: {worlds} (elastic.workers {world.get('workers')}, {resizes} resizes)")
 
 
 def _new_record(loaded: LoadedSpec, plan: Plan, target: RunTarget) -> RunRecord:

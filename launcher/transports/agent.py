@@ -24,6 +24,7 @@ stacks are read (`stacks`); the rest is here:
 from __future__ import annotations
 
 import select
+import subprocess
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 AGENT_MODULE = "distlaunch.host.agent"
+# The longest one probe of a lost machine may take (it runs in a thread of its own).
+PROBE_TIMEOUT_S = 10.0
 
 
 class StandbyTaker(Protocol):
@@ -192,6 +195,36 @@ class AgentTransport(ABC):
         if self.close_idle:
             links = {id(h.link): h.link for h in handles}.values()
             end_all([x for x in links if not x.tasks and not x.standbys and x.lost is None])
+
+    def lost_hosts(self) -> Mapping[str, str]:
+        """The machines whose agent was lost, with why (`base.ResizeTransport`): listed until
+        a task starts there again (a new agent). An agent this launcher ended itself (EOF on
+        its stdin: an idle job step given back, the run's end) is no loss."""
+        return {
+            machine: f"agent lost: {link.lost}"
+            for machine, link in self.links.items()
+            if link.lost and not (link.proc.stdin is None or link.proc.stdin.closed)
+        }
+
+    def probe(self, host_name: str) -> bool:
+        """Whether ``host_name`` answers a fresh connection now (`base.ResizeTransport`); False
+        where the backend cannot tell (`probe_argv`: None)."""
+        argv = self.probe_argv(host_name)
+        if argv is None:
+            return False
+        try:
+            done = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT_S
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
+    def probe_argv(self, machine: str) -> list[str] | None:
+        """The local command that exits 0 when ``machine`` answers (None: the backend has no
+        such probe); it must open a connection of its own, never ride on a master connection
+        that outlived the machine's loss."""
+        return None
 
     def notify(self, handles: Sequence[AgentHandle]) -> bool:
         """A stop notice to every task (`NoticeTransport`): its keeper sends SIGTERM to the

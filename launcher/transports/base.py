@@ -16,7 +16,7 @@ them all; `load_backend` imports the one a run uses. A new backend is one module
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +82,36 @@ class NoticeTransport(Transport, Protocol):
     def notify(self, handles: Sequence[TaskHandle]) -> bool:
         """Ask these tasks to save and stop: SIGTERM to each one's program process alone. False,
         with nothing sent, where the transport cannot reach some task's program alone."""
+
+
+class ResizeTransport(Transport, Protocol):
+    """A transport that can tell an elastic run which of its machines are gone and whether one
+    answers again (launcher/run/elastic.py). Both methods are optional capabilities: the
+    supervisor looks each up with ``getattr``; a transport with neither still runs an elastic
+    range on its slots (restarts exhausted hold a slot out; it rejoins after its cooldown).
+
+    Threads: `probe` is only ever called from the elastic run's probe threads, never from the
+    supervisor's loop, and may block for as long as one connection attempt takes (bound it:
+    a few seconds to ``connect_timeout_s``); several probes of different machines may run at
+    once. `lost_hosts` is called from the loop every quarter second and must not block: answer
+    from what the transport already knows (its agents' channels, the scheduler's node states
+    polled in a thread of its own).
+    """
+
+    def probe(self, host_name: str) -> bool:
+        """Whether the machine the spec calls ``host_name`` answers now, well enough to run a
+        task again: e.g. a fresh SSH connection that runs ``true``, or a Slurm node that is
+        neither DOWN, DRAIN nor FAIL and still in the allocation. False on any error or timeout;
+        never raises."""
+
+    def lost_hosts(self) -> Mapping[str, str]:
+        """The machines of the run that are lost now, by ``host_name``, each with why in a few
+        words for the run's lines ("node DOWN: Not responding", "agent lost: ssh: connect to host
+        ... timed out"). A state, not a queue: a machine stays listed while it is lost and goes
+        off the list once it is usable again (for SSH: once a task starts there again). Every
+        task still running on a lost machine must also end (with agent_link.LOST_EXIT) for the
+        gang to restart at once; the supervisor acts on a listed machine of the current world
+        even before its tasks end (a Slurm node set DOWN whose steps linger)."""
 
 
 class StandbyPool(Protocol):

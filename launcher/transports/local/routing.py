@@ -104,6 +104,17 @@ class HostRouter:
         """Where the task's stacks are read, as its own transport says."""
         return self._for(handle.task).stacks(handle, native)
 
+    def lost_hosts(self) -> Mapping[str, str]:
+        """The SSH hosts whose agent was lost (`base.ResizeTransport`); this machine is never
+        lost."""
+        lost = getattr(self.ssh, "lost_hosts", None)
+        return lost() if lost is not None else {}
+
+    def probe(self, host_name: str) -> bool:
+        """Whether SSH host ``host_name`` answers a fresh connection (`base.ResizeTransport`)."""
+        probe = getattr(self.ssh, "probe", None)
+        return bool(probe(host_name)) if probe is not None else False
+
     def _grouped(self, handles: Sequence[TaskHandle]) -> list[tuple[Transport, list[TaskHandle]]]:
         """The handles by the transport of their hosts."""
         groups: dict[int, tuple[Transport, list[TaskHandle]]] = {}

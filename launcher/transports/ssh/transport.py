@@ -154,6 +154,13 @@ class Session:
                 return True
         return False
 
+    def probe_argv(self, name: str) -> list[str]:
+        """The ssh command line that runs ``true`` on host ``name`` over a connection of its
+        own (an elastic run's probe of a lost host)."""
+        host = self.hosts[name]
+        options = self._options(name, 0, control=False)
+        return ["ssh", "-T", *options, "--", host.address_of(name), "true"]
+
     def close(self) -> None:
         """End every master connection this session opened and remove the control dir."""
         if self._control_dir is None:
@@ -260,6 +267,11 @@ class SshTransport(AgentTransport):
         env = {contract.RUN_ID: self.run_id}
         argv = self.session.argv(machine, f"exec {python} -m {AGENT_MODULE}")
         return AgentCommand(tuple(argv), env, self.session.target(machine))
+
+    def probe_argv(self, machine: str) -> list[str] | None:
+        """``ssh HOST true`` on a connection of its own (no master: one left from before the
+        host's loss would answer for it), host keys checked as for the run."""
+        return self.session.probe_argv(machine)
 
     def start(self, task: TaskPlan) -> AgentHandle:
         """Start one task through its host's agent."""
