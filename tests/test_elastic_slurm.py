@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import events, wait_for, wait_for_run_dir
 from distlaunch.launcher.spec.model import load_spec
 from distlaunch.launcher.transports.slurm import sbatch as batch
 from distlaunch.launcher.transports.slurm.agent_step import StepTransport
@@ -340,3 +341,132 @@ def test_once_the_job_lost_a_node_the_agent_steps_share_cpus(
             steps.close()
             _node(lab3, n3, "RESUME")
             wait_for(lambda: _in_service(lab3, n3), "the node back in service", limit_s=30)
+
+
+# Long enough that the world of 2 trains a while after the loss; a global batch 2 and 3 divide.
+EPOCH_LINE = re.compile(r"^epoch \d+/\d+ step (\d+) loss (\S+)", re.M)
+
+
+def _epochs(run_dir: Path, attempt: int) -> list[tuple[int, float]]:
+    log = run_dir / "logs" / f"attempt-{attempt}" / "worker-0.log"
+    text = log.read_text() if log.exists() else ""
+    return [(int(s), float(v)) for s, v in EPOCH_LINE.findall(text)]
+
+
+def _resumed_at(run_dir: Path, attempt: int, task: str = "worker-0") -> int | None:
+    log = run_dir / "logs" / f"attempt-{attempt}" / f"{task}.log"
+    found = re.search(r"resumed from \S+ at step (\d+)", log.read_text() if log.exists() else "")
+    return int(found.group(1)) if found else None
+
+
+def _resized(run_dir: Path) -> list[dict]:
+    return [e for e in events(run_dir) if e.get("event") == "resized"]
+
+
+@contextmanager
+def elastic_run(lab: SlurmLab, tmp: Path, epochs: int) -> Iterator[tuple[subprocess.Popen, Path]]:
+    """`up` of three dw.fit workers, one per node, range 2:3, in a --no-kill allocation, once
+    it has trained past step 50 (a checkpoint every 25 steps): the launcher and its run dir.
+    Its stderr goes to tmp/stderr.txt."""
+    spec = _spec(
+        tmp,
+        {"worker": {"count": 3}},
+        elastic={
+            "workers": "2:3",
+            "lost_after_s": 2,
+            "settle_s": 1,
+            "interval_s": 1,
+            "cooldown_s": 1,
+            "probe_s": 1,
+        },
+    )
+    data = json.loads(spec.read_text())
+    args = ["--epochs", str(epochs), "--steps-per-epoch", "25", "--checkpoint-every", "25"]
+    data["program"] = {
+        "module": "distlaunch.worker.examples.mnist_mlp",
+        "args": [*args, "--global-batch-size", "48"],
+        "python": sys.executable,
+    }
+    spec.write_text(json.dumps(data))
+    with holding(lab, tmp, no_kill=True) as env, open(tmp / "stderr.txt", "w") as err:
+        launcher = subprocess.Popen(
+            lab.command([sys.executable, "-m", "distlaunch.launcher", "up", str(spec)]),
+            env=env,
+            cwd=tmp,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            run_dir = wait_for_run_dir(tmp / "runs", launcher)
+            wait_for(
+                lambda: [s for s, _ in _epochs(run_dir, 0) if s >= 50], "step 50", 300, launcher
+            )
+            yield launcher, run_dir
+            launcher.wait(timeout=600)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
+            for node in lab.nodes:
+                _node(lab, node.name, "RESUME")
+
+
+@pytest.mark.integration
+def test_a_node_set_down_shrinks_the_world_and_the_run_finishes(
+    lab3: SlurmLab, tmp_path: Path
+) -> None:
+    """Three nodes, one dw.fit worker each, range 2:3: a node set DOWN by scontrol mid-epoch;
+    the run goes on in a world of 2 from the latest checkpoint and finishes, and nothing of it
+    is left on the DOWN node."""
+    n1, n2, n3 = lab3.nodes
+    with elastic_run(lab3, tmp_path, epochs=8) as (launcher, run_dir):
+        _node(lab3, n3.name, "DOWN")
+        [shrink] = wait_for(lambda: _resized(run_dir), "the world to shrink", 240, launcher)
+    said = (tmp_path / "stderr.txt").read_text()
+    assert launcher.returncode == 0, said[-4000:]
+    assert (shrink["old"], shrink["new"]) == (3, 2)
+    assert shrink["hosts"] == [n1.name, n2.name]
+    assert n3.name in shrink["reason"], shrink
+    resumed = _resumed_at(run_dir, shrink["attempt"])
+    assert shrink["step"] == resumed >= 50  # from the latest checkpoint
+    assert "worlds: 3 -> 2 (elastic.workers 2:3, 1 resizes)" in said
+    # The loss goes on from the checkpoint's: nearer the loss at that step than the first.
+    before = dict(_epochs(run_dir, 0))
+    after = _epochs(run_dir, shrink["attempt"])[0][1]
+    assert abs(after - before[resumed]) < abs(after - next(iter(before.values())))
+    # Nothing of the run on the DOWN node: no process, no firewall rule (a one-node job of the
+    # launcher's removed them: Slurm SIGKILLed the run's agent there).
+    job = json.loads((run_dir / "run.json").read_text())["slurm"]["job_id"]
+    assert f"node {n3.name} left job {job}: its firewall rules were removed" in said
+    assert lab3.processes(n3) == []
+    assert not _rules_left(n3.netns)
+    wait_for(lambda: _in_service(lab3, n3.name), "the node back in service", limit_s=30)
+
+
+@pytest.mark.integration
+def test_a_drained_node_resumed_grows_the_world_back_with_no_step_lost(
+    lab3: SlurmLab, tmp_path: Path
+) -> None:
+    """Slurm's one way back into a job: a drained node stays in it. The run shrinks off the
+    drained node, and once it is RESUMEd grows back onto it at a step the workers agree on."""
+    n3 = lab3.nodes[2]
+    with elastic_run(lab3, tmp_path, epochs=8) as (launcher, run_dir):
+        _node(lab3, n3.name, "DRAIN")
+        [shrink] = wait_for(lambda: _resized(run_dir), "the world to shrink", 240, launcher)
+        _node(lab3, n3.name, "RESUME")
+        [_, grow] = wait_for(lambda: _resized(run_dir)[1:] and _resized(run_dir), "the grow", 300)
+    said = (tmp_path / "stderr.txt").read_text()
+    assert launcher.returncode == 0, said[-4000:]
+    assert f"Slurm node {n3.name} is " in shrink["reason"]
+    assert "DRAIN (elastic test)" in shrink["reason"]
+    assert (grow["old"], grow["new"]) == (2, 3)
+    assert f"{n3.name} answers again" in grow["reason"]
+    # The save at the agreed step is the step the world of 3 starts from: 0 steps lost.
+    saved = {
+        e.get("saved_step")
+        for e in events(run_dir)
+        if e.get("event") == "exited" and e.get("attempt") == shrink["attempt"]
+    }
+    assert saved == {grow["step"]}, saved
+    assert _resumed_at(run_dir, grow["attempt"], "worker-2") == grow["step"]
+    assert "worlds: 3 -> 2 -> 3 (elastic.workers 2:3, 2 resizes)" in said

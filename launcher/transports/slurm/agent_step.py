@@ -93,9 +93,11 @@ class StepTransport(AgentTransport):
         return request
 
     def lost_hosts(self) -> Mapping[str, str]:
-        """The nodes Slurm took from the run (DOWN, DRAIN, out of the job), each with why, as
-        last seen by a thread that asks Slurm every second. Never waits."""
-        return self.nodes.lost()
+        """The nodes the run has lost, each with why (`base.ResizeTransport`): those whose agent
+        was lost (`AgentTransport.lost_hosts`), and those Slurm took from the run (DOWN, DRAIN,
+        out of the job) as last seen by a thread that asks Slurm every second; Slurm's word
+        wins. Never waits."""
+        return {**super().lost_hosts(), **self.nodes.lost()}
 
     def probe(self, host_name: str) -> bool:
         """Whether node ``host_name`` can take the run's steps again (blocks up to
