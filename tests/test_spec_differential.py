@@ -61,6 +61,7 @@ BEYOND_SCHEMA = re.compile(
             r"expected at least one size within",
             r"cannot resize a run",
             r"an elastic run ranges over the worker role's tasks",
+            r"expected at least elastic\.cooldown_s",  # the cooldown's cap below its start
         ]
     )
 )
