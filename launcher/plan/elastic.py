@@ -9,10 +9,11 @@ that slot alone). `world.world_plan` makes the plan of one world of these slots.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from distlaunch.launcher.core.backends import TaskTransport
+from distlaunch.launcher.spec.typed import Elastic
 from distlaunch.worker import contract
 
 
@@ -27,36 +28,15 @@ class Slot:
 
 
 @dataclass(frozen=True)
-class ElasticPlan:
-    """The spec's elastic section as the run needs it, with the full plan's worker slots."""
+class ElasticPlan(Elastic):
+    """The spec's elastic section (its range, budgets and timings, as `Elastic` has them) with
+    the full plan's worker slots."""
 
-    min_workers: int
-    max_workers: int
-    sizes: tuple[int, ...] | None
-    batch: str
-    slots: tuple[Slot, ...]
-    resizes: int = 10
-    lost_after_s: float = 10.0
-    settle_s: float = 10.0
-    interval_s: float = 30.0
-    cooldown_s: float = 30.0
-    cooldown_max_s: float = 600.0
-    probe_s: float = 5.0
-
-    @property
-    def range_text(self) -> str:
-        """The range as the spec writes it: ``2:3``."""
-        return f"{self.min_workers}:{self.max_workers}"
-
-    def accepted(self, size: int) -> bool:
-        """Whether a world of ``size`` workers may run: within MIN..MAX and, if the spec lists
-        the sizes the program accepts, one of them."""
-        in_range = self.min_workers <= size <= self.max_workers
-        return in_range and (self.sizes is None or size in self.sizes)
+    slots: tuple[Slot, ...] = ()
 
     def best_size(self, available: int) -> int | None:
         """The largest accepted world that ``available`` slots can hold; None when none can."""
-        return next((n for n in range(available, 0, -1) if self.accepted(n)), None)
+        return max((n for n in self.accepted() if n <= available), default=None)
 
     def first_world(self) -> tuple[str, ...]:
         """The slots of the first world: the largest accepted size, the first slots in order."""
@@ -80,26 +60,13 @@ class ElasticPlan:
         }
 
 
-def elastic_plan(elastic: Any, tasks: Sequence[Any]) -> ElasticPlan | None:
+def elastic_plan(elastic: Elastic | None, tasks: Sequence[Any]) -> ElasticPlan | None:
     """The run's ElasticPlan from the spec's typed `Elastic` (None: not elastic) and the full
     plan's tasks (`plan.TaskPlan`s, untyped here: plan.py imports this module)."""
     if elastic is None:
         return None
     slots = tuple(Slot(t.name, t.host_name, _place(t)) for t in tasks if t.role == contract.WORKER)
-    return ElasticPlan(
-        min_workers=elastic.min_workers,
-        max_workers=elastic.max_workers,
-        sizes=tuple(elastic.sizes) if elastic.sizes is not None else None,
-        batch=elastic.batch,
-        slots=slots,
-        resizes=elastic.resizes,
-        lost_after_s=elastic.lost_after_s,
-        settle_s=elastic.settle_s,
-        interval_s=elastic.interval_s,
-        cooldown_s=elastic.cooldown_s,
-        cooldown_max_s=elastic.cooldown_max_s,
-        probe_s=elastic.probe_s,
-    )
+    return ElasticPlan(**{f.name: getattr(elastic, f.name) for f in fields(elastic)}, slots=slots)
 
 
 def _place(task: Any) -> str:
