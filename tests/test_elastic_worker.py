@@ -291,9 +291,9 @@ def test_dw_fit_resumes_at_another_world_size_and_per_worker_keeps_each_workers_
 
 @pytest.mark.parametrize("keras", [contract.TF_KERAS, contract.KERAS3])
 def test_keras_backup_and_restore_resumes_at_another_world_size(tmp, keras):
-    """model.fit with dw.keras_callbacks (BackupAndRestore backing up each epoch; tf_keras's
-    also saves on a notice; Keras 3 through the layer) under the "global" rule: 12 examples a
-    step at every size."""
+    """model.fit with dw.keras_callbacks (BackupAndRestore backing up at each epoch's last step
+    by ``checkpoint_every``; tf_keras's also saves on a notice; Keras 3 through the layer) under
+    the "global" rule: 12 examples a step at every size. Each resume starts the next epoch."""
     program = {"script": "task.py", "args": ["keras"], "keras": keras}
     run_dir = _resized_three_times(tmp, program, "global")
     for attempt, workers, part in ((0, 3, 4), (1, 2, 6), (2, 3, 4)):

@@ -527,7 +527,9 @@ def test_tf_keras_fit_with_keras_callbacks_saves_on_the_notice(tmp):
     assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
     record = run_record(run_dir)
     assert record["state"] == "preempted"
-    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.TF_HANDLER_EXIT}
+    # TensorFlow's handler saved; the task said the step and exited as every distlaunch task does.
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.EXIT_PREEMPTED}
+    saved = _saved_steps(run_dir, 0)
     # No backup but the notice's: checkpoint_every (BackupAndRestore's save_freq) is never reached.
     resumed = _start(spec, "--resume")
     try:
@@ -538,6 +540,7 @@ def test_tf_keras_fit_with_keras_callbacks_saves_on_the_notice(tmp):
         resumed.kill()
     steps = _resumed_steps(_logs_of(run_dir, 1))
     assert len(steps) == 2 and steps[0] == steps[1] > 25
+    assert saved == steps  # the step each worker said it saved is the one both resume at
 
 
 # A tf_keras model.fit script of the user's own: its own BackupAndRestore(save_before_preemption=True),
@@ -589,7 +592,8 @@ def test_a_tf_keras_script_with_its_own_backup_and_restore_saves_on_the_notice(t
     record = run_record(run_dir)
     assert record["plan"]["program"]["keras"] == "keras3"  # as the spec says
     assert record["state"] == "preempted"
-    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.TF_HANDLER_EXIT}
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.EXIT_PREEMPTED}
+    saved = _saved_steps(run_dir, 0)
     done = max(int(s) for s in re.findall(r"^epoch \d+/\d+ step (\d+)", _logs_of(run_dir, 0), re.M))
     resumed = _start(spec, "--resume")
     try:
@@ -601,6 +605,7 @@ def test_a_tf_keras_script_with_its_own_backup_and_restore_saves_on_the_notice(t
     # The notice's backup (the only one: save_freq is never reached) holds every step trained.
     steps = _resumed_steps(_logs_of(run_dir, 1))
     assert len(steps) == 2 and steps[0] == steps[1] >= done > 25
+    assert saved == steps
 
 
 def test_a_script_with_tensorflows_own_handler_counts_as_preempted(tmp):

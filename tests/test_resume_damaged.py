@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import example, run_record, write_spec
-from distlaunch.worker import resume
+from distlaunch.launcher.record import checkpoints
+from distlaunch.worker import contract, resume
 
 
 def _checkpoint(folder: Path, step: int, shards: int = 1, missing: int | None = None) -> None:
@@ -41,6 +42,24 @@ def test_a_whole_index_is_trusted_and_a_fresh_folder_starts_at_zero(tmp):
     _checkpoint(tmp, 40, shards=2)
     _index(tmp, 20)  # not the newest, but whole: what the run said is its latest
     assert resume.find(tmp) == resume.ResumePoint(tmp / "ckpt-20")
+
+
+@pytest.mark.quick
+def test_the_launcher_reads_a_resumes_step_from_the_index_or_the_keras3_backup(tmp):
+    """What the launcher says a resume starts from (a resize's line, a notice's summary):
+    TensorFlow's index, else the step distlaunch's Keras 3 layer writes into its backup's
+    metadata; a backup without that step (Keras's own) or garbled names none."""
+    assert checkpoints.resume_point(tmp) is None
+    backup = contract.keras_backup_dir(tmp)
+    backup.mkdir()
+    metadata = backup / contract.KERAS_BACKUP_METADATA
+    for text in ('{"epoch": 2, "batch": 0}', "{garbled", "[1]", '{"distlaunch_step": -1}'):
+        metadata.write_text(text)
+        assert checkpoints.resume_point(tmp) is None, text
+    metadata.write_text(f'{{"epoch": 2, "batch": 0, "{contract.KERAS_BACKUP_STEP}": 50}}')
+    assert checkpoints.resume_point(tmp) == checkpoints.Latest("backup", 50)
+    _index(tmp, 20)
+    assert checkpoints.resume_point(tmp) == checkpoints.Latest("ckpt-20", 20)
 
 
 @pytest.mark.quick

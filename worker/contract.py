@@ -155,6 +155,17 @@ def checkpoint_dir(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
 
 
+def keras_backup_dir(checkpoint_dir: Path) -> Path:
+    """Return where ``keras_callbacks``' ``BackupAndRestore`` backs up inside a checkpoint dir."""
+    return checkpoint_dir / "backup"
+
+
+# Keras 3's BackupAndRestore metadata file, and the key distlaunch's layer adds to it: the
+# optimizer's step the backup holds (the launcher reads it; a Keras 3 backup has no index).
+KERAS_BACKUP_METADATA = "training_metadata.json"
+KERAS_BACKUP_STEP = "distlaunch_step"
+
+
 def training_done_path(run_dir: Path) -> Path:
     """Return the marker (JSON: attempt, step, time) the chief writes once training has finished
     and its final checkpoint is saved; the evaluator stops after evaluating that checkpoint."""

@@ -92,7 +92,8 @@ def allow_tf_keras_save_before_preemption() -> None:
     takes up to 5 s to fail elsewhere); it then wraps each batch in TensorFlow's
     PreemptionCheckpointHandler, which works wherever the coordination service runs. Under
     distlaunch the launcher is the one that sends the notice, so the check becomes "under MWMS".
-    The handler saves at a step the workers agree on and exits 42 (contract.EXIT_CODES).
+    The handler saves at a step the workers agree on; the task then reports that step and exits
+    EXIT_PREEMPTED (`_restore_from_the_chief`).
 
     Call it under MWMS, whatever the spec's ``keras`` says: a script that imports ``tf_keras``
     itself runs with the Keras 3 setting, and may import it only after ``dw.strategy()``. If
@@ -128,6 +129,10 @@ def _restore_from_the_chief(worker_training_state: ModuleType) -> None:
     worker of a new world (an elastic resize) never had a copy at all. Here every worker restores
     the chief's backup, as tf_keras does without the handler, and the handler's step counter
     (which the notice agreement compares across workers) is set from what was restored.
+
+    The handler's exit after its save on a notice becomes `stop`'s, as every distlaunch program
+    ends on a notice: the saved step (the optimizer's, the step a resume starts from) in the
+    status file and exit EXIT_PREEMPTED, instead of a bare exit 42 that says no step.
     """
     cls = getattr(worker_training_state, "WorkerTrainingState", None)
     original = getattr(cls, "restore", None)
@@ -144,13 +149,21 @@ def _restore_from_the_chief(worker_training_state: ModuleType) -> None:
             original(self)
             return
         handler = self.preemption_handler
-        if not (hasattr(handler, "_run_counter") and hasattr(handler, "_checkpointed_runs")):
+        needed = ("_run_counter", "_checkpointed_runs", "_exit_fn")
+        if not all(hasattr(handler, name) for name in needed):
             raise RuntimeError(
-                "distlaunch: tf_keras's PreemptionCheckpointHandler has no _run_counter or "
-                "_checkpointed_runs in this TensorFlow: cannot resume every worker from the chief"
+                "distlaunch: tf_keras's PreemptionCheckpointHandler lacks one of "
+                f"{', '.join(needed)} in this TensorFlow: cannot resume every worker from the chief"
             )
         self.read_checkpoint_manager.restore_or_initialize()
         handler._run_counter = int(handler._checkpointed_runs.numpy())
+        model = self._model
+
+        def saved_on_a_notice() -> NoReturn:
+            step = int(model.optimizer.iterations.numpy())
+            stop(step, float(getattr(handler, "_checkpoint_time", 0.0)))
+
+        handler._exit_fn = saved_on_a_notice
 
     restore._distlaunch = True  # type: ignore[attr-defined]
     cls.restore = restore

@@ -156,8 +156,8 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[Any]:
     ``<checkpoint dir>/backup`` every ``checkpoint_every`` steps (default: every epoch); only the
     chief keeps its copy and every worker restores (Keras 3: at the step the backup holds). Under
     MWMS tf_keras's also saves on a stop notice (``save_before_preemption``, see `preempt`) and
-    exits 42; under Keras 3 the layer saves it on a notice (patches.patch_stop_notice) and exits
-    75. Always: a callback
+    under Keras 3 the layer saves it (patches.patch_stop_notice); either reports the saved step
+    and exits 75. Always: a callback
     that prints ``epoch E/EPOCHS step S loss L``, writes the metrics file, the chief's
     TensorBoard scalars and the "ready" heartbeat like `fit` does, prints ``distlaunch: resumed
     from ...`` after a restore, and writes the "training done" marker on the chief at the end.
@@ -206,8 +206,10 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[Any]:
                 self._background.start()
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            assert self._log is not None and logs is not None
+            assert self._log is not None
             step = self._step()
+            if not logs or "loss" not in logs:
+                return  # an epoch of no step (its dataset ran out first): no loss to log
             self._log.append(epoch + 1, self.params["epochs"], step, float(logs["loss"]))
             self._heartbeat.update(loss=float(logs["loss"]))
             if self._backup_dir is not None and (coordinated or checkpoint_every is None):
@@ -229,7 +231,7 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[Any]:
                     self._heartbeat.update(loss=float(logs["loss"]))
                 self._heartbeat.beat(self._step(), force=True)
 
-    backup_dir = ctx.checkpoint_dir / "backup" if ctx.checkpoint_dir else None
+    backup_dir = contract.keras_backup_dir(ctx.checkpoint_dir) if ctx.checkpoint_dir else None
     callbacks: list[Any] = []
     if backup_dir is not None:
         # delete_checkpoint=False: like `fit`, a finished run keeps its state, so running the

@@ -104,7 +104,7 @@ class StopNotices:
         savers = [t for n in self.savers if (t := self.crew[n]).alive]
         self.held = {t.name for t in savers if not self.takes_notice(t)}
         now = time.monotonic()
-        index = checkpoints.latest(contract.checkpoint_dir(self.crew.run_dir))
+        index = checkpoints.resume_point(contract.checkpoint_dir(self.crew.run_dir))
         step = index.step if index else None
         self.current = Notice(signum, now + self.save_s, notify, now, step, resize)
         ready = [t.handle for t in savers if t.name not in self.held]
@@ -222,7 +222,7 @@ class StopNotices:
         from distlaunch.launcher.record import checkpoints
 
         assert self.current is not None
-        index = checkpoints.latest(contract.checkpoint_dir(self.crew.run_dir))
+        index = checkpoints.resume_point(contract.checkpoint_dir(self.crew.run_dir))
         if index is None:
             return "no checkpoint: `up --resume` starts over"
         if self.current.step is None or index.step > self.current.step:

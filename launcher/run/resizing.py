@@ -154,7 +154,7 @@ class Resizing:
         removed = checkpoints.remove_cut_saves(folder)
         if removed:
             self.console.say(f"removed what saves cut short left: {', '.join(removed)}")
-        index = checkpoints.latest(folder)
+        index = checkpoints.resume_point(folder)
         if step is None and index is not None:
             step = index.step
         if answer.verdict is not Verdict.RESTART_SAME:

@@ -58,7 +58,9 @@ def main() -> None:
             dataset,
             epochs=epochs,
             steps_per_epoch=steps_per_epoch,
-            callbacks=dw.keras_callbacks(),
+            # Backups by steps that fall on each epoch's last step: a resume starts the next
+            # epoch (tf_keras does; Keras 3 through the layer), not the finished one again.
+            callbacks=dw.keras_callbacks(checkpoint_every=steps_per_epoch),
             verbose=0,
         )
     kernel, bias = (np.asarray(w).ravel().tolist() for w in model.get_weights())

@@ -1,10 +1,11 @@
 """The Keras guide's MNIST MLP, trained on every task of a distlaunch job.
 
     python -m distlaunch.worker.examples.mnist_mlp [--epochs N] [--steps-per-epoch N]
-        [--global-batch-size N] [--checkpoint-every N]
+        [--global-batch-size N] [--checkpoint-every N] [--model-fit]
 
 With DISTLAUNCH_KERAS=tf_keras it uses tf_keras ``model.fit`` with
-``distlaunch.worker.keras_callbacks()``; otherwise Keras 3 with ``distlaunch.worker.fit``.
+``distlaunch.worker.keras_callbacks()``; otherwise Keras 3 with ``distlaunch.worker.fit``, or
+Keras 3's own ``model.fit`` with the same callbacks with ``--model-fit``.
 Works offline: real MNIST when ``~/.keras/datasets/mnist.npz`` exists, else generated data of
 the same shape. The last line is ``final loss L``, the same on every worker.
 """
@@ -33,15 +34,17 @@ SEED = 0
 
 def main(argv: list[str] | None = None) -> None:
     """Parse the arguments, train, and print the final loss."""
-    args = common.parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = common.parser(__doc__.splitlines()[0])
+    parser.add_argument("--model-fit", action="store_true", help="Keras 3: model.fit, not dw.fit")
+    args = parser.parse_args(argv)
 
     # Before anything else touches TensorFlow: collective ops are configured at startup.
     strategy = dw.strategy()
     images, labels = load_data()
     with strategy.scope():
         model = build_model(common.keras_module())
-    if dw.context().keras == contract.TF_KERAS:
-        loss = train_tf_keras(model, images, labels, args)
+    if dw.context().keras == contract.TF_KERAS or args.model_fit:
+        loss = train_model_fit(model, images, labels, args)
     else:
         loss = train_keras3(model, images, labels, args)
     print(f"final loss {loss:.6f}", flush=True)
@@ -114,10 +117,11 @@ def train_keras3(
     return metrics[-1]["loss"] if metrics else float("nan")
 
 
-def train_tf_keras(
+def train_model_fit(
     model: Any, images: np.ndarray, labels: np.ndarray, args: argparse.Namespace
 ) -> float:
-    """Train with tf_keras model.fit and distlaunch.worker.keras_callbacks; return the last loss."""
+    """Train with the model's own ``fit`` (tf_keras, or Keras 3 through distlaunch's layer) and
+    distlaunch.worker.keras_callbacks; return the last loss."""
     import tensorflow as tf
 
     # In-memory data: shard by element (fit's default AUTO would first try by file).

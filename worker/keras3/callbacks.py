@@ -18,6 +18,7 @@ import os
 import shutil
 from typing import Any
 
+from .. import contract
 from . import guards
 from .where import is_chief, multi_worker, write_dir
 
@@ -90,7 +91,9 @@ def patch_backup_and_restore_resumes_at_its_step() -> None:
     steps of that epoch done before the failure run twice, and the optimizer counts them twice.
     The backup now also records how many steps of its epoch it holds, and after a restore the
     first epoch of ``fit`` skips those steps and their batches (the data as an uninterrupted run
-    sees it)."""
+    sees it). A save after an epoch's last step (``save_freq`` or a stop notice there) records
+    the next epoch with no step done: Keras would resume the finished epoch with every step
+    skipped, an epoch of no step whose logs hold no loss."""
     import json
 
     from keras.src.callbacks import backup_and_restore
@@ -122,7 +125,11 @@ def patch_backup_and_restore_resumes_at_its_step() -> None:
             return  # a non-chief worker's copy is gone already; the user's file is the chief's
         with open(self._training_metadata_path) as f:
             metadata = json.load(f)
-        metadata[STEP_KEY] = getattr(self, "_distlaunch_steps", 0)
+        steps = getattr(self, "_distlaunch_steps", 0)
+        if steps and steps == self.params.get("steps"):
+            metadata["epoch"], steps = metadata["epoch"] + 1, 0
+        metadata[STEP_KEY] = steps
+        metadata[contract.KERAS_BACKUP_STEP] = int(self.model.optimizer.iterations.numpy())
         with open(self._training_metadata_path, "w") as f:
             json.dump(metadata, f)
 
