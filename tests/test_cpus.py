@@ -325,14 +325,14 @@ def test_containers_get_a_cpuset_and_pods_integer_cpus_with_thread_settings(tmp:
 def test_a_pss_cluster_of_one_cpu_tasks_trains(tmp: Path) -> None:
     """Chief, worker and ps pinned to one CPU each (here all to CPU 0, as listed): TensorFlow's
     inter-op pool sized 1 deadlocked the ps and worker (the chief never trained a step, the run
-    hit run_s); it is never below 2."""
+    hit run_s); it is never below 2. A few steps show it: the deadlock came before the first."""
     from conftest import distlaunch, example
 
     one = [{"cpus": [HERE[0]]}]
     spec = write_spec(
         tmp,
         strategy="parameter_server",
-        program=example("mnist_mlp", 1, 20),
+        program=example("mnist_mlp", 1, 5),
         tasks={"chief": one, "worker": one, "ps": one},
         timeouts={"grace_s": 2, "startup_s": 120, "run_s": 150},
     )
