@@ -52,6 +52,7 @@ def _ids(found: dict) -> list[tuple[int, ...]]:
     return [found[k].ids for k in sorted(found)]
 
 
+@pytest.mark.quick
 def test_auto_tasks_split_the_machine_and_a_task_alone_keeps_it_all() -> None:
     two = Topology((0, 1))
     assert _ids(split("m", [_w(0, "auto"), _w(1, "auto")], two)) == [(0,), (1,)]
@@ -62,6 +63,7 @@ def test_auto_tasks_split_the_machine_and_a_task_alone_keeps_it_all() -> None:
     assert sorted(c for ids in found for c in ids) == list(range(8))
 
 
+@pytest.mark.quick
 def test_each_task_on_one_numa_node_and_a_gpu_task_on_its_gpus_node() -> None:
     found = _ids(split("m", [_w(i, "auto") for i in range(2)], TWO_NODES))
     assert found == [(0, 1, 2, 3), (4, 5, 6, 7)]
@@ -75,6 +77,7 @@ def test_each_task_on_one_numa_node_and_a_gpu_task_on_its_gpus_node() -> None:
     assert len(found[0]) == 6 and {TWO_NODES.node_of(c) for c in found[1]} in ({0}, {1})
 
 
+@pytest.mark.quick
 def test_lists_are_kept_counts_take_the_rest_and_all_is_not_pinned() -> None:
     found = split(
         "m", [_w(0, (0, 1)), _w(1, (1, 2)), _w(2, 2), _w(3, "auto"), _w(4, "all")], TWO_NODES
@@ -87,6 +90,7 @@ def test_lists_are_kept_counts_take_the_rest_and_all_is_not_pinned() -> None:
     assert found[("worker", 4)] == TaskCpus(CpuHow.ALL) and not found[("worker", 4)].pinned
 
 
+@pytest.mark.quick
 def test_more_auto_tasks_than_cpus_share_them_and_slurm_gets_counts_only() -> None:
     found = split("m", [_w(i, "auto") for i in range(4)], Topology((0, 1)))
     assert {(c.ids, c.count, c.shared) for c in found.values()} == {((0, 1), 2, True)}
@@ -102,6 +106,7 @@ def test_more_auto_tasks_than_cpus_share_them_and_slurm_gets_counts_only() -> No
     ]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("asks", "says"),
     [
@@ -122,6 +127,7 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text + "\n")
 
 
+@pytest.mark.quick
 def test_the_sysfs_readers_over_a_scripted_machine(tmp: Path) -> None:
     nodes = tmp / "devices" / "system" / "node"
     _write(nodes / "node0" / "cpulist", "0-3,8-11")
@@ -156,6 +162,7 @@ def test_the_sysfs_readers_over_a_scripted_machine(tmp: Path) -> None:
     )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("tasks", "where", "says"),
     [
@@ -292,6 +299,7 @@ def test_a_standby_is_pinned_like_its_task(tmp: Path, launch) -> None:
         assert seen["affinity"] == task["cpus"]["ids"] == standbys[task["name"]]["cpus"]
 
 
+@pytest.mark.quick
 def test_containers_get_a_cpuset_and_pods_integer_cpus_with_thread_settings(tmp: Path) -> None:
     from distlaunch.launcher.export import k8s
     from distlaunch.launcher.spec.model import load_spec
@@ -341,6 +349,7 @@ def test_a_pss_cluster_of_one_cpu_tasks_trains(tmp: Path) -> None:
     assert "chief-0  | final loss" in done.stdout, done.stdout[-2000:]
 
 
+@pytest.mark.quick
 def test_a_slurm_task_takes_the_allocations_share_per_task_not_the_whole_node() -> None:
     """`salloc --ntasks-per-node=2` on 2-CPU nodes gives a task 1 CPU: a run of one task per node
     takes 1 CPU on each, so a second run in the same allocation starts beside it (with the whole
