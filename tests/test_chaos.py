@@ -131,6 +131,7 @@ def test_non_retryable_failures_are_not_restarted(tmp):
     )
 
 
+@pytest.mark.quick
 def test_budget_is_honored_and_backoff_grows(tmp):
     (tmp / "task.py").write_text("import sys; sys.exit(3)\n")
     spec = write_spec(

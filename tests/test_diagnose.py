@@ -179,6 +179,7 @@ while True:
 """
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(300)
 def test_a_task_killed_by_the_oom_killer_is_named_so(tmp):
     # A real OOM kill: a memory cgroup limited to 400 MB (root only); no RLIMIT_AS stand-in here,
@@ -287,6 +288,7 @@ def test_the_kernel_log_is_read_only_once_the_oom_kill_count_moved(monkeypatch):
     assert oom.OomKills().kill_of(42, -signal.SIGKILL, None) == "killed by the OOM killer"
 
 
+@pytest.mark.quick
 def test_a_crash_loop_stops_after_two_identical_tracebacks(tmp):
     (tmp / "task.py").write_text("import os\nraise ValueError('bad value in the config: 42')\n")
     spec = write_spec(
@@ -345,6 +347,7 @@ def _python_elsewhere(root: Path) -> Path:
     return root / "bin" / "python"
 
 
+@pytest.mark.quick
 @pytest.mark.timeout(200)
 def test_stacks_fall_back_to_the_tasks_faulthandler_when_py_spy_cannot_read_it(tmp, launch):
     (tmp / "task.py").write_text(SLEEPS_IN_ITS_CODE)

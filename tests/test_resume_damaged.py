@@ -101,8 +101,14 @@ def test_nothing_whole_to_resume_from_fails_in_one_line(tmp):
     )
 
 
+# Steps per epoch, and a checkpoint at each epoch's end. Few: the run's outcomes are which
+# checkpoints exist and which one a resume starts from, not how far it trained (each step is CPU
+# spent by both workers).
+EPOCH = 5
+
+
 def _up(tmp: Path, epochs: int) -> subprocess.CompletedProcess:
-    program = example("mnist_mlp", epochs, 25, "--checkpoint-every", "25")
+    program = example("mnist_mlp", epochs, EPOCH, "--checkpoint-every", str(EPOCH))
     spec = write_spec(tmp, program=program)
     return subprocess.run(
         [sys.executable, "-m", "distlaunch.launcher", "up", "--run-id", "r", str(spec)],
@@ -123,12 +129,12 @@ def test_a_real_resume_with_a_garbled_index_and_the_latest_gone_uses_the_newest_
     run_dir = tmp / "runs" / "r"
     folder = run_dir / "checkpoints"
     assert {p.name for p in folder.glob("ckpt-*.index")} == {
-        "ckpt-25.index",
-        "ckpt-50.index",
-        "ckpt-75.index",
+        f"ckpt-{EPOCH}.index",
+        f"ckpt-{2 * EPOCH}.index",
+        f"ckpt-{3 * EPOCH}.index",
     }
     (folder / "checkpoint").write_text("garbage {")
-    for path in folder.glob("ckpt-75.*"):
+    for path in folder.glob(f"ckpt-{3 * EPOCH}.*"):
         path.unlink()
 
     second = _up(tmp, epochs=4)
@@ -136,14 +142,15 @@ def test_a_real_resume_with_a_garbled_index_and_the_latest_gone_uses_the_newest_
     log = _log(run_dir, 1)
     assert (
         f"distlaunch: {folder}/checkpoint is garbled (it names no latest checkpoint); resuming "
-        "from ckpt-50, the newest whole checkpoint; no checkpoint is deleted in this attempt"
+        f"from ckpt-{2 * EPOCH}, the newest whole checkpoint; no checkpoint is deleted in this "
+        "attempt"
     ) in log
-    assert re.findall(r"resumed from \S+ at step (\d+)", log) == ["50"]
-    # Trained on from 50 (not from 0): its checkpoints are 75 and 100, and none of the earlier
-    # ones was deleted or written again.
+    assert re.findall(r"resumed from \S+ at step (\d+)", log) == [str(2 * EPOCH)]
+    # Trained on from epoch 2's end (not from 0): its checkpoints are epochs 3 and 4, and none of
+    # the earlier ones was deleted or written again.
     steps = sorted(int(p.name[5:-6]) for p in folder.glob("ckpt-*.index"))
-    assert steps == [25, 50, 75, 100]
-    assert "epoch 1/4" not in log and "epoch 4/4 step 100" in log
+    assert steps == [EPOCH, 2 * EPOCH, 3 * EPOCH, 4 * EPOCH]
+    assert "epoch 1/4" not in log and f"epoch 4/4 step {4 * EPOCH}" in log
 
     for path in folder.glob("ckpt-*.data-*"):
         path.unlink()
@@ -152,7 +159,7 @@ def test_a_real_resume_with_a_garbled_index_and_the_latest_gone_uses_the_newest_
     # The headline names the damage (shortened to fit); the task's log has the whole line.
     assert "CheckpointDamaged: cannot resume: " in third.stderr
     assert (
-        f"CheckpointDamaged: cannot resume: {folder}/checkpoint names ckpt-100, whose files are "
-        "missing or incomplete, and no other checkpoint there is whole"
+        f"CheckpointDamaged: cannot resume: {folder}/checkpoint names ckpt-{4 * EPOCH}, whose "
+        "files are missing or incomplete, and no other checkpoint there is whole"
     ) in _log(run_dir, 2)
     assert run_record(run_dir)["state"] == "failed"

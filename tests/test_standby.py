@@ -124,6 +124,12 @@ def test_a_restart_through_a_standby_trains_and_logs_like_a_cold_restart(tmp: Pa
     assert _log_shape(warm / log, warm) == _log_shape(cold / log, cold)
 
 
+# A TensorFlow program to the launcher, which reads the source (only those get standbys, and a
+# standby imports TensorFlow before it is taken); the import itself never runs: the tests that use
+# it read how a task was started, its standby and its processes, none of it TensorFlow's, and a
+# TensorFlow start costs seconds of CPU per attempt.
+NEVER_IMPORTED = 'if os.environ.get("DISTLAUNCH_TEST_NEVER_SET"):\n    import tensorflow\n'
+
 # Everything a program can learn about how it was started, read at import time.
 SELF = (
     WAIT_FOR_STANDBY
@@ -138,8 +144,8 @@ SEEN = {
     "error_file": os.environ["DISTLAUNCH_ERROR_FILE"],
 }
 print("SELF " + json.dumps(SEEN), flush=True)
-import tensorflow  # a TensorFlow program: only those get standbys
 """
+    + NEVER_IMPORTED
     + standins.listening(standins.LOOPBACK)  # joined: the launcher makes standbys once settled
     + """
 attempt = int(SEEN["attempt"])
@@ -210,8 +216,8 @@ def test_a_program_without_tensorflow_gets_no_standby(tmp: Path) -> None:
 def test_no_standby_outlives_a_sigkilled_launcher(tmp: Path, launch) -> None:
     (tmp / "task.py").write_text(
         WAIT_FOR_STANDBY
-        + "import tensorflow  # a TensorFlow program: it gets a standby\n"
         + standins.listening(standins.LOOPBACK)
+        + NEVER_IMPORTED  # a TensorFlow program: it gets a standby
         + "wait_for_standby(1)\nprint('standby ready', flush=True)\ntime.sleep(300)\n"
     )
     spec = write_spec(tmp, tasks={"worker": {"count": 1}}, restart=ON_FAILURE)
