@@ -27,6 +27,7 @@ import standins
 import sshhosts
 from conftest import (
     distlaunch,
+    events,
     run_record,
     start_up,
     wait_for,
@@ -51,15 +52,9 @@ while not _os.path.exists(_os.path.join(_os.environ["DISTLAUNCH_RUN_DIR"], "rele
 # them: that a protected run trains across the hosts is tests/test_ssh.py's MWMS and PSS runs
 # (the same specs, protected by default; they assert it).
 LISTENER = standins.listening(standins.ANY) + HOLD
-# The same under PSS: the chief holds until released; ps and workers serve, as TensorFlow's
-# servers do, until the launcher stops them once the chief is done.
-PSS_LISTENER = (
-    standins.listening(standins.ANY)
-    + 'if cfg["task"]["type"] != "chief":\n'
-    + '    print("holding", flush=True)\n'
-    + "    time.sleep(600)\n"
-    + HOLD
-)
+# Under PSS the launcher runs ps and workers as TensorFlow servers of its own (a program that
+# never creates a tf.distribute.Server, as this one: `python -m distlaunch.worker.serve`); the
+# chief is LISTENER.
 
 
 def _task(name: str, host: str, address: str, port: int, transport: str = "ssh") -> TaskPlan:
@@ -419,9 +414,18 @@ def test_outsider_is_shut_out_while_a_pss_run_serves_across_hosts(
         "worker": [{"host": "node2"}],
         "ps": [{"host": "node2"}],
     }
-    spec = _spec(tmp, fw_lab, _script(tmp, PSS_LISTENER), tasks, strategy="parameter_server")
-    launcher, run_dir, planned = _hold(fw_lab, tmp, spec, ["chief-0", "worker-0", "ps-0"])
+    spec = _spec(tmp, fw_lab, _script(tmp, LISTENER), tasks, strategy="parameter_server")
+    launcher, run_dir, planned = _hold(fw_lab, tmp, spec, ["chief-0"])
     try:
+        # The servers are probed once they are up: the launcher has seen each join.
+        wait_for(
+            lambda: (
+                {e["task"] for e in events(run_dir) if e["event"] == "joined"}
+                >= {"worker-0", "ps-0"}
+            ),
+            "the servers to join",
+            launcher=launcher,
+        )
         # The chief's own port is unused by TensorFlow: only the servers' ports are probed.
         _shut_to_outsiders_open_to_peers(fw_lab, [t for t in planned if t[0] != "chief-0"])
     finally:
