@@ -339,16 +339,22 @@ def _hold(lab: sshhosts.HostLab, tmp: Path, spec: Path, holders: list[str]) -> t
     """Start `up` on ``spec`` and wait until every task in ``holders`` holds; return the launcher,
     the run dir and the run's tasks as (name, host name, address, port)."""
     launcher = start_up(spec)
-    run_dir = wait_for_run_dir(tmp / "runs", launcher)
-    logs = run_dir / "logs" / "attempt-0"
+    try:
+        run_dir = wait_for_run_dir(tmp / "runs", launcher)
+        logs = run_dir / "logs" / "attempt-0"
 
-    def holding() -> bool:
-        return all(
-            (logs / f"{n}.log").exists() and "holding" in (logs / f"{n}.log").read_text()
-            for n in holders
-        )
+        def holding() -> bool:
+            return all(
+                (logs / f"{n}.log").exists() and "holding" in (logs / f"{n}.log").read_text()
+                for n in holders
+            )
 
-    wait_for(holding, f"{', '.join(holders)} to hold", launcher=launcher)
+        wait_for(holding, f"{', '.join(holders)} to hold", launcher=launcher)
+    except BaseException:
+        # A run that never held is ended here: left up, its tables would fail the next test.
+        launcher.kill()
+        launcher.wait()
+        raise
     tasks = [
         (t["name"], t["host_name"], t["host"], t["port"])
         for t in run_record(run_dir)["plan"]["tasks"]
