@@ -442,7 +442,18 @@ def test_mwms_job_across_two_hosts(lab: sshhosts.HostLab, tmp: Path) -> None:
         and losses[1].startswith("worker-1@node2 ")
     )
     assert losses[0].split("final loss")[1] == losses[1].split("final loss")[1]
+    # It trained through each host's firewall (protected by default; test_firewall.py probes the
+    # rules with stand-ins), whose rules are gone with the run.
+    _assert_was_protected(lab, record)
     assert _nothing_left(lab, record["run_id"])
+
+
+def _assert_was_protected(lab: sshhosts.HostLab, record: dict) -> None:
+    """Every host of the run was protected while it ran, and no rule is left."""
+    from test_firewall import _rules_left  # (test_firewall imports this module)
+
+    assert all(h["protected"] for h in record["network"]["hosts"].values()), record["network"]
+    assert {h.name: _rules_left(h.netns) for h in lab.hosts} == {h.name: [] for h in lab.hosts}
 
 
 @pytest.mark.integration
@@ -456,9 +467,9 @@ def test_ps_job_across_two_hosts(lab: sshhosts.HostLab, tmp: Path) -> None:
         line.startswith(f"chief-0@{node1} ") and line.endswith("| total 8.0")
         for line in result.stdout.splitlines()
     )
-    assert _nothing_left(
-        lab, json.loads((only_run_dir(tmp / "runs") / "run.json").read_text())["run_id"]
-    )
+    record = json.loads((only_run_dir(tmp / "runs") / "run.json").read_text())
+    _assert_was_protected(lab, record)
+    assert _nothing_left(lab, record["run_id"])
 
 
 @pytest.mark.integration
