@@ -109,7 +109,7 @@ def test_consecutive_calls_reuse_the_same_task_processes(here, capsys):
     assert "first on task 1" in log and "third on task 1" in log
 
     # The pool off: a cluster of its own, new interpreters.
-    cold = distlaunch.run(interpreter, "cold", pool=False)
+    cold = distlaunch.run(interpreter_only, "cold", pool=False)
     assert set(tokens(cold).values()).isdisjoint(tokens(first).values())
     assert cold["worker-0"]["run"] != run_id
     assert processes_of_run(cold["worker-0"]["run"]) == []  # a one-shot run ends with its call

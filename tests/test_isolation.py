@@ -222,17 +222,28 @@ def test_isolated_cluster_trains_and_its_ports_are_unreachable(
     _assert_nothing_left(record["run_id"], namespace)
 
 
+# A stand-in serving as TensorFlow's server does (on every interface, whatever TF_CONFIG says:
+# that is the problem isolation solves) until the file argv[1] exists: what isolation "off"
+# changes is the launcher's side (no namespace, the warning), so no TensorFlow start is needed.
+SERVES_UNTIL_GO = standins.listening(standins.ANY) + standins.until_exists(
+    "sys.argv[1]", limit_s=DEADLINE_S
+)
+
+
 @pytest.mark.integration
 def test_cluster_with_isolation_off_is_reachable(tmp: Path, launch) -> None:
-    spec = write_spec(tmp, program=MNIST, isolation="off")
+    go = tmp / "go"
+    (tmp / "task.py").write_text(SERVES_UNTIL_GO)
+    spec = write_spec(tmp, program={"script": "task.py", "args": [str(go)]}, isolation="off")
     launcher, run_dir = _start(launch, spec)
     record = _wait_running(run_dir, launcher)
     assert "netns_holder_pid" not in record
     assert record["plan"]["isolation"]["mode"] == isolation.HOST
     for task in record["plan"]["tasks"]:
-        # TensorFlow listens on every interface, whatever TF_CONFIG says: that is the problem.
+        # Served on every interface, and nothing of the launcher's stands in the way.
         for address in _host_addresses():
             socket.create_connection((address, task["port"]), timeout=5).close()
+    go.touch()
     out, err = _ended(launcher, spec)
     assert launcher.returncode == 0, err
     assert "can be reached from other machines" in err and 'remove "isolation": "off"' in err

@@ -10,11 +10,13 @@ The policy's and the exit-code table's decisions are checked with scripted input
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -207,59 +209,6 @@ def _resumed_steps(text: str) -> list[int]:
     return [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", text)]
 
 
-def test_sigterm_to_up_saves_one_step_and_resume_loses_none(tmp):
-    (tmp / "task.py").write_text(WITH_CHILD)
-    spec = write_spec(tmp, program={"script": "task.py", "args": ARGS})
-    launcher = _start(spec)
-    try:
-        run_dir = _training(tmp)
-        launcher.send_signal(signal.SIGTERM)
-        launcher.wait(timeout=240)
-    finally:
-        launcher.kill()
-    err = (tmp / "stderr.txt").read_text()
-    assert launcher.returncode == contract.EXIT_PREEMPTED, err[-3000:]
-    saved = _saved_steps(run_dir, 0)
-    # Both workers saved, and the same step: the one the notice was agreed on.
-    assert len(saved) == 2 and saved[0] == saved[1] > 25
-    step = saved[0]
-    record = run_record(run_dir)
-    assert record["state"] == "preempted" and record["exit_code"] == contract.EXIT_PREEMPTED
-    assert record["preempted"]["step"] == step and record["preempted"]["save_s"] >= 0
-    line = f"run {record['run_id']} preempted at step {step}, saved in "
-    assert line in err and f"`distlaunch up {spec} --resume` continues" in err
-    assert "failed" not in err
-    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.EXIT_PREEMPTED}
-    assert {t["state"] for t in record["tasks"].values()} == {"stopped"}
-    ended = [e for e in events(run_dir) if e["event"] == "exited"]
-    assert [e["saved_step"] for e in ended] == [step, step]
-    assert all(e["decision"] in ("continue", "preempted") for e in ended)
-    assert [e["signal"] for e in events(run_dir) if e["event"] == "notice"] == ["SIGTERM"]
-    # The data-loader children ran, and the notice never reached them.
-    for task in ("worker-0", "worker-1"):
-        assert (run_dir / f"child-{task}.started").is_file()
-        assert not (run_dir / f"child-{task}").exists()
-    assert not processes_of_run(record["run_id"])
-    status = distlaunch("status", record["run_id"], "--shared-dir", str(tmp / "runs"))
-    assert f"run {record['run_id']}: preempted" in status.stdout
-    assert f"preempted at step {step}, saved in " in status.stdout
-
-    # The resumed run starts at exactly that step on both workers; a second notice in the same
-    # run dir saves again.
-    resumed = _start(spec, "--resume")
-    try:
-        _training(tmp, attempt=1, past_step=step)
-        resumed.send_signal(signal.SIGTERM)
-        resumed.wait(timeout=240)
-    finally:
-        resumed.kill()
-    logs = "".join(p.read_text() for p in (run_dir / "logs" / "attempt-1").glob("worker-*.log"))
-    assert _resumed_steps(logs) == [step, step]
-    assert resumed.returncode == contract.EXIT_PREEMPTED
-    again = _saved_steps(run_dir, 1)
-    assert len(again) == 2 and again[0] == again[1] > step
-
-
 # worker-1 holds off SIGTERM until the test says go (loading data, say), then builds its strategy;
 # worker-0 meanwhile waits for it inside its own strategy's build, under TensorFlow's handler.
 LATE_WORKER = """
@@ -305,59 +254,199 @@ def test_a_notice_during_the_strategys_build_is_kept(tmp):
     assert len(saved) == 2 and saved[0] == saved[1]
 
 
-def test_down_saves_by_default_and_down_now_does_not(tmp):
-    spec = write_spec(tmp, program=EXAMPLE)
-    launcher = _start(spec)
+@dataclass(frozen=True)
+class Stop:
+    """One attempt of the chain run, stopped one way: what the test saw right after it ended."""
+
+    returncode: int
+    err: str  # the launcher's stderr of this attempt alone
+    record: dict
+    saved: list[int]  # the steps the workers said they saved in this attempt
+    logs: str  # the workers' logs of this attempt
+    left: list  # the run's processes still alive once it ended
+    down: subprocess.CompletedProcess | None = None  # the `distlaunch down` that stopped it
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One run of the program with data-loader children, stopped four ways in turn, each a
+    resume of the last: SIGTERM to `up`, `distlaunch down`, `Run.stop()` from Python, and `down
+    --now`. Every stop but the last saves a step the next attempt resumes at; one run of
+    TensorFlow starts where each way had its own (each start and first steps cost seconds of
+    CPU)."""
+
+    spec: Path
+    run_dir: Path
+    sigterm: Stop
+    notices: list[str]  # the notice events' signals after the SIGTERM
+    exited: list[dict]  # the exit events after the SIGTERM
+    children_started: list[bool]
+    children_noticed: list[bool]
+    status: str  # `distlaunch status` after the SIGTERM
+    down: Stop
+    python: Stop
+    now: Stop
+    checkpoint: str  # TensorFlow's checkpoint state file after `down --now`
+
+
+def _stop_by(tmp: Path, run_dir: Path | None, attempt: int, stop, *args: str) -> Stop:
+    """Start `up ARGS` (a resume: ``attempt`` > 0), wait for both workers to train past the
+    step the last attempt saved (25 for the first), then ``stop(launcher, run_id)``; what it
+    returns is the `down` it ran, if any."""
+    past = _saved_steps(run_dir, attempt - 1)[0] if attempt else 25
+    before = (tmp / "stderr.txt").read_text() if (tmp / "stderr.txt").exists() else ""
+    launcher = _start(tmp / "spec.json", *args)
     try:
-        run_dir = _training(tmp)
-        run_id = run_dir.name
-        down = distlaunch("down", run_id, "--shared-dir", str(tmp / "runs"))
+        run_dir = _training(tmp, attempt=attempt, past_step=past)
+        down = stop(launcher, run_dir.name)
         launcher.wait(timeout=240)
     finally:
         launcher.kill()
-    assert down.returncode == 0, down.stderr
-    assert launcher.returncode == contract.EXIT_PREEMPTED
-    saved = _saved_steps(run_dir, 0)
-    assert len(saved) == 2 and saved[0] == saved[1]
-    assert f"its tasks saved step {saved[0]}" in down.stdout
-    assert run_record(run_dir)["state"] == "preempted"
-
-    resumed = _start(spec, "--resume")
-    try:
-        _training(tmp, attempt=1, past_step=saved[0] + 25)
-        now = distlaunch("down", "--now", run_id, "--shared-dir", str(tmp / "runs"))
-        resumed.wait(timeout=240)
-    finally:
-        resumed.kill()
-    assert now.returncode == 0, now.stderr
-    assert resumed.returncode == 128 + signal.SIGINT
     record = run_record(run_dir)
-    assert record["state"] == "interrupted"
-    logs = "".join(p.read_text() for p in (run_dir / "logs" / "attempt-1").glob("worker-*.log"))
-    assert _resumed_steps(logs) == [saved[0], saved[0]]
-    assert "stop notice" not in logs  # --now: no notice, no save
-    checkpoint = (run_dir / "checkpoints" / "checkpoint").read_text()
-    assert f'model_checkpoint_path: "ckpt-{saved[0]}"' in checkpoint
-    assert not processes_of_run(record["run_id"])
+    return Stop(
+        launcher.returncode,
+        (tmp / "stderr.txt").read_text()[len(before) :],
+        record,
+        _saved_steps(run_dir, attempt),
+        _logs_of(run_dir, attempt),
+        processes_of_run(record["run_id"]),
+        down,
+    )
 
 
-def test_run_stop_from_python_saves_by_default_and_not_with_save_false(tmp, monkeypatch):
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
+    import distlaunch as api
+
+    tmp = tmp_path_factory.mktemp("chain")
+    (tmp / "task.py").write_text(WITH_CHILD)
+    spec = write_spec(tmp, program={"script": "task.py", "args": ARGS})
+    shared = tmp / "runs"
+
+    def down(*options: str):
+        return lambda launcher, run_id: distlaunch(
+            "down", *options, run_id, "--shared-dir", str(shared)
+        )
+
+    sigterm = _stop_by(tmp, None, 0, lambda launcher, run_id: launcher.send_signal(signal.SIGTERM))
+    run_dir = next(shared.glob("*/run.json")).parent
+    run_id = run_dir.name
+    after = events(run_dir)
+    tasks = ("worker-0", "worker-1")
+    status = distlaunch("status", run_id, "--shared-dir", str(shared)).stdout
+    children_started = [(run_dir / f"child-{t}.started").is_file() for t in tasks]
+    children_noticed = [(run_dir / f"child-{t}").exists() for t in tasks]
+    by_down = _stop_by(tmp, run_dir, 1, down(), "--resume")
+
+    # The same resume from Python: `Run.stop()` (save=True by default) is `down`.
+    with contextlib.chdir(tmp):
+        run = api.launch(str(spec), resume=True, console=None)
+        try:
+            _training(tmp, attempt=2, past_step=by_down.saved[0])
+            result = run.stop()
+        finally:
+            run.stop(save=False)
+    python = Stop(
+        result.exit_code,
+        "",
+        {"state": result.state, "run_id": run.run_id},
+        _saved_steps(run_dir, 2),
+        _logs_of(run_dir, 2),
+        processes_of_run(run_id),
+    )
+
+    now = _stop_by(tmp, run_dir, 3, down("--now"), "--resume")
+    return Chain(
+        spec,
+        run_dir,
+        sigterm,
+        [e["signal"] for e in after if e["event"] == "notice"],
+        [e for e in after if e["event"] == "exited"],
+        children_started,
+        children_noticed,
+        status,
+        by_down,
+        python,
+        now,
+        (run_dir / "checkpoints" / "checkpoint").read_text(),
+    )
+
+
+_CHAIN = pytest.mark.xdist_group("preemption-chain")  # one worker runs the chain, once
+
+
+@_CHAIN
+def test_sigterm_to_up_saves_one_step_and_resume_loses_none(chain: Chain):
+    stop = chain.sigterm
+    err = stop.err
+    assert stop.returncode == contract.EXIT_PREEMPTED, err[-3000:]
+    saved = stop.saved
+    # Both workers saved, and the same step: the one the notice was agreed on.
+    assert len(saved) == 2 and saved[0] == saved[1] > 25
+    step = saved[0]
+    record = stop.record
+    assert record["state"] == "preempted" and record["exit_code"] == contract.EXIT_PREEMPTED
+    assert record["preempted"]["step"] == step and record["preempted"]["save_s"] >= 0
+    line = f"run {record['run_id']} preempted at step {step}, saved in "
+    assert line in err and f"`distlaunch up {chain.spec} --resume` continues" in err
+    assert "failed" not in err
+    assert {t["exit_code"] for t in record["tasks"].values()} == {contract.EXIT_PREEMPTED}
+    assert {t["state"] for t in record["tasks"].values()} == {"stopped"}
+    assert [e["saved_step"] for e in chain.exited] == [step, step]
+    assert all(e["decision"] in ("continue", "preempted") for e in chain.exited)
+    assert chain.notices == ["SIGTERM"]
+    # The data-loader children ran, and the notice never reached them.
+    assert chain.children_started == [True, True]
+    assert chain.children_noticed == [False, False]
+    assert not stop.left
+    assert f"run {record['run_id']}: preempted" in chain.status
+    assert f"preempted at step {step}, saved in " in chain.status
+
+    # The resumed run starts at exactly that step on both workers; a second notice in the same
+    # run dir (`down`'s, here) saves again.
+    again = chain.down
+    assert _resumed_steps(again.logs) == [step, step]
+    assert again.returncode == contract.EXIT_PREEMPTED
+    assert len(again.saved) == 2 and again.saved[0] == again.saved[1] > step
+
+
+@_CHAIN
+def test_down_saves_by_default_and_down_now_does_not(chain: Chain):
+    stop = chain.down
+    assert stop.down.returncode == 0, stop.down.stderr
+    assert stop.returncode == contract.EXIT_PREEMPTED
+    saved = stop.saved
+    assert len(saved) == 2 and saved[0] == saved[1]
+    assert f"its tasks saved step {saved[0]}" in stop.down.stdout
+    assert stop.record["state"] == "preempted"
+
+    # `down --now` of the run resumed from the last save (Run.stop()'s: see below).
+    now = chain.now
+    last = chain.python.saved[0]
+    assert now.down.returncode == 0, now.down.stderr
+    assert now.returncode == 128 + signal.SIGINT
+    assert now.record["state"] == "interrupted"
+    assert _resumed_steps(now.logs) == [last, last]
+    assert "stop notice" not in now.logs  # --now: no notice, no save
+    assert f'model_checkpoint_path: "ckpt-{last}"' in chain.checkpoint
+    assert not now.left
+
+
+@_CHAIN
+def test_run_stop_from_python_saves_by_default_and_not_with_save_false(
+    chain: Chain, tmp, monkeypatch
+):
     import distlaunch
 
-    monkeypatch.chdir(tmp)
-    spec = json.loads(write_spec(tmp, program=EXAMPLE).read_text())
-    run = distlaunch.launch(spec, console=None)
-    try:
-        _training(tmp)
-        result = run.stop()
-    finally:
-        run.stop(save=False)
-    assert result.state == "preempted" and result.exit_code == contract.EXIT_PREEMPTED
-    saved = _saved_steps(run.run_dir, 0)
+    stop = chain.python
+    assert stop.record["state"] == "preempted" and stop.returncode == contract.EXIT_PREEMPTED
+    saved = stop.saved
     assert len(saved) == 2 and saved[0] == saved[1]
 
     # save=False is `down --now`: stopped at once, no notice, no save. Shown on a stand-in that
     # takes notices as dw.fit does (distlaunch.worker.preempt) and would say so.
+    monkeypatch.chdir(tmp)
+    spec = json.loads(write_spec(tmp, program=EXAMPLE).read_text())
     (tmp / "steps.py").write_text(STEPS)
     steps = {**spec, "program": {"script": "steps.py"}, "shared_dir": str(tmp / "now" / "runs")}
     now = distlaunch.launch(steps, console=None)

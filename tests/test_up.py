@@ -27,17 +27,26 @@ from conftest import (
 
 pytestmark = pytest.mark.integration
 
-# A worker that dies on purpose after the cluster formed: worker-0 is then blocked in a collective
-# (where it ignores SIGTERM) and must be stopped by the launcher.
-FAILING = """
-import sys
-import distlaunch.worker as dw
-strategy = dw.strategy()
-if dw.context().index == 1:
+# A worker that dies on purpose once the cluster formed (a stand-in: no TensorFlow, what is tested
+# is the launcher's stop of the others and its headline): worker-1 raises once worker-0 serves;
+# worker-0, as an MWMS worker blocked in a collective does, ignores SIGTERM and must be stopped
+# by the launcher (its KILL after grace_s).
+FAILING = (
+    standins.SWALLOW_SIGTERM
+    + standins.listening(standins.ANY)
+    + """
+if cfg["task"]["index"] == 1:
+    peer = cfg["cluster"]["worker"][0].rsplit(":", 1)
+    while True:
+        try:
+            socket.create_connection((peer[0], int(peer[1])), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
     raise RuntimeError("worker one gives up")
-from distlaunch.worker.examples.mnist_mlp import main
-main(["--epochs", "1000", "--steps-per-epoch", "1000"])
+time.sleep(3600)
 """
+)
 
 
 def _final_losses(run_dir: Path, attempt: int = 0) -> list[str]:
