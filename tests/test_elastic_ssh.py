@@ -1,8 +1,9 @@
 """Elastic runs on three SSH test hosts (tests/sshhosts.py), one real TensorFlow worker each
-(dw.fit; tf_keras and Keras 3 model.fit), range 2:3: the third host's network goes away mid-epoch
-(every packet of its cable dropped, both ways: no reset, no FIN), the run goes on in a world of 2 from the latest
-checkpoint and finishes; when the network returns before the end, the world grows back to 3 at
-a step the workers agree on, and no step is lost. Nothing of the run is left on any host.
+(dw.fit; tf_keras and Keras 3 model.fit), range 2:3: the third host's network goes away
+mid-epoch (every packet of its cable dropped, both ways: no reset, no FIN), the run goes on in a
+world of 2 from the latest checkpoint and finishes; when the network returns before the end, the
+world grows back to 3 at a step the workers agree on, and no step is lost. Nothing of the run is
+left on any host.
 
 Host tests skip, with the reason, where the machine cannot make the hosts (not root, no sshd,
 no nft). Times are printed, not asserted (bench/ measures them).

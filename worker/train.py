@@ -207,9 +207,9 @@ def keras_callbacks(*, checkpoint_every: int | None = None) -> list[Any]:
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             assert self._log is not None
-            step = self._step()
             if not logs or "loss" not in logs:
                 return  # an epoch of no step (its dataset ran out first): no loss to log
+            step = self._step()
             self._log.append(epoch + 1, self.params["epochs"], step, float(logs["loss"]))
             self._heartbeat.update(loss=float(logs["loss"]))
             if self._backup_dir is not None and (coordinated or checkpoint_every is None):

@@ -4,10 +4,11 @@ index names, and what saves cut short left behind.
 TensorFlow's CheckpointManager writes ``ckpt-N.index`` and ``ckpt-N.data-*`` (a sharded save
 first into a ``ckpt-N_temp/`` folder it renames from), then rewrites the text index file
 ``checkpoint`` atomically (``model_checkpoint_path: "ckpt-N"``): the index names a checkpoint
-only once it is whole. A Keras 3 ``BackupAndRestore`` under distlaunch's layer (``keras_callbacks``) writes no index:
-its chief's ``backup/training_metadata.json`` holds the optimizer's step (worker/keras3/callbacks.py).
-What a save cut short leaves (``ckpt-N_temp/``, a non-chief worker's
+only once it is whole. What a save cut short leaves (``ckpt-N_temp/``, a non-chief worker's
 ``.tmp-<task>/`` copy) is never named by the index; once every task is gone it is nobody's.
+
+A Keras 3 ``BackupAndRestore`` writes no index: under distlaunch's layer its chief's
+``backup/training_metadata.json`` holds the optimizer's step (worker/keras3/callbacks.py).
 """
 
 from __future__ import annotations
